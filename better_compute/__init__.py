@@ -1,0 +1,1 @@
+"""better-compute: book GPU capacity now, later, as gangs or as spot."""

@@ -1,0 +1,59 @@
+"""Plan as if live spot bookings were free; fewest victims, then best score (PRODUCT.md §5.5).
+
+The caller passes snapshots for the window that starts at the deadline. Plans needing no victim are
+kept (with `victims == ()`) so the caller can tell that normal placement would have done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from better_compute.engine.gang import no_gang_fits, rank_gangs
+from better_compute.engine.place import no_node_fits, plan_nodes, seeded_pick, single_plan
+from better_compute.model import NodeSnapshot, NoFit, Plan, Request
+
+NEVER_PREEMPTS = "spot and node-lease requests never preempt"
+
+
+def _name(plan: Plan, *, gang: bool) -> str:
+    """The tie-break: a gang's group, a single-node plan's node."""
+    return (plan.group or "") if gang else plan.members[0].node_id
+
+
+def plan_preemption(
+    request: Request,
+    snapshots: Sequence[NodeSnapshot],
+    *,
+    seed: int,
+    top_n: int,
+    max_plans: int = 64,
+) -> Plan | NoFit:
+    """The plan preempting the fewest spot reservations, then the best score.
+
+    At most `max_plans` plans are compared: the first ones in node-name order (gangs: group-name
+    order), taken before ranking so the cost stays bounded on large pools. The seeded topN pick runs
+    only among plans tied on the fewest victims, so a better score never buys an extra victim.
+    """
+    if request.spot or request.node_lease:
+        return NoFit(NEVER_PREEMPTS)
+    fits, _ = plan_nodes(request, snapshots, free_spot=True)
+    gang = request.gang_size is not None
+    if gang:
+        plans = sorted(rank_gangs(request, fits), key=lambda p: _name(p, gang=True))
+    else:
+        plans = [single_plan(fit) for fit in fits]  # already in node-name order
+    compared = plans[: max(1, max_plans)]
+    if not compared:
+        return _normal_no_fit(request, snapshots)
+    ranked = sorted(compared, key=lambda p: (len(p.victims), -p.score, _name(p, gang=gang)))
+    fewest = len(ranked[0].victims)
+    tied = [plan for plan in ranked if len(plan.victims) == fewest]
+    return seeded_pick(tied, seed=seed, top_n=top_n)
+
+
+def _normal_no_fit(request: Request, snapshots: Sequence[NodeSnapshot]) -> NoFit:
+    """The reason normal placement gives: freeing spot work only ever adds free atoms."""
+    fits, refused = plan_nodes(request, snapshots)
+    if request.gang_size is not None:
+        return no_gang_fits(request, fits)
+    return no_node_fits(len(snapshots), refused)

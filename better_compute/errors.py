@@ -1,0 +1,49 @@
+"""The one error hierarchy. Each subclass carries its exit code and code name (PRODUCT.md §3)."""
+
+from __future__ import annotations
+
+
+class BetterComputeError(Exception):
+    """Root of every error a user can cause. The CLI turns it into `error: CODE: message`."""
+
+    code = "INTERNAL"
+    exit_code = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class Internal(BetterComputeError):
+    code = "INTERNAL"
+    exit_code = 1
+
+
+class InvalidInput(BetterComputeError):
+    code = "INVALID_INPUT"
+    exit_code = 2
+
+
+class NotFound(BetterComputeError):
+    code = "NOT_FOUND"
+    exit_code = 3
+
+
+class Conflict(BetterComputeError):
+    code = "CONFLICT"
+    exit_code = 4
+
+
+class QuotaExceeded(BetterComputeError):
+    code = "QUOTA_EXCEEDED"
+    exit_code = 5
+
+
+class Forbidden(BetterComputeError):
+    code = "FORBIDDEN"
+    exit_code = 6
+
+
+class Unavailable(BetterComputeError):
+    code = "UNAVAILABLE"
+    exit_code = 7

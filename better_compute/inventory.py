@@ -1,0 +1,255 @@
+"""The inventory file (PRODUCT.md §9): parse and validate it, and write it back for export. Pure.
+
+Every problem raises InvalidInput naming the JSON path, e.g.
+`pools[0].nodes[2].gpus.count: must be an integer from 1 to 64, got "8"`. A parsed Inventory is
+canonical: pools, nodes, tenants and labels sorted by name, so export → import round-trips.
+An optional key given as null counts as absent.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from better_compute.errors import InvalidInput
+from better_compute.model import FABRIC_DOMAIN
+
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+MODEL_RE = re.compile(r"[a-z0-9][a-z0-9._-]*")
+MAX_GPUS = 64
+MAX_INT = 2**31 - 1  # cap on cliques and quotas: far above any fleet, far below SQLite's limit
+
+_NAME_WHAT = "a name of 1 to 63 letters, digits, '.', '_' or '-' starting with a letter or digit"
+_MODEL_WHAT = "a model name of lowercase letters, digits, '.', '_' or '-' (like h100)"
+_SIMPLE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+Labels = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class InventoryNode:
+    name: str
+    labels: Labels
+    gpus: int
+    model: str
+    nvlink_groups: int = 1
+    fabric_cluster: str | None = None
+    fabric_clique: int | None = None
+
+
+@dataclass(frozen=True)
+class InventoryPool:
+    name: str
+    labels: Labels
+    nodes: tuple[InventoryNode, ...]
+
+
+@dataclass(frozen=True)
+class InventoryTenant:
+    id: str
+    quota_gpus: int | None = None
+
+
+@dataclass(frozen=True)
+class Inventory:
+    pools: tuple[InventoryPool, ...]
+    tenants: tuple[InventoryTenant, ...] = ()
+
+
+def nvlink_group_of(index: int, count: int, groups: int) -> int:
+    """The NVLink group of GPU `index` on a node of `count` GPUs split evenly into `groups`."""
+    return index // (count // groups)
+
+
+# --- parsing -------------------------------------------------------------------------------------
+
+
+def _at(path: str, key: str) -> str:
+    """`path.key`, or `path["odd key"]` when the key would make the path ambiguous."""
+    if _SIMPLE_KEY.fullmatch(key):
+        return f"{path}.{key}" if path else key
+    return f"{path}[{json.dumps(key)}]"
+
+
+def _got(value: object) -> str:
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):  # only from Python callers: not JSON at all
+        text = type(value).__name__
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _bad(path: str, what: str, value: object) -> InvalidInput:
+    if value is None:
+        return InvalidInput(f"{path}: required, must be {what}")
+    return InvalidInput(f"{path}: must be {what}, got {_got(value)}")
+
+
+def _object(value: object, path: str, allowed: tuple[str, ...]) -> dict[str, object]:
+    if not isinstance(value, dict):
+        raise _bad(path or "inventory", "an object", value)
+    for key in value:
+        if key not in allowed:
+            raise InvalidInput(
+                f"{_at(path, str(key))}: unknown key (allowed: {', '.join(allowed)})"
+            )
+    return value
+
+
+def _list(value: object, path: str) -> list[object]:
+    if not isinstance(value, list):
+        raise _bad(path, "a list", value)
+    return value
+
+
+def _name(value: object, path: str) -> str:
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
+        raise _bad(path, _NAME_WHAT, value)
+    return value
+
+
+def _int(value: object, path: str, lo: int, hi: int, extra: str = "") -> int:
+    # bool is an int in Python but never in the file: `true` is not a GPU count.
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise _bad(path, f"an integer from {lo} to {hi}{extra}", value)
+    return value
+
+
+def _labels(value: object, path: str, *, node: bool = False) -> Labels:
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise _bad(path, "an object of string labels", value)
+    for key, val in value.items():
+        if not isinstance(key, str) or not key:
+            raise InvalidInput(f"{path}: label keys must be non-empty strings, got {_got(key)}")
+        if node and key == FABRIC_DOMAIN:
+            # Derived from the GPUs' fabric (model.fabric_domain): an operator value is ignored.
+            raise InvalidInput(f"{_at(path, key)}: is derived; set gpus.fabric instead")
+        if not isinstance(val, str):  # null too: a label has a value or is left out
+            raise InvalidInput(f"{_at(path, key)}: must be a string, got {_got(val)}")
+    return tuple(sorted(value.items()))
+
+
+def _node(value: object, path: str) -> InventoryNode:
+    d = _object(value, path, ("name", "labels", "gpus"))
+    name = _name(d.get("name"), _at(path, "name"))
+    labels = _labels(d.get("labels"), _at(path, "labels"), node=True)
+    gpath = _at(path, "gpus")
+    g = _object(d.get("gpus"), gpath, ("count", "model", "nvlinkGroups", "fabric"))
+    count = _int(g.get("count"), _at(gpath, "count"), 1, MAX_GPUS)
+    model = g.get("model")
+    if not isinstance(model, str) or not MODEL_RE.fullmatch(model):
+        raise _bad(_at(gpath, "model"), _MODEL_WHAT, model)
+    raw_groups, groups_path = g.get("nvlinkGroups"), _at(gpath, "nvlinkGroups")
+    divides = f" that divides {count} evenly"
+    groups = 1 if raw_groups is None else _int(raw_groups, groups_path, 1, count, divides)
+    if count % groups:
+        raise _bad(groups_path, f"an integer from 1 to {count}{divides}", groups)
+    cluster: str | None = None
+    clique: int | None = None
+    if g.get("fabric") is not None:
+        fpath = _at(gpath, "fabric")
+        f = _object(g["fabric"], fpath, ("cluster", "clique"))
+        cluster = _name(f.get("cluster"), _at(fpath, "cluster"))
+        clique = _int(f.get("clique"), _at(fpath, "clique"), 0, MAX_INT)
+    return InventoryNode(name, labels, count, model, groups, cluster, clique)
+
+
+def _unique(seen: dict[str, str], kind: str, name: str, path: str) -> None:
+    if name in seen:
+        raise InvalidInput(f"{path}: duplicate {kind} {json.dumps(name)} (also {seen[name]})")
+    seen[name] = path
+
+
+def parse_inventory(doc: object) -> Inventory:
+    """Validate a decoded inventory document (json.loads output) into a canonical Inventory."""
+    top = _object(doc, "", ("pools", "tenants"))
+    pools: list[InventoryPool] = []
+    pool_names: dict[str, str] = {}
+    node_names: dict[str, str] = {}  # node names are unique across the whole file
+    for i, p in enumerate(_list(top.get("pools"), "pools")):
+        path = f"pools[{i}]"
+        d = _object(p, path, ("name", "labels", "nodes"))
+        name = _name(d.get("name"), _at(path, "name"))
+        _unique(pool_names, "pool name", name, _at(path, "name"))
+        labels = _labels(d.get("labels"), _at(path, "labels"))
+        nodes: list[InventoryNode] = []
+        raw_nodes = d.get("nodes")
+        for j, n in enumerate([] if raw_nodes is None else _list(raw_nodes, _at(path, "nodes"))):
+            node = _node(n, f"{path}.nodes[{j}]")
+            _unique(node_names, "node name", node.name, f"{path}.nodes[{j}].name")
+            nodes.append(node)
+        pools.append(InventoryPool(name, labels, tuple(sorted(nodes, key=lambda n: n.name))))
+    tenants: list[InventoryTenant] = []
+    tenant_ids: dict[str, str] = {}
+    raw_tenants = top.get("tenants")
+    for i, t in enumerate([] if raw_tenants is None else _list(raw_tenants, "tenants")):
+        path = f"tenants[{i}]"
+        d = _object(t, path, ("id", "quota"))
+        tid = _name(d.get("id"), _at(path, "id"))
+        _unique(tenant_ids, "tenant id", tid, _at(path, "id"))
+        gpus: int | None = None
+        if d.get("quota") is not None:
+            q = _object(d["quota"], _at(path, "quota"), ("gpus",))
+            if q.get("gpus") is not None:
+                gpus = _int(q["gpus"], f"{path}.quota.gpus", 0, MAX_INT)
+        tenants.append(InventoryTenant(tid, gpus))
+    return Inventory(
+        tuple(sorted(pools, key=lambda p: p.name)), tuple(sorted(tenants, key=lambda t: t.id))
+    )
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    # json.loads would silently keep the last of two equal keys; a file with both is a mistake.
+    d: dict[str, object] = {}
+    for k, v in pairs:
+        if k in d:
+            raise InvalidInput(f"inventory has the key {json.dumps(k)} twice in one object")
+        d[k] = v
+    return d
+
+
+def load_inventory_text(text: str) -> Inventory:
+    """Parse inventory JSON text; bad JSON names the line and column."""
+    try:
+        doc = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except json.JSONDecodeError as e:
+        raise InvalidInput(
+            f"inventory is not valid JSON: line {e.lineno} column {e.colno}: {e.msg}"
+        ) from None
+    except (ValueError, RecursionError) as e:  # e.g. an integer of thousands of digits
+        raise InvalidInput(f"inventory is not valid JSON: {e}") from None
+    return parse_inventory(doc)
+
+
+# --- export --------------------------------------------------------------------------------------
+
+
+def _node_json(n: InventoryNode) -> dict[str, object]:
+    gpus: dict[str, object] = {"count": n.gpus, "model": n.model, "nvlinkGroups": n.nvlink_groups}
+    if n.fabric_cluster is not None and n.fabric_clique is not None:
+        gpus["fabric"] = {"cluster": n.fabric_cluster, "clique": n.fabric_clique}
+    return {"name": n.name, "labels": dict(sorted(n.labels)), "gpus": gpus}
+
+
+def _tenant_json(t: InventoryTenant) -> dict[str, object]:
+    out: dict[str, object] = {"id": t.id}
+    if t.quota_gpus is not None:
+        out["quota"] = {"gpus": t.quota_gpus}
+    return out
+
+
+def inventory_to_json(inv: Inventory) -> dict[str, object]:
+    """The §9 document for `inv`, sorted by name, which `parse_inventory` reads back unchanged."""
+    pools = [
+        {
+            "name": p.name,
+            "labels": dict(sorted(p.labels)),
+            "nodes": [_node_json(n) for n in sorted(p.nodes, key=lambda n: n.name)],
+        }
+        for p in sorted(inv.pools, key=lambda p: p.name)
+    ]
+    tenants = [_tenant_json(t) for t in sorted(inv.tenants, key=lambda t: t.id)]
+    return {"pools": pools, "tenants": tenants}

@@ -1,0 +1,105 @@
+"""What a tick at time T must do, decided from values alone (PRODUCT.md §5.4).
+
+Each function answers one numbered step; the service applies the answers in order inside one
+transaction. All of them are idempotent at a fixed T: once applied, the same T selects nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import StrEnum
+
+from better_compute.model import (
+    LIVE_STATES,
+    Maintenance,
+    Node,
+    ReleaseReason,
+    Reservation,
+    State,
+    Window,
+)
+
+
+class RepairPoint(StrEnum):
+    LEAD = "lead"  # repair.leadMs before the start
+    START = "start"  # at the start, just before binding
+
+
+def retry_window(rsv: Reservation, now: int) -> Window:
+    """The same window while its start is ahead; once it has passed, from now for the full duration."""
+    if rsv.start is not None and rsv.start > now:
+        return Window(rsv.start, rsv.start + rsv.duration_ms)
+    return Window(now, now + rsv.duration_ms)
+
+
+def due_release(rsv: Reservation, now: int) -> ReleaseReason | None:
+    """Step 1: a live reservation whose preemption deadline or end has come."""
+    if rsv.state not in LIVE_STATES or rsv.during is None:
+        return None
+    if rsv.preempt_deadline is not None and rsv.preempt_deadline <= now:
+        return ReleaseReason.PREEMPTED
+    if rsv.during.end <= now:
+        return ReleaseReason.EXPIRED
+    return None
+
+
+def due_retries(pending: Sequence[Reservation], now: int) -> list[Reservation]:
+    """Step 2: pending reservations whose next attempt is due, oldest first."""
+    due = [
+        r
+        for r in pending
+        if r.state == State.PENDING and r.next_attempt_at is not None and r.next_attempt_at <= now
+    ]
+    return sorted(due, key=lambda r: r.seq)
+
+
+def due_repair(rsv: Reservation, now: int, lead_ms: int) -> RepairPoint | None:
+    """Step 3: once at start - leadMs, and again at the start."""
+    if rsv.state != State.PLACED or rsv.during is None:
+        return None
+    start = rsv.during.start
+    if start <= now and not rsv.start_checked:
+        return RepairPoint.START
+    if start - lead_ms <= now < start and not rsv.lead_checked:
+        return RepairPoint.LEAD
+    return None
+
+
+def due_binding(rsv: Reservation, now: int) -> bool:
+    """Step 4: a placed reservation whose start has come."""
+    return rsv.state == State.PLACED and rsv.during is not None and rsv.during.start <= now
+
+
+def bad_nodes(
+    rsv: Reservation,
+    nodes: dict[str, Node],
+    maintenance: Sequence[Maintenance],
+    now: int,
+) -> list[str]:
+    """BookingRepair's check: the nodes of a placed reservation that can no longer serve it.
+
+    A node lease is judged only before its window begins, and by whether the node is still
+    leasable (schedulable, reachable, not in maintenance, every GPU healthy).
+    """
+    if rsv.during is None:
+        return []
+    if rsv.node_lease and rsv.during.start <= now:
+        return []
+    blocked = {m.node_id for m in maintenance if m.window.overlaps(rsv.during)}
+    bad = []
+    for alloc in rsv.allocations:
+        node = nodes.get(alloc.node_id)
+        if node is None or not node.schedulable or not node.reachable or node.name in blocked:
+            bad.append(alloc.node_id)
+            continue
+        watched = (
+            {a.index for a in node.atoms} if rsv.node_lease else set(alloc.atoms)
+        )
+        if any(not a.healthy for a in node.atoms if a.index in watched):
+            bad.append(alloc.node_id)
+    return sorted(set(bad))
+
+
+def can_bind(node: Node, auto_bind: bool) -> bool:
+    """Step 5: with autoBind, tick binds reachable nodes itself; otherwise agents report."""
+    return auto_bind and node.reachable

@@ -1,0 +1,251 @@
+"""Frozen values shared by every layer. The engine and lifecycle see only these types.
+
+Times are epoch milliseconds (int); durations are milliseconds (int).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+JsonScalar = str | int | float | bool | None
+JsonValue = JsonScalar | list["JsonValue"] | dict[str, "JsonValue"]
+
+FABRIC_DOMAIN = "fabric.domain"
+NVLINK_ALL = "nvlink-all"
+
+
+class State(StrEnum):
+    PENDING = "pending"
+    PLACED = "placed"
+    BINDING = "binding"
+    ACTIVE = "active"
+    RELEASED = "released"
+
+
+#: States whose bookings hold atoms ("live" reservations).
+LIVE_STATES = (State.PLACED, State.BINDING, State.ACTIVE)
+
+
+class ReleaseReason(StrEnum):
+    EXPIRED = "expired"
+    RELEASED = "released"
+    CANCELLED = "cancelled"
+    PREEMPTED = "preempted"
+
+
+class Binding(StrEnum):
+    DEVICE = "device"
+    NODE = "node"
+
+
+@dataclass(frozen=True)
+class Window:
+    """A half-open interval [start, end) in epoch ms."""
+
+    start: int
+    end: int
+
+    def overlaps(self, other: Window) -> bool:
+        return self.start < other.end and other.start < self.end
+
+    @property
+    def duration(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Atom:
+    """One whole GPU of a node."""
+
+    index: int
+    model: str
+    nvlink_group: int = 0
+    fabric_cluster: str | None = None
+    fabric_clique: int | None = None
+    healthy: bool = True
+    health_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    pool_id: str
+    atoms: tuple[Atom, ...]
+    labels: tuple[tuple[str, str], ...] = ()
+    schedulable: bool = True
+    reachable: bool = True
+    cordon_reason: str | None = None
+
+    def label(self, key: str) -> str | None:
+        """A label value; `fabric.domain` is derived from the GPUs when all of them agree."""
+        if key == FABRIC_DOMAIN:
+            return fabric_domain(self.atoms)
+        for k, v in self.labels:
+            if k == key:
+                return v
+        return None
+
+    def all_labels(self) -> tuple[tuple[str, str], ...]:
+        derived = fabric_domain(self.atoms)
+        extra = ((FABRIC_DOMAIN, derived),) if derived is not None else ()
+        return tuple(sorted(self.labels + extra))
+
+
+def fabric_domain(atoms: tuple[Atom, ...]) -> str | None:
+    keys = {(a.fabric_cluster, a.fabric_clique) for a in atoms}
+    if len(keys) != 1:
+        return None
+    cluster, clique = next(iter(keys))
+    if cluster is None or clique is None:
+        return None
+    return f"{cluster}.{clique}"
+
+
+@dataclass(frozen=True)
+class Maintenance:
+    """A node blocked for a window (node cordon --from --until)."""
+
+    id: int
+    node_id: str
+    window: Window
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Request:
+    """What placement is asked for: one node's share, optionally times a gang."""
+
+    window: Window
+    gpus: int | None  # per node; None only for a node lease without --gpus
+    models: tuple[str, ...] = ()  # accepted models; empty = any
+    topology: str | None = None  # "nvlink-all" or None
+    gang_size: int | None = None
+    topology_key: str | None = None
+    spot: bool = False
+    node_lease: bool = False
+
+
+@dataclass(frozen=True)
+class NodeSnapshot:
+    """One node as the engine sees it for one window.
+
+    `busy` holds every atom booked by someone in the window; `spot_holders` says, for atoms booked
+    only by live spot reservations, which reservations hold them (used by preemption).
+    `blocked` is the reason (a maintenance window) the node can't be used in the window, if any.
+    """
+
+    node: Node
+    busy: frozenset[int] = frozenset()
+    spot_holders: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    blocked: str | None = None
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    node_id: str
+    atoms: tuple[int, ...]
+    score: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A placement: one member per node (a gang has several). `victims` only for preemption."""
+
+    members: tuple[NodePlan, ...]
+    score: int
+    group: str | None = None
+    victims: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NoFit:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Allocation:
+    id: str
+    reservation_id: str
+    node_id: str
+    atoms: tuple[int, ...]
+    bound: bool = False
+
+
+@dataclass(frozen=True)
+class Reservation:
+    id: str
+    seq: int
+    tenant_id: str
+    pool_id: str
+    state: State
+    gpus: int | None
+    models: tuple[str, ...]
+    topology: str | None
+    gang_size: int | None
+    topology_key: str | None
+    spot: bool
+    binding: Binding
+    duration_ms: int
+    start: int | None
+    during: Window | None
+    conditions: tuple[Condition, ...]
+    quota_charge: int
+    idempotency_key: str | None
+    release_reason: ReleaseReason | None
+    created_at: int
+    next_attempt_at: int | None
+    principal: str = "admin"
+    series_id: str | None = None
+    lead_checked: bool = False
+    start_checked: bool = False
+    preempt_deadline: int | None = None
+    preempted_by: str | None = None
+    allocations: tuple[Allocation, ...] = field(default=())
+
+    @property
+    def node_lease(self) -> bool:
+        return self.binding == Binding.NODE
+
+    def request(self, window: Window) -> Request:
+        return Request(
+            window=window,
+            gpus=self.gpus,
+            models=self.models,
+            topology=self.topology,
+            gang_size=self.gang_size,
+            topology_key=self.topology_key,
+            spot=self.spot,
+            node_lease=self.node_lease,
+        )
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    type: str
+    at: int
+    tenant_id: str | None
+    reservation_id: str | None
+    data: dict[str, JsonValue]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Engine settings (PRODUCT.md §10)."""
+
+    spot_notice_ms: int = 120_000
+    top_n: int = 3
+    max_attempts: int = 3
+    retry_ms: int = 30_000
+    repair_lead_ms: int = 900_000
+    timeline_max_buckets: int = 336
+    auto_bind: bool = True
+    busy_timeout_ms: int = 30_000

@@ -1,0 +1,155 @@
+"""Output for people: rich tables and short summaries. Times shown as UTC ISO."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from better_compute.model import Event, Node, Reservation
+from better_compute.render.json import dumps
+from better_compute.service.booking import Preview
+from better_compute.service.views import Assignment, Rollup
+from better_compute.timeparse import human_duration, iso
+
+STATE_STYLE = {
+    "pending": "yellow",
+    "placed": "cyan",
+    "binding": "blue",
+    "active": "green",
+    "released": "dim",
+}
+
+
+def _window(rsv: Reservation) -> str:
+    if rsv.during is None:
+        return "—"
+    return f"{iso(rsv.during.start)} → {iso(rsv.during.end)}"
+
+
+def _shape(rsv: Reservation) -> str:
+    per_node = "whole node" if rsv.gpus is None else f"{rsv.gpus} gpu"
+    text = f"{per_node} × {rsv.gang_size} nodes" if rsv.gang_size else per_node
+    if rsv.models:
+        text += f" ({','.join(rsv.models)})"
+    if rsv.spot:
+        text += ", spot"
+    if rsv.node_lease:
+        text += ", node lease"
+    return text
+
+
+def reservation(rsv: Reservation) -> RenderableType:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    state = Text(rsv.state.value, style=STATE_STYLE[rsv.state.value])
+    if rsv.release_reason:
+        state.append(f" ({rsv.release_reason.value})", style="dim")
+    grid.add_row("reservation", rsv.id)
+    grid.add_row("state", state)
+    grid.add_row("tenant", rsv.tenant_id)
+    grid.add_row("asks", f"{_shape(rsv)} for {human_duration(rsv.duration_ms)}")
+    grid.add_row("window", _window(rsv))
+    for alloc in rsv.allocations:
+        bound = " (bound)" if alloc.bound else ""
+        grid.add_row("on", f"{alloc.node_id} gpus {','.join(map(str, alloc.atoms))}{bound}")
+    for cond in rsv.conditions:
+        grid.add_row(cond.type, Text(f"{cond.reason}: {cond.message}", style="yellow"))
+    if rsv.next_attempt_at is not None:
+        grid.add_row("next attempt", iso(rsv.next_attempt_at))
+    grid.add_row("quota charge", f"{rsv.quota_charge} gpu")
+    if rsv.idempotency_key:
+        grid.add_row("key", rsv.idempotency_key)
+    return grid
+
+
+def reservations(rows: Sequence[Reservation]) -> RenderableType:
+    table = Table(title=f"{len(rows)} reservations", title_justify="left")
+    for col in ("id", "tenant", "state", "asks", "window", "nodes"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            r.id,
+            r.tenant_id,
+            Text(r.state.value, style=STATE_STYLE[r.state.value]),
+            _shape(r),
+            _window(r),
+            ", ".join(a.node_id for a in r.allocations) or "—",
+        )
+    return table
+
+
+def preview(p: Preview) -> RenderableType:
+    lines: list[RenderableType] = []
+    window = f"{iso(p.window.start)} → {iso(p.window.end)}"
+    if p.fits:
+        lines.append(Text(f"fits for {window}", style="green"))
+        table = Table("node", "score", "gpus")
+        for c in p.candidates:
+            table.add_row(c.node_id, str(c.score), ",".join(map(str, c.atoms)))
+        lines.append(table)
+    else:
+        lines.append(Text(f"does not fit for {window}: {p.reason}", style="yellow"))
+        if p.preemptible is not None:
+            count, at = p.preemptible
+            lines.append(
+                Text(f"would fit from {iso(at)} by preempting {count} spot reservation(s)")
+            )
+    return Group(*lines)
+
+
+def pools(rows: Sequence[Rollup]) -> RenderableType:
+    table = Table("pool", "id", "nodes", "allocatable", "in use", "reserved", "free")
+    for r in rows:
+        table.add_row(
+            r.name, r.pool_id, str(r.nodes), str(r.allocatable), str(r.in_use), str(r.reserved),
+            str(r.free),
+        )
+    return table
+
+
+def nodes(rows: Sequence[Node]) -> RenderableType:
+    table = Table("node", "gpus", "model", "labels", "state")
+    for n in rows:
+        healthy = sum(1 for a in n.atoms if a.healthy)
+        gpus = f"{len(n.atoms)}" + (f" ({len(n.atoms) - healthy} quarantined)" if healthy < len(n.atoms) else "")
+        flags = []
+        if not n.schedulable:
+            flags.append("cordoned")
+        if not n.reachable:
+            flags.append("unreachable")
+        table.add_row(
+            n.name,
+            gpus,
+            ",".join(sorted({a.model for a in n.atoms})),
+            " ".join(f"{k}={v}" for k, v in n.all_labels()),
+            ", ".join(flags) or "ok",
+        )
+    return table
+
+
+def desired(rows: Sequence[Assignment]) -> RenderableType:
+    table = Table("reservation", "tenant", "gpus", "state", "window", "bound", title="desired state")
+    for a in rows:
+        table.add_row(
+            a.reservation_id, a.tenant_id, ",".join(map(str, a.atoms)), a.state,
+            f"{iso(a.start)} → {iso(a.end)}", "yes" if a.bound else "no",
+        )
+    return table
+
+
+def events(rows: Sequence[Event]) -> RenderableType:
+    table = Table("seq", "at", "type", "tenant", "reservation", "data")
+    for e in rows:
+        table.add_row(
+            str(e.seq), iso(e.at), e.type, e.tenant_id or "", e.reservation_id or "", dumps(e.data)
+        )
+    return table
+
+
+def event_line(e: Event) -> str:
+    who = f" {e.reservation_id}" if e.reservation_id else ""
+    return f"{iso(e.at)}  #{e.seq} {e.type}{who} {dumps(e.data)}"

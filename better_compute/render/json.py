@@ -1,0 +1,140 @@
+"""The stable --json documents (PRODUCT.md §7). Key order is fixed here; output is byte-stable."""
+
+from __future__ import annotations
+
+import json
+
+from better_compute.model import Event, JsonValue, Node, NodePlan, Reservation
+from better_compute.service.booking import Preview
+from better_compute.service.views import Assignment, Rollup, Timeline
+
+
+def dumps(doc: JsonValue) -> str:
+    return json.dumps(doc, ensure_ascii=False)
+
+
+def reservation(rsv: Reservation) -> dict[str, JsonValue]:
+    model: JsonValue = None
+    if len(rsv.models) == 1:
+        model = rsv.models[0]
+    elif rsv.models:
+        model = list(rsv.models)
+    return {
+        "id": rsv.id,
+        "tenantId": rsv.tenant_id,
+        "poolId": rsv.pool_id,
+        "state": rsv.state.value,
+        "devices": [{"class": "gpu", "count": rsv.gpus, "model": model, "topology": rsv.topology}],
+        "gang": (
+            {"size": rsv.gang_size, "topologyKey": rsv.topology_key} if rsv.gang_size else None
+        ),
+        "spot": rsv.spot,
+        "binding": rsv.binding.value,
+        "durationMs": rsv.duration_ms,
+        "start": rsv.start,
+        "during": {"start": rsv.during.start, "end": rsv.during.end} if rsv.during else None,
+        "conditions": [
+            {"type": c.type, "reason": c.reason, "message": c.message} for c in rsv.conditions
+        ],
+        "allocations": [
+            {"id": a.id, "nodeId": a.node_id, "atoms": list(a.atoms), "bound": a.bound}
+            for a in rsv.allocations
+        ],
+        "quotaCharge": rsv.quota_charge,
+        "idempotencyKey": rsv.idempotency_key,
+        "releaseReason": rsv.release_reason.value if rsv.release_reason else None,
+        "createdAt": rsv.created_at,
+        "nextAttemptAt": rsv.next_attempt_at,
+    }
+
+
+def event(ev: Event) -> dict[str, JsonValue]:
+    return {
+        "seq": ev.seq,
+        "type": ev.type,
+        "at": ev.at,
+        "tenantId": ev.tenant_id,
+        "reservationId": ev.reservation_id,
+        "data": ev.data,
+    }
+
+
+def candidate(plan: NodePlan) -> dict[str, JsonValue]:
+    return {"node": plan.node_id, "score": plan.score, "atoms": list(plan.atoms)}
+
+
+def preview(p: Preview) -> dict[str, JsonValue]:
+    return {
+        "fits": p.fits,
+        "candidates": [candidate(c) for c in p.candidates],
+        "reason": p.reason,
+        "preemptible": (
+            {"reservations": p.preemptible[0], "startsAt": p.preemptible[1]}
+            if p.preemptible
+            else None
+        ),
+        "window": {"start": p.window.start, "end": p.window.end},
+    }
+
+
+def pool(r: Rollup) -> dict[str, JsonValue]:
+    return {
+        "id": r.pool_id,
+        "name": r.name,
+        "allocatable": r.allocatable,
+        "inUse": r.in_use,
+        "reserved": r.reserved,
+        "free": r.free,
+        "labels": dict(r.labels),
+        "nodes": r.nodes,
+        "gpus": r.gpus,
+    }
+
+
+def node(n: Node) -> dict[str, JsonValue]:
+    return {
+        "name": n.name,
+        "poolId": n.pool_id,
+        "labels": dict(n.all_labels()),
+        "schedulable": n.schedulable,
+        "cordonReason": n.cordon_reason,
+        "reachable": n.reachable,
+        "gpus": [
+            {
+                "index": a.index,
+                "model": a.model,
+                "nvlinkGroup": a.nvlink_group,
+                "fabric": (
+                    {"cluster": a.fabric_cluster, "clique": a.fabric_clique}
+                    if a.fabric_cluster is not None
+                    else None
+                ),
+                "health": "healthy" if a.healthy else "quarantined",
+                "healthReason": a.health_reason,
+            }
+            for a in n.atoms
+        ],
+    }
+
+
+def assignment(a: Assignment) -> dict[str, JsonValue]:
+    return {
+        "reservationId": a.reservation_id,
+        "tenantId": a.tenant_id,
+        "allocationId": a.allocation_id,
+        "atoms": list(a.atoms),
+        "state": a.state,
+        "start": a.start,
+        "end": a.end,
+        "bound": a.bound,
+    }
+
+
+def timeline(t: Timeline) -> dict[str, JsonValue]:
+    return {
+        "poolId": t.pool_id,
+        "allocatable": t.allocatable,
+        "buckets": [
+            {"start": b.start, "end": b.end, "booked": b.booked, "free": b.free} for b in t.buckets
+        ],
+    }

@@ -1,0 +1,1 @@
+"""Use cases: open one transaction, load what the decision needs, run the pure engine, apply."""

@@ -1,0 +1,83 @@
+"""Admission: the draft a request is judged as, policies (§6) and quota (§6)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from better_compute.errors import Forbidden, QuotaExceeded
+from better_compute.model import JsonValue
+from better_compute.storage.repo import Conn
+
+
+@dataclass(frozen=True)
+class Draft:
+    """What policies see: the whole request, a gang counted as all of its GPUs."""
+
+    tenant_id: str
+    pool_id: str
+    gpu_count: int
+    gang_size: int
+    spot: bool
+    duration_ms: int
+    start: int | None
+
+    def as_json(self) -> dict[str, JsonValue]:
+        return {
+            "tenantId": self.tenant_id,
+            "poolId": self.pool_id,
+            "gpuCount": self.gpu_count,
+            "gangSize": self.gang_size,
+            "spot": self.spot,
+            "durationMs": self.duration_ms,
+            "start": self.start,
+        }
+
+
+def check_policy(conn: Conn, principal: str, draft: Draft) -> None:
+    """`admin` is never refused; in a tenant with policies, a principal without one is."""
+    if principal == "admin":
+        return
+    rows = list(
+        conn.execute(
+            "SELECT principal, max_gpus, spot_only, deny FROM policies WHERE tenant_id = ?",
+            (draft.tenant_id,),
+        )
+    )
+    if not rows:
+        return
+    mine = next((r for r in rows if r["principal"] == principal), None)
+    who = f"principal {principal!r} in tenant {draft.tenant_id!r}"
+    if mine is None:
+        raise Forbidden(f"{who} has no policy; ask an admin for `policy set`")
+    if mine["deny"]:
+        raise Forbidden(f"policy deny: {who} may not reserve")
+    if mine["spot_only"] and not draft.spot:
+        raise Forbidden(f"policy spot-only: {who} may reserve only with --spot")
+    if mine["max_gpus"] is not None and draft.gpu_count > mine["max_gpus"]:
+        raise Forbidden(
+            f"policy max-gpus {mine['max_gpus']}: {who} may not reserve {draft.gpu_count} GPUs"
+            + (f" (a gang of {draft.gang_size})" if draft.gang_size > 1 else "")
+        )
+
+
+def check_quota(conn: Conn, tenant: str, pool_id: str, pool_name: str, charge: int) -> None:
+    """Every cap that applies (this pool's and the tenant-wide one) must hold the new charge."""
+    caps = conn.execute(
+        "SELECT pool_id, gpus FROM quotas WHERE tenant_id = ? AND pool_id IN ('', ?)"
+        " ORDER BY pool_id",
+        (tenant, pool_id),
+    )
+    for cap_pool, cap in caps:
+        sql = "SELECT COALESCE(SUM(quota_charge), 0) FROM reservations"
+        sql += " WHERE tenant_id = ? AND state != 'released'"
+        args: list[object] = [tenant]
+        if cap_pool:
+            sql += " AND pool_id = ?"
+            args.append(cap_pool)
+        held = int(conn.execute(sql, args).fetchone()[0])
+        if held + charge > cap:
+            where = f"pool {pool_name}" if cap_pool else "all pools"
+            raise QuotaExceeded(
+                f"tenant {tenant!r} holds {held} of its {cap}-GPU quota in {where};"
+                f" this request needs {charge} more"
+            )

@@ -1,0 +1,377 @@
+"""Reserving: reserve, preview, get, list, cancel, extend, release."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+
+from better_compute.engine.explain import explain as explain_plan
+from better_compute.engine.gang import gang_candidates
+from better_compute.engine.place import plan_node
+from better_compute.engine.preempt import plan_preemption
+from better_compute.errors import Conflict, InvalidInput
+from better_compute.lifecycle import states
+from better_compute.lifecycle.tick import retry_window
+from better_compute.model import (
+    NVLINK_ALL,
+    Binding,
+    JsonValue,
+    NodePlan,
+    NoFit,
+    Plan,
+    ReleaseReason,
+    Reservation,
+    State,
+    Window,
+)
+from better_compute.service import metering, placing
+from better_compute.service.admission import Draft, check_policy, check_quota
+from better_compute.service.context import Ctx
+from better_compute.service.preemption import try_preempt
+from better_compute.storage import repo
+
+MAX_GANG = 64
+
+
+@dataclass(frozen=True)
+class ReserveArgs:
+    tenant: str
+    pool: str | None
+    gpus: int | None
+    duration_ms: int
+    models: tuple[str, ...] = ()
+    topology: str | None = None
+    gang: int | None = None
+    topology_key: str | None = None
+    start: int | None = None
+    spot: bool = False
+    node_lease: bool = False
+    key: str | None = None
+
+
+def validate(args: ReserveArgs) -> None:
+    """Flag combinations that no database state could make valid."""
+    if args.gpus is None and not args.node_lease:
+        raise InvalidInput("--gpus is required (a number of GPUs per node, 1 or more)")
+    if args.gpus is not None and not 1 <= args.gpus <= 64:
+        raise InvalidInput(f"--gpus must be from 1 to 64, got {args.gpus}")
+    if args.gang is not None and not 2 <= args.gang <= MAX_GANG:
+        raise InvalidInput(f"--gang must be from 2 to {MAX_GANG} nodes, got {args.gang}")
+    if args.topology_key is not None and args.gang is None:
+        raise InvalidInput("--topology-key applies only to a gang; add --gang SIZE")
+    if args.topology not in (None, NVLINK_ALL):
+        raise InvalidInput(f"--topology must be {NVLINK_ALL}, got {args.topology!r}")
+    if args.spot and args.node_lease:
+        raise InvalidInput("--spot and --node-lease cannot be combined: node leases are never spot")
+    if args.duration_ms <= 0:
+        raise InvalidInput("--for must be a positive duration such as 90m or 3d")
+    if args.key is not None and not args.key.strip():
+        raise InvalidInput("--key must not be empty")
+
+
+def _params(args: ReserveArgs, pool_id: str) -> str:
+    """The canonical request that an idempotency key is compared on."""
+    return json.dumps(
+        {
+            "pool": pool_id,
+            "gpus": args.gpus,
+            "models": list(args.models),
+            "topology": args.topology,
+            "gang": args.gang,
+            "topologyKey": args.topology_key,
+            "spot": args.spot,
+            "binding": "node" if args.node_lease else "device",
+            "durationMs": args.duration_ms,
+            "start": args.start,
+        },
+        sort_keys=True,
+    )
+
+
+def _charge(ctx: Ctx, args: ReserveArgs, pool_id: str) -> int:
+    """GPUs times the gang size; a node lease without --gpus is charged its largest possible node
+    until it is placed, then what it actually leased."""
+    size = args.gang or 1
+    if args.gpus is not None:
+        return args.gpus * size
+    row = ctx.db.conn.execute(
+        "SELECT COALESCE(MAX(n), 0) FROM (SELECT COUNT(*) AS n FROM atoms a JOIN nodes d"
+        " ON d.name = a.node_id WHERE d.pool_id = ? GROUP BY a.node_id)",
+        (pool_id,),
+    ).fetchone()
+    return int(row[0]) * size
+
+
+def _draft(args: ReserveArgs, pool_id: str, charge: int) -> Draft:
+    return Draft(
+        tenant_id=args.tenant,
+        pool_id=pool_id,
+        gpu_count=charge,
+        gang_size=args.gang or 1,
+        spot=args.spot,
+        duration_ms=args.duration_ms,
+        start=args.start,
+    )
+
+
+def _new_reservation(
+    ctx: Ctx, args: ReserveArgs, pool_id: str, charge: int, rsv_id: str, seq: int
+) -> Reservation:
+    return Reservation(
+        id=rsv_id,
+        seq=seq,
+        tenant_id=args.tenant,
+        pool_id=pool_id,
+        state=State.PENDING,
+        gpus=args.gpus,
+        models=args.models,
+        topology=args.topology,
+        gang_size=args.gang,
+        topology_key=args.topology_key,
+        spot=args.spot,
+        binding=Binding.NODE if args.node_lease else Binding.DEVICE,
+        duration_ms=args.duration_ms,
+        start=args.start,
+        during=None,
+        conditions=(),
+        quota_charge=charge,
+        idempotency_key=args.key,
+        release_reason=None,
+        created_at=ctx.now,
+        next_attempt_at=None,
+        principal=ctx.principal,
+    )
+
+
+def placed_data(rsv: Reservation) -> dict[str, JsonValue]:
+    assert rsv.during is not None
+    return {
+        "nodeIds": [a.node_id for a in rsv.allocations],
+        "start": rsv.during.start,
+        "end": rsv.during.end,
+    }
+
+
+def place_or_pend(ctx: Ctx, rsv: Reservation, reason_kind: str = "NoCapacity") -> Reservation:
+    """Try to place now; a regular request that does not fit may preempt spot work; else pending."""
+    window = retry_window(rsv, ctx.now)
+    outcome = placing.place_now(ctx, rsv, window)
+    if isinstance(outcome, Reservation):
+        return outcome
+    if not rsv.spot and not rsv.node_lease:
+        preempted = try_preempt(ctx, rsv)
+        if preempted is not None:
+            return preempted
+    return placing.unschedulable(rsv, reason_kind, outcome.reason, ctx.now, ctx.settings.retry_ms)
+
+
+def record_outcome(ctx: Ctx, rsv: Reservation, previous: Reservation | None = None) -> None:
+    """Save a reservation after a placement attempt and log what changed."""
+    repo.save_reservation(ctx.db.conn, rsv)
+    if rsv.state == State.PLACED:
+        ctx.event("reservation.placed", rsv.tenant_id, rsv.id, placed_data(rsv))
+    elif previous is None or previous.conditions != rsv.conditions:
+        message = rsv.conditions[0].message if rsv.conditions else ""
+        reason = rsv.conditions[0].reason if rsv.conditions else ""
+        ctx.event(
+            "reservation.pending",
+            rsv.tenant_id,
+            rsv.id,
+            {"reason": reason, "message": message, "nextAttemptAt": rsv.next_attempt_at},
+        )
+
+
+def reserve(ctx: Ctx, args: ReserveArgs) -> Reservation:
+    validate(args)
+    with ctx.db.write() as conn:
+        pool = repo.find_pool(conn, args.pool)
+        repo.require_tenant(conn, args.tenant)
+        params = _params(args, pool["id"])
+        if args.key is not None:
+            existing = repo.reservation_by_key(conn, args.tenant, args.key)
+            if existing is not None:
+                rsv, old_params = existing
+                if old_params != params:
+                    raise Conflict(
+                        f"key {args.key!r} was used by {rsv.id} with other parameters;"
+                        " use a new --key for a new request"
+                    )
+                return rsv
+        charge = _charge(ctx, args, pool["id"])
+        check_policy(conn, ctx.principal, _draft(args, pool["id"], charge))
+        check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
+        rsv_id, seq = repo.next_id(conn, "rsv"), repo.next_seq(conn, "reservations")
+        rsv = _new_reservation(ctx, args, pool["id"], charge, rsv_id, seq)
+        repo.insert_reservation(conn, rsv, params)
+        ctx.event(
+            "reservation.created",
+            rsv.tenant_id,
+            rsv.id,
+            {"gpuCount": charge, "spot": rsv.spot, "binding": rsv.binding.value},
+        )
+        rsv = place_or_pend(ctx, rsv)
+        record_outcome(ctx, rsv)
+        return repo.get_reservation(conn, rsv.id)
+
+
+# ---------------------------------------------------------------- preview
+
+
+@dataclass(frozen=True)
+class Preview:
+    fits: bool
+    candidates: tuple[NodePlan, ...]
+    reason: str | None
+    preemptible: tuple[int, int] | None  # (reservations, startsAt)
+    window: Window
+
+
+def preview(ctx: Ctx, args: ReserveArgs) -> Preview:
+    validate(args)
+    with ctx.db.read() as conn:
+        pool = repo.find_pool(conn, args.pool)
+        repo.require_tenant(conn, args.tenant)
+        charge = _charge(ctx, args, pool["id"])
+        check_policy(conn, ctx.principal, _draft(args, pool["id"], charge))
+        check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
+        # Preview takes no id: a draft named "preview" plans exactly as the real request would.
+        draft = _new_reservation(ctx, args, pool["id"], charge, "preview", 0)
+        window = retry_window(draft, ctx.now)
+        outcome = placing.plan(ctx, draft, window)
+        if isinstance(outcome, Plan):
+            return Preview(True, _candidates(ctx, draft, window), None, None, window)
+        preemptible = None
+        if not args.spot and not args.node_lease:
+            deadline = max(args.start or ctx.now, ctx.now + ctx.settings.spot_notice_ms)
+            late = Window(deadline, deadline + args.duration_ms)
+            snaps = repo.snapshots(conn, pool["id"], late)
+            option = plan_preemption(
+                draft.request(late), snaps, seed=ctx.seed("preview"), top_n=ctx.settings.top_n
+            )
+            if isinstance(option, Plan) and option.victims:
+                preemptible = (len(option.victims), deadline)
+        return Preview(False, (), outcome.reason, preemptible, window)
+
+
+def _candidates(ctx: Ctx, draft: Reservation, window: Window) -> tuple[NodePlan, ...]:
+    """Single node: the best topN nodes, ranked. Gang: the members of the best gang."""
+    snaps = repo.snapshots(ctx.db.conn, draft.pool_id, window)
+    request = draft.request(window)
+    if request.gang_size:
+        gangs = gang_candidates(request, snaps)
+        return gangs[0].members if gangs else ()
+    plans = [p for s in snaps if isinstance(p := plan_node(request, s), NodePlan)]
+    plans.sort(key=lambda p: (-p.score, p.node_id))
+    return tuple(plans[: max(1, ctx.settings.top_n)])
+
+
+# ---------------------------------------------------------------- reading
+
+
+def get(ctx: Ctx, rsv_id: str) -> Reservation:
+    with ctx.db.read() as conn:
+        return repo.get_reservation(conn, rsv_id)
+
+
+def list_reservations(
+    ctx: Ctx, tenant: str | None, pool: str | None, state_names: list[str]
+) -> list[Reservation]:
+    allowed = {s.value for s in State}
+    for name in state_names:
+        if name not in allowed:
+            raise InvalidInput(f"--state {name!r} is not a state; use one of {', '.join(allowed)}")
+    with ctx.db.read() as conn:
+        clauses, args = ["1"], []  # type: tuple[list[str], list[object]]
+        if tenant is not None:
+            repo.require_tenant(conn, tenant)
+            clauses.append("tenant_id = ?")
+            args.append(tenant)
+        if pool is not None:
+            clauses.append("pool_id = ?")
+            args.append(repo.find_pool(conn, pool)["id"])
+        if state_names:
+            clauses.append(f"state IN ({','.join('?' * len(state_names))})")
+            args.extend(state_names)
+        return repo.reservations_where(conn, " AND ".join(clauses), args)
+
+
+# ---------------------------------------------------------------- changing
+
+
+def finish(ctx: Ctx, rsv: Reservation, reason: ReleaseReason, at: int) -> Reservation:
+    """Release a reservation at `at`: bookings from then on go back, usage closes, quota refunds."""
+    conn = ctx.db.conn
+    repo.end_bookings(conn, rsv.id, at)
+    metering.close_windows(conn, rsv.id, at)
+    done = states.released(rsv, reason)
+    if done.during is not None and done.during.end > at:
+        done = replace(done, during=Window(done.during.start, max(done.during.start, at)))
+    repo.save_reservation(conn, done)
+    ctx.event("reservation.released", rsv.tenant_id, rsv.id, {"reason": reason.value}, at=at)
+    return done
+
+
+def cancel(ctx: Ctx, rsv_id: str) -> Reservation:
+    with ctx.db.write() as conn:
+        rsv = repo.get_reservation(conn, rsv_id)
+        states.require(rsv, states.CANCELLABLE, "cancel", "use `release` once it has started")
+        finish(ctx, rsv, ReleaseReason.CANCELLED, ctx.now)
+        return repo.get_reservation(conn, rsv_id)
+
+
+def release(ctx: Ctx, rsv_id: str) -> Reservation:
+    with ctx.db.write() as conn:
+        rsv = repo.get_reservation(conn, rsv_id)
+        states.require(rsv, states.RELEASABLE, "release", "use `cancel` while it is pending")
+        finish(ctx, rsv, ReleaseReason.RELEASED, ctx.now)
+        return repo.get_reservation(conn, rsv_id)
+
+
+def extend(ctx: Ctx, rsv_id: str, by_ms: int) -> Reservation:
+    """Move every member's end, or none: any collision on any member is a CONFLICT."""
+    if by_ms <= 0:
+        raise InvalidInput("--by must be a positive duration such as 30m or 2h")
+    with ctx.db.write() as conn:
+        rsv = repo.get_reservation(conn, rsv_id)
+        states.require(rsv, states.EXTENDABLE, "extend")
+        if rsv.preempt_deadline is not None:
+            raise Conflict(f"cannot extend {rsv.id}: it is being preempted and ends at its deadline")
+        assert rsv.during is not None
+        old_end, new_end = rsv.during.end, rsv.during.end + by_ms
+        if new_end <= ctx.now:
+            raise Conflict(f"cannot extend {rsv.id}: its window has already ended")
+        extra = Window(old_end, new_end)
+        for alloc in rsv.allocations:
+            marks = ",".join("?" * len(alloc.atoms))
+            clash = conn.execute(
+                "SELECT reservation_id, atom FROM bookings WHERE node_id = ? AND end > ?"
+                f" AND start < ? AND reservation_id != ? AND atom IN ({marks}) ORDER BY atom LIMIT 1",
+                (alloc.node_id, extra.start, extra.end, rsv.id, *alloc.atoms),
+            ).fetchone()
+            if clash is not None:
+                raise Conflict(
+                    f"cannot extend {rsv.id} by that much: GPU {alloc.node_id}:{clash['atom']}"
+                    " is booked by another reservation in the extra time; nothing was changed"
+                )
+            maintenance = [
+                m for m in repo.maintenance_for_node(conn, alloc.node_id, old_end)
+                if m.window.overlaps(extra)
+            ]
+            if maintenance:
+                raise Conflict(
+                    f"cannot extend {rsv.id}: node {alloc.node_id} has maintenance in the extra"
+                    " time; nothing was changed"
+                )
+        repo.move_bookings_end(conn, rsv.id, old_end, new_end)
+        repo.save_reservation(conn, replace(rsv, during=Window(rsv.during.start, new_end)))
+        ctx.event("reservation.extended", rsv.tenant_id, rsv.id, {"from": old_end, "to": new_end})
+        return repo.get_reservation(conn, rsv_id)
+
+
+def explain(ctx: Ctx, args: ReserveArgs) -> list[tuple[str, str]]:
+    """`preview --explain`: node by node (or group by group), why each was taken or refused."""
+    with ctx.db.read() as conn:
+        pool = repo.find_pool(conn, args.pool)
+        draft = _new_reservation(ctx, args, pool["id"], _charge(ctx, args, pool["id"]), "preview", 0)
+        window = retry_window(draft, ctx.now)
+        return explain_plan(draft.request(window), repo.snapshots(conn, pool["id"], window))

@@ -1,0 +1,96 @@
+"""Preemption of spot work for a regular request that would otherwise wait (PRODUCT.md §5.5).
+
+The victims are computed first by the pure engine, then applied with the placement inside one
+savepoint: if any step fails, no spot reservation is touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from better_compute.engine.preempt import plan_preemption
+from better_compute.errors import BetterComputeError
+from better_compute.lifecycle import states
+from better_compute.model import (
+    LIVE_STATES,
+    Condition,
+    JsonValue,
+    Plan,
+    Reservation,
+    State,
+    Window,
+)
+from better_compute.service import placing
+from better_compute.service.context import Ctx
+from better_compute.storage import repo
+
+OTHER_TENANT = "preempted by a non-spot reservation"
+
+
+def notice(victim: Reservation, by: Reservation) -> tuple[str, dict[str, JsonValue]]:
+    """What the victim's tenant may read: the preempting id only when it is their own."""
+    if victim.tenant_id == by.tenant_id:
+        return f"preempted by {by.id}", {"by": by.id}
+    return OTHER_TENANT, {}
+
+
+class _Abort(Exception):
+    """A victim no longer qualifies or the placement failed: roll the whole savepoint back."""
+
+
+def try_preempt(ctx: Ctx, rsv: Reservation) -> Reservation | None:
+    """Place `rsv` from the deadline by preempting spot reservations, or return None untouched."""
+    if rsv.spot or rsv.node_lease:
+        return None
+    conn = ctx.db.conn
+    deadline = max(rsv.start or ctx.now, ctx.now + ctx.settings.spot_notice_ms)
+    window = Window(deadline, deadline + rsv.duration_ms)
+    snaps = repo.snapshots(conn, rsv.pool_id, window, ignore_reservation=rsv.id)
+    option = plan_preemption(
+        rsv.request(window), snaps, seed=ctx.seed(rsv.id, "preempt", deadline), top_n=ctx.settings.top_n
+    )
+    if not isinstance(option, Plan) or not option.victims:
+        return None
+    try:
+        with ctx.db.savepoint("preempt"):
+            for victim_id in option.victims:
+                _give_notice(ctx, repo.get_reservation(conn, victim_id), rsv, deadline)
+            return placing.commit(ctx, rsv, option, window)
+    except (_Abort, placing.LostRace, BetterComputeError):
+        return None
+
+
+def _give_notice(ctx: Ctx, victim: Reservation, by: Reservation, deadline: int) -> None:
+    conn = ctx.db.conn
+    if not victim.spot or victim.state not in LIVE_STATES or victim.during is None:
+        raise _Abort(victim.id)
+    message, by_data = notice(victim, by)
+    if victim.during.start < deadline:
+        # Started, or starts before the deadline: cut back to end at it, released then by tick.
+        repo.end_bookings(conn, victim.id, deadline)
+        cut = replace(
+            victim,
+            during=Window(victim.during.start, deadline),
+            preempt_deadline=deadline,
+            preempted_by=by.id,
+            conditions=(Condition("Preempted", "SpotPreempted", message),),
+        )
+        repo.save_reservation(conn, cut)
+        ctx.event("reservation.preempting", victim.tenant_id, victim.id, {"at": deadline, **by_data})
+        return
+    # Not started by the deadline: it loses its bookings and waits again, keeping its quota.
+    repo.drop_allocations(conn, victim.id, victim.during.start)
+    requeued = replace(
+        states.move(victim, State.PENDING),
+        during=None,
+        allocations=(),
+        preempted_by=by.id,
+        conditions=(Condition("Unschedulable", "SpotPreempted", message),),
+        next_attempt_at=ctx.now + ctx.settings.retry_ms,
+        lead_checked=False,
+        start_checked=False,
+    )
+    repo.save_reservation(conn, requeued)
+    ctx.event(
+        "reservation.preempted", victim.tenant_id, victim.id, {"requeued": True, **by_data}
+    )

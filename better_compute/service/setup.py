@@ -1,0 +1,414 @@
+"""Setting up: the database, the inventory, pools, nodes, devices, tenants, quotas, settings."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from better_compute.errors import Conflict, InvalidInput, NotFound
+from better_compute.inventory import (
+    MODEL_RE,
+    NAME_RE,
+    Inventory,
+    InventoryNode,
+    InventoryPool,
+    InventoryTenant,
+    nvlink_group_of,
+)
+from better_compute.model import Atom, JsonValue, Maintenance, Node, Window
+from better_compute.service.context import Ctx
+from better_compute.storage import repo
+from better_compute.storage.db import Database, create_database
+from better_compute.storage.repo import Conn
+
+Labels = tuple[tuple[str, str], ...]
+
+
+def init(path: str, now: int, force: bool) -> Database:
+    # The database id is derived from the creating instant and path: replays of `init --now T`
+    # give identical ids, and copies of one database keep the same id.
+    return create_database(path, force=force, seed_text=f"{now}:{path}")
+
+
+def parse_labels(pairs: Sequence[str]) -> Labels:
+    labels: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key or not value:
+            raise InvalidInput(f"label {pair!r} must look like key=value, such as rack=r1")
+        if key == "fabric.domain":
+            raise InvalidInput("fabric.domain is derived from the GPUs' fabric; set --fabric instead")
+        labels[key] = value
+    return tuple(sorted(labels.items()))
+
+
+def _name(value: str, what: str) -> str:
+    if not NAME_RE.fullmatch(value):
+        raise InvalidInput(
+            f"{what} {value!r} must be 1 to 63 letters, digits, '.', '_' or '-' starting with a"
+            " letter or digit"
+        )
+    return value
+
+
+# ---------------------------------------------------------------- pools
+
+
+def pool_create(ctx: Ctx, name: str, labels: Labels) -> str:
+    _name(name, "pool name")
+    with ctx.db.write() as conn:
+        if conn.execute("SELECT 1 FROM pools WHERE name = ?", (name,)).fetchone():
+            raise Conflict(f"pool {name!r} already exists")
+        pool_id = repo.insert_pool(conn, name, labels)
+        ctx.event("pool.created", None, None, {"poolId": pool_id, "name": name})
+        return pool_id
+
+
+def pool_set_auto_bind(ctx: Ctx, ref: str, auto_bind: bool | None) -> None:
+    with ctx.db.write() as conn:
+        pool = repo.find_pool(conn, ref)
+        value = None if auto_bind is None else int(auto_bind)
+        conn.execute("UPDATE pools SET auto_bind = ? WHERE id = ?", (value, pool["id"]))
+
+
+# ---------------------------------------------------------------- nodes
+
+
+def _atoms(node: InventoryNode) -> list[Atom]:
+    return [
+        Atom(
+            index=i,
+            model=node.model,
+            nvlink_group=nvlink_group_of(i, node.gpus, node.nvlink_groups),
+            fabric_cluster=node.fabric_cluster,
+            fabric_clique=node.fabric_clique,
+        )
+        for i in range(node.gpus)
+    ]
+
+
+def parse_fabric(text: str | None) -> tuple[str | None, int | None]:
+    if text is None:
+        return None, None
+    cluster, sep, clique = text.rpartition(".")
+    if not sep or not cluster or not clique.isdigit():
+        raise InvalidInput(f"--fabric {text!r} must look like CLUSTER.CLIQUE, such as c1.3")
+    return _name(cluster, "fabric cluster"), int(clique)
+
+
+def node_spec(
+    name: str, gpus: int, model: str, labels: Labels, nvlink_groups: int, fabric: str | None
+) -> InventoryNode:
+    _name(name, "node name")
+    if not 1 <= gpus <= 64:
+        raise InvalidInput(f"--gpus must be from 1 to 64, got {gpus}")
+    if not MODEL_RE.fullmatch(model):
+        raise InvalidInput(f"--model {model!r} must be lowercase letters, digits, '.', '_' or '-'")
+    if nvlink_groups < 1 or gpus % nvlink_groups:
+        raise InvalidInput(f"--nvlink-groups must divide --gpus {gpus} evenly, got {nvlink_groups}")
+    cluster, clique = parse_fabric(fabric)
+    return InventoryNode(name, labels, gpus, model, nvlink_groups, cluster, clique)
+
+
+def node_add(ctx: Ctx, pool_ref: str | None, spec: InventoryNode) -> None:
+    with ctx.db.write() as conn:
+        pool = repo.find_pool(conn, pool_ref)
+        if conn.execute("SELECT 1 FROM nodes WHERE name = ?", (spec.name,)).fetchone():
+            raise Conflict(f"node {spec.name!r} already exists; `node show {spec.name}`")
+        repo.insert_node(conn, spec.name, pool["id"], spec.labels, _atoms(spec))
+        ctx.event("node.added", None, None, {"nodeId": spec.name, "poolId": pool["id"]})
+
+
+def node_list(ctx: Ctx, pool_ref: str | None) -> list[Node]:
+    with ctx.db.read() as conn:
+        pool_id = repo.find_pool(conn, pool_ref)["id"] if pool_ref is not None else None
+        return repo.load_nodes(conn, pool_id)
+
+
+@dataclass(frozen=True)
+class NodeDetail:
+    node: Node
+    pool_name: str
+    maintenance: tuple[Maintenance, ...]
+    desired: tuple[object, ...]
+
+
+def node_show(ctx: Ctx, name: str) -> NodeDetail:
+    from better_compute.service.views import desired_state
+
+    with ctx.db.read() as conn:
+        node = repo.get_node(conn, name)
+        pool = conn.execute("SELECT name FROM pools WHERE id = ?", (node.pool_id,)).fetchone()
+        return NodeDetail(
+            node,
+            pool["name"],
+            tuple(repo.maintenance_for_node(conn, name, ctx.now)),
+            tuple(desired_state(conn, name)),
+        )
+
+
+def node_label(ctx: Ctx, name: str, pairs: Sequence[str]) -> Node:
+    """Set labels (k=v) or remove them (k-), as kubectl label does."""
+    with ctx.db.write() as conn:
+        node = repo.get_node(conn, name)
+        labels = dict(node.labels)
+        for pair in pairs:
+            if pair.endswith("-") and "=" not in pair:
+                labels.pop(pair[:-1], None)
+            else:
+                labels.update(parse_labels([pair]))
+        repo.set_node_labels(conn, name, sorted(labels.items()))
+        ctx.event("node.labelled", None, None, {"nodeId": name, "labels": dict(sorted(labels.items()))})
+        return repo.get_node(conn, name)
+
+
+def node_flag(ctx: Ctx, name: str, event: str, reason: str | None, **columns: object) -> Node:
+    """Cordon, uncordon, mark (un)reachable: one column change and an event with who and why."""
+    with ctx.db.write() as conn:
+        repo.get_node(conn, name)
+        repo.update_node(conn, name, **columns)
+        data: dict[str, JsonValue] = {"nodeId": name, "by": ctx.principal}
+        if reason is not None:
+            data["reason"] = reason
+        ctx.event(event, None, None, data)
+        return repo.get_node(conn, name)
+
+
+def node_maintenance(ctx: Ctx, name: str, window: Window, reason: str | None) -> Maintenance:
+    if window.end <= window.start:
+        raise InvalidInput("--until must be after --from")
+    with ctx.db.write() as conn:
+        repo.get_node(conn, name)
+        mid = repo.insert_maintenance(conn, name, window, reason)
+        data: dict[str, JsonValue] = {
+            "nodeId": name,
+            "from": window.start,
+            "until": window.end,
+            "by": ctx.principal,
+        }
+        if reason is not None:
+            data["reason"] = reason
+        ctx.event("node.maintenance", None, None, data)
+        return Maintenance(mid, name, window, reason)
+
+
+def node_uncordon(ctx: Ctx, name: str) -> Node:
+    """Uncordon lifts the cordon and every maintenance window of the node."""
+    with ctx.db.write() as conn:
+        repo.get_node(conn, name)
+        repo.update_node(conn, name, schedulable=1, cordon_reason=None)
+        removed = repo.delete_maintenance(conn, name)
+        ctx.event(
+            "node.uncordoned", None, None, {"nodeId": name, "by": ctx.principal, "maintenanceRemoved": removed}
+        )
+        return repo.get_node(conn, name)
+
+
+def device_health(ctx: Ctx, ref: str, healthy: bool, reason: str | None) -> Node:
+    node_name, sep, index_text = ref.rpartition(":")
+    if not sep or not index_text.isdigit():
+        raise InvalidInput(f"device {ref!r} must look like NODE:INDEX, such as node-01:3")
+    index = int(index_text)
+    with ctx.db.write() as conn:
+        node = repo.get_node(conn, node_name)
+        if index >= len(node.atoms):
+            raise NotFound(f"node {node_name} has GPUs 0 to {len(node.atoms) - 1}, not {index}")
+        repo.set_atom_health(conn, node_name, index, healthy, reason)
+        data: dict[str, JsonValue] = {"nodeId": node_name, "index": index, "by": ctx.principal}
+        if reason is not None:
+            data["reason"] = reason
+        ctx.event("device.quarantined" if not healthy else "device.restored", None, None, data)
+        return repo.get_node(conn, node_name)
+
+
+# ---------------------------------------------------------------- tenants and quotas
+
+
+def tenant_create(ctx: Ctx, tenant: str) -> None:
+    _name(tenant, "tenant id")
+    with ctx.db.write() as conn:
+        if repo.tenant_exists(conn, tenant):
+            raise Conflict(f"tenant {tenant!r} already exists")
+        repo.insert_tenant(conn, tenant)
+
+
+def tenant_list(ctx: Ctx) -> list[str]:
+    with ctx.db.read() as conn:
+        return repo.tenant_ids(conn)
+
+
+def quota_set(ctx: Ctx, tenant: str, pool_ref: str | None, gpus: int) -> None:
+    if gpus < 0:
+        raise InvalidInput(f"--gpus must be 0 or more, got {gpus}")
+    with ctx.db.write() as conn:
+        repo.require_tenant(conn, tenant)
+        pool_id = repo.find_pool(conn, pool_ref)["id"] if pool_ref is not None else ""
+        repo.set_quota(conn, tenant, pool_id, gpus)
+
+
+@dataclass(frozen=True)
+class QuotaLine:
+    pool_id: str | None
+    pool_name: str | None
+    gpus: int
+    held: int
+
+
+def quota_show(ctx: Ctx, tenant: str) -> list[QuotaLine]:
+    with ctx.db.read() as conn:
+        repo.require_tenant(conn, tenant)
+        lines = []
+        for pool_id, cap in repo.quotas(conn, tenant):
+            sql = "SELECT COALESCE(SUM(quota_charge), 0) FROM reservations"
+            sql += " WHERE tenant_id = ? AND state != 'released'"
+            args: list[object] = [tenant]
+            name = None
+            if pool_id:
+                sql += " AND pool_id = ?"
+                args.append(pool_id)
+                name = conn.execute("SELECT name FROM pools WHERE id = ?", (pool_id,)).fetchone()[0]
+            held = int(conn.execute(sql, args).fetchone()[0])
+            lines.append(QuotaLine(pool_id or None, name, cap, held))
+        return lines
+
+
+# ---------------------------------------------------------------- settings
+
+BOOL_KEYS = {"binding.autoBind"}
+MINIMUMS = {
+    "capacity.spotNoticeMs": 0,
+    "placement.topN": 1,
+    "placement.maxAttempts": 1,
+    "pending.retryMs": 1000,
+    "repair.leadMs": 0,
+    "timeline.maxBuckets": 1,
+    "db.busyTimeoutMs": 0,
+}
+
+
+def config_get(ctx: Ctx, key: str | None) -> dict[str, JsonValue]:
+    with ctx.db.read() as conn:
+        settings = repo.load_settings(conn)
+    values: dict[str, JsonValue] = {
+        k: getattr(settings, field) for k, field in sorted(repo.SETTING_KEYS.items())
+    }
+    if key is None:
+        return values
+    if key not in values:
+        raise NotFound(f"no setting {key!r}; settings: {', '.join(values)}")
+    return {key: values[key]}
+
+
+def config_set(ctx: Ctx, key: str, value: str) -> dict[str, JsonValue]:
+    if key not in repo.SETTING_KEYS:
+        raise InvalidInput(f"no setting {key!r}; settings: {', '.join(sorted(repo.SETTING_KEYS))}")
+    if key in BOOL_KEYS:
+        if value not in ("true", "false"):
+            raise InvalidInput(f"{key} must be true or false, got {value!r}")
+    elif not value.isdigit() or int(value) < MINIMUMS[key]:
+        raise InvalidInput(f"{key} must be an integer of at least {MINIMUMS[key]}, got {value!r}")
+    with ctx.db.write() as conn:
+        repo.set_config(conn, key, value if key in BOOL_KEYS else str(int(value)))
+        ctx.event("config.set", None, None, {"key": key, "value": value, "by": ctx.principal})
+    return config_get(ctx_fresh(ctx), key)
+
+
+def ctx_fresh(ctx: Ctx) -> Ctx:
+    return Ctx(ctx.db, ctx.now, ctx.principal)
+
+
+# ---------------------------------------------------------------- inventory
+
+
+def _live_atoms(conn: Conn, node: str, now: int) -> set[int]:
+    rows = conn.execute(
+        "SELECT DISTINCT b.atom FROM bookings b JOIN reservations r ON r.id = b.reservation_id"
+        " WHERE b.node_id = ? AND b.end > ? AND r.state != 'released'",
+        (node, now),
+    )
+    return {int(r[0]) for r in rows}
+
+
+def inventory_import(ctx: Ctx, inv: Inventory) -> dict[str, int]:
+    """Upsert the whole file in one transaction; never remove an atom that holds a live booking."""
+    counts = {"pools": 0, "nodes": 0, "tenants": 0}
+    with ctx.db.write() as conn:
+        for p_index, pool in enumerate(inv.pools):
+            row = conn.execute("SELECT id FROM pools WHERE name = ?", (pool.name,)).fetchone()
+            if row is None:
+                pool_id = repo.insert_pool(conn, pool.name, pool.labels)
+            else:
+                pool_id = row["id"]
+                conn.execute(
+                    "UPDATE pools SET labels = ? WHERE id = ?",
+                    (json.dumps(dict(pool.labels), sort_keys=True), pool_id),
+                )
+            counts["pools"] += 1
+            for n_index, node in enumerate(pool.nodes):
+                _upsert_node(ctx, conn, pool_id, node, f"pools[{p_index}].nodes[{n_index}]")
+                counts["nodes"] += 1
+        for tenant in inv.tenants:
+            if not repo.tenant_exists(conn, tenant.id):
+                repo.insert_tenant(conn, tenant.id)
+            if tenant.quota_gpus is not None:
+                repo.set_quota(conn, tenant.id, "", tenant.quota_gpus)
+            counts["tenants"] += 1
+        ctx.event("inventory.imported", None, None, {k: v for k, v in counts.items()})
+    return counts
+
+
+def _upsert_node(ctx: Ctx, conn: Conn, pool_id: str, node: InventoryNode, path: str) -> None:
+    existing = conn.execute("SELECT pool_id FROM nodes WHERE name = ?", (node.name,)).fetchone()
+    if existing is None:
+        repo.insert_node(conn, node.name, pool_id, node.labels, _atoms(node))
+        return
+    live = _live_atoms(conn, node.name, ctx.now)
+    if existing["pool_id"] != pool_id and live:
+        raise InvalidInput(f"{path}.name: node {node.name} holds live bookings; it cannot change pool")
+    lost = sorted(i for i in live if i >= node.gpus)
+    if lost:
+        raise InvalidInput(
+            f"{path}.gpus.count: GPUs {lost} of {node.name} hold live bookings; keep at least"
+            f" {max(lost) + 1} GPUs"
+        )
+    conn.execute(
+        "UPDATE nodes SET pool_id = ?, labels = ? WHERE name = ?",
+        (pool_id, json.dumps(dict(node.labels), sort_keys=True), node.name),
+    )
+    conn.execute("DELETE FROM atoms WHERE node_id = ? AND idx >= ?", (node.name, node.gpus))
+    for atom in _atoms(node):
+        conn.execute(
+            "INSERT INTO atoms(node_id, idx, model, nvlink_group, fabric_cluster, fabric_clique)"
+            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(node_id, idx) DO UPDATE SET model = excluded.model,"
+            " nvlink_group = excluded.nvlink_group, fabric_cluster = excluded.fabric_cluster,"
+            " fabric_clique = excluded.fabric_clique",
+            (node.name, atom.index, atom.model, atom.nvlink_group, atom.fabric_cluster, atom.fabric_clique),
+        )
+
+
+def inventory_export(ctx: Ctx) -> Inventory:
+    with ctx.db.read() as conn:
+        pools = []
+        for row in repo.pool_rows(conn):
+            nodes = tuple(_export_node(n) for n in repo.load_nodes(conn, row["id"]))
+            pools.append(InventoryPool(row["name"], repo.pool_labels(row), nodes))
+        tenants = []
+        for tenant in repo.tenant_ids(conn):
+            cap = dict(repo.quotas(conn, tenant)).get("")
+            tenants.append(InventoryTenant(tenant, cap))
+        return Inventory(tuple(pools), tuple(tenants))
+
+
+def _export_node(node: Node) -> InventoryNode:
+    first = node.atoms[0]
+    same_fabric = len({(a.fabric_cluster, a.fabric_clique) for a in node.atoms}) == 1
+    return InventoryNode(
+        name=node.name,
+        labels=node.labels,
+        gpus=len(node.atoms),
+        model=first.model,
+        nvlink_groups=len({a.nvlink_group for a in node.atoms}),
+        fabric_cluster=first.fabric_cluster if same_fabric else None,
+        fabric_clique=first.fabric_clique if same_fabric else None,
+    )

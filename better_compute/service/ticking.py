@@ -1,0 +1,236 @@
+"""`tick`: the five ordered lifecycle steps at one instant, BookingRepair, and agents' reports."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from better_compute.errors import Conflict, NotFound
+from better_compute.lifecycle import states
+from better_compute.lifecycle.tick import (
+    RepairPoint,
+    bad_nodes,
+    can_bind,
+    due_binding,
+    due_release,
+    due_repair,
+    due_retries,
+)
+from better_compute.model import LIVE_STATES, Event, Reservation, State, Window
+from better_compute.service import booking, metering, placing
+from better_compute.service.context import Ctx
+from better_compute.storage import repo
+
+
+def tick(ctx: Ctx) -> list[Event]:
+    """One tick at ctx.now, in one transaction; returns the events it wrote (what changed)."""
+    with ctx.db.write() as conn:
+        first = _last_seq(ctx)
+        _release_due(ctx)
+        _retry_pending(ctx)
+        _repair_due(ctx)
+        _start_binding(ctx)
+        _bind(ctx)
+        return repo.events(conn, tenant=None, reservation=None, since=first)
+
+
+def tick_until(
+    ctx: Ctx, until: int, step_ms: int, progress: Callable[[int, int], None] | None = None
+) -> list[Event]:
+    """The same as running tick at every step from now to `until` (both included)."""
+    instants = list(range(ctx.now, until + 1, step_ms))
+    if instants[-1] != until:
+        instants.append(until)
+    changes: list[Event] = []
+    for done, instant in enumerate(instants, start=1):
+        changes.extend(tick(Ctx(ctx.db, instant, ctx.principal)))
+        if progress is not None:
+            progress(done, len(instants))
+    return changes
+
+
+def _last_seq(ctx: Ctx) -> int:
+    return int(ctx.db.conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0])
+
+
+def _live(ctx: Ctx, where: str, args: tuple[object, ...]) -> list[Reservation]:
+    return repo.reservations_where(ctx.db.conn, where, args)
+
+
+def _release_due(ctx: Ctx) -> None:
+    """Step 1: preemption deadlines and ends that have come."""
+    candidates = _live(
+        ctx,
+        "state IN ('placed', 'binding', 'active') AND (during_end <= ? OR preempt_deadline <= ?)",
+        (ctx.now, ctx.now),
+    )
+    for rsv in candidates:
+        reason = due_release(rsv, ctx.now)
+        if reason is not None and rsv.during is not None:
+            booking.finish(ctx, rsv, reason, min(rsv.during.end, ctx.now))
+
+
+def _retry_pending(ctx: Ctx) -> None:
+    """Step 2: pending reservations whose next attempt is due, oldest first."""
+    pending = _live(ctx, "state = 'pending' AND next_attempt_at <= ?", (ctx.now,))
+    for rsv in due_retries(pending, ctx.now):
+        after = booking.place_or_pend(ctx, rsv, _pending_reason(rsv))
+        booking.record_outcome(ctx, after, previous=rsv)
+
+
+def _pending_reason(rsv: Reservation) -> str:
+    """A retry keeps saying why it first waited (BookingRepairFailed, SpotPreempted, NoCapacity)."""
+    return rsv.conditions[0].reason if rsv.conditions else "NoCapacity"
+
+
+def _repair_due(ctx: Ctx) -> None:
+    """Step 3: BookingRepair at start - leadMs (once) and again at the start."""
+    lead = ctx.settings.repair_lead_ms
+    placed = _live(ctx, "state = 'placed' AND during_start <= ?", (ctx.now + lead,))
+    for rsv in placed:
+        point = due_repair(rsv, ctx.now, lead)
+        if point is None:
+            continue
+        marked = replace(
+            rsv,
+            lead_checked=True,
+            start_checked=rsv.start_checked or point == RepairPoint.START,
+        )
+        repo.save_reservation(ctx.db.conn, marked)
+        repair_one(ctx, marked)
+
+
+def repair_one(ctx: Ctx, rsv: Reservation) -> Reservation:
+    """Check one placed reservation; if a node went bad, place it again for the same window."""
+    conn = ctx.db.conn
+    if rsv.state != State.PLACED or rsv.during is None:
+        return rsv
+    nodes = {n.name: n for n in repo.load_nodes(conn, rsv.pool_id)}
+    maintenance = repo.maintenance_overlapping(conn, rsv.pool_id, rsv.during)
+    bad = bad_nodes(rsv, nodes, maintenance, ctx.now)
+    if not bad:
+        return rsv
+    left = [a.node_id for a in rsv.allocations]
+    window = rsv.during
+    with ctx.db.savepoint("repair"):
+        repo.drop_allocations(conn, rsv.id, window.start)
+        fresh = replace(rsv, allocations=(), during=None)
+        outcome = placing.place_now(ctx, fresh, window, exclude=frozenset(bad))
+        if isinstance(outcome, Reservation):
+            repo.save_reservation(conn, outcome)
+            ctx.event(
+                "reservation.repaired",
+                rsv.tenant_id,
+                rsv.id,
+                {
+                    "from": left,
+                    "nodeIds": [a.node_id for a in outcome.allocations],
+                    "start": window.start,
+                    "end": window.end,
+                },
+            )
+            return outcome
+        waiting = placing.unschedulable(
+            states.move(fresh, State.PENDING),
+            "BookingRepairFailed",
+            f"booking repair failed: nodes {', '.join(bad)} can no longer serve it; "
+            + outcome.reason,
+            ctx.now,
+            ctx.settings.retry_ms,
+        )
+        waiting = replace(waiting, lead_checked=False, start_checked=False)
+        repo.save_reservation(conn, waiting)
+        ctx.event(
+            "reservation.pending",
+            rsv.tenant_id,
+            rsv.id,
+            {
+                "reason": "BookingRepairFailed",
+                "message": waiting.conditions[0].message,
+                "from": left,
+                "nextAttemptAt": waiting.next_attempt_at,
+            },
+        )
+        return waiting
+
+
+def repair(ctx: Ctx, rsv_id: str | None) -> list[Event]:
+    """`repair [RSV]`: check one or every placed reservation now, whatever their start."""
+    with ctx.db.write() as conn:
+        first = _last_seq(ctx)
+        if rsv_id is not None:
+            rsv = repo.get_reservation(conn, rsv_id)
+            states.require(rsv, frozenset({State.PLACED}), "repair")
+            targets = [rsv]
+        else:
+            targets = _live(ctx, "state = 'placed'", ())
+        for rsv in targets:
+            repair_one(ctx, rsv)
+        return repo.events(conn, tenant=None, reservation=None, since=first)
+
+
+def _start_binding(ctx: Ctx) -> None:
+    """Step 4: placed reservations whose start has come; their nodes' desired state now lists them."""
+    for rsv in _live(ctx, "state = 'placed' AND during_start <= ?", (ctx.now,)):
+        if due_binding(rsv, ctx.now):
+            repo.save_reservation(ctx.db.conn, states.move(rsv, State.BINDING))
+            ctx.event(
+                "reservation.binding",
+                rsv.tenant_id,
+                rsv.id,
+                {"nodeIds": [a.node_id for a in rsv.allocations]},
+            )
+
+
+def _auto_bind(ctx: Ctx, pool_id: str) -> bool:
+    row = ctx.db.conn.execute("SELECT auto_bind FROM pools WHERE id = ?", (pool_id,)).fetchone()
+    return ctx.settings.auto_bind if row["auto_bind"] is None else bool(row["auto_bind"])
+
+
+def _bind(ctx: Ctx) -> None:
+    """Step 5: autoBind reachable nodes; a reservation with every allocation bound is active."""
+    conn = ctx.db.conn
+    for rsv in _live(ctx, "state = 'binding'", ()):
+        nodes = {n.name: n for n in repo.load_nodes(conn, rsv.pool_id)}
+        auto = _auto_bind(ctx, rsv.pool_id)
+        for alloc in rsv.allocations:
+            if not alloc.bound and can_bind(nodes[alloc.node_id], auto):
+                repo.set_bound(conn, alloc.id)
+        activate_if_bound(ctx, rsv.id)
+
+
+def activate_if_bound(ctx: Ctx, rsv_id: str) -> None:
+    conn = ctx.db.conn
+    rsv = repo.get_reservation(conn, rsv_id)
+    if rsv.state == State.BINDING and all(a.bound for a in rsv.allocations):
+        active = states.move(rsv, State.ACTIVE)
+        repo.save_reservation(conn, active)
+        metering.open_windows(conn, active, ctx.now)
+        ctx.event(
+            "reservation.active",
+            rsv.tenant_id,
+            rsv.id,
+            {"nodeIds": [a.node_id for a in rsv.allocations]},
+        )
+
+
+def report_bound(ctx: Ctx, node: str, rsv_id: str) -> Reservation:
+    """What a node agent calls once it has bound its devices for a reservation."""
+    with ctx.db.write() as conn:
+        repo.get_node(conn, node)
+        rsv = repo.get_reservation(conn, rsv_id)
+        alloc = next((a for a in rsv.allocations if a.node_id == node), None)
+        if alloc is None:
+            raise NotFound(f"reservation {rsv_id} has no allocation on node {node}")
+        if rsv.state not in (State.BINDING, State.ACTIVE):
+            raise Conflict(
+                f"cannot report {rsv_id} bound on {node}: it is {rsv.state}; nodes bind once"
+                " `tick` has moved it to binding"
+            )
+        repo.set_bound(conn, alloc.id)
+        activate_if_bound(ctx, rsv_id)
+        return repo.get_reservation(conn, rsv_id)
+
+
+def live_window(rsv: Reservation) -> Window | None:
+    return rsv.during if rsv.state in LIVE_STATES else None

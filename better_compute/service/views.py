@@ -1,0 +1,191 @@
+"""Read-only answers: pool rollups, node desired state, the timeline, the event log."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+
+from better_compute.errors import InvalidInput
+from better_compute.model import Event, Node, Window
+from better_compute.service.context import Ctx
+from better_compute.storage import repo
+from better_compute.storage.repo import Conn
+
+HOUR_MS = 3_600_000
+MINUTE_MS = 60_000
+MAX_SPAN_MS = 7 * 24 * HOUR_MS
+
+
+@dataclass(frozen=True)
+class Rollup:
+    pool_id: str
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    nodes: int
+    gpus: int
+    allocatable: int
+    in_use: int
+    reserved: int
+
+    @property
+    def free(self) -> int:
+        return self.allocatable - self.in_use
+
+
+def _allocatable(nodes: list[Node]) -> int:
+    """Healthy GPUs on schedulable nodes."""
+    return sum(sum(1 for a in n.atoms if a.healthy) for n in nodes if n.schedulable)
+
+
+def rollup(conn: Conn, row: sqlite3.Row, now: int) -> Rollup:
+    pool_id = row["id"]
+    nodes = repo.load_nodes(conn, pool_id)
+    in_use = conn.execute(
+        "SELECT COUNT(*) FROM (SELECT DISTINCT node_id, atom FROM bookings b"
+        " JOIN reservations r ON r.id = b.reservation_id"
+        " WHERE b.pool_id = ? AND b.start <= ? AND b.end > ? AND r.state != 'released')",
+        (pool_id, now, now),
+    ).fetchone()[0]
+    reserved = conn.execute(
+        "SELECT COUNT(*) FROM (SELECT DISTINCT b.node_id, b.atom FROM bookings b"
+        " JOIN reservations r ON r.id = b.reservation_id"
+        " WHERE b.pool_id = ? AND b.start > ? AND r.state != 'released'"
+        " AND NOT EXISTS (SELECT 1 FROM bookings c WHERE c.node_id = b.node_id"
+        " AND c.atom = b.atom AND c.start <= ? AND c.end > ?))",
+        (pool_id, now, now, now),
+    ).fetchone()[0]
+    return Rollup(
+        pool_id=pool_id,
+        name=row["name"],
+        labels=repo.pool_labels(row),
+        nodes=len(nodes),
+        gpus=sum(len(n.atoms) for n in nodes),
+        allocatable=_allocatable(nodes),
+        in_use=int(in_use),
+        reserved=int(reserved),
+    )
+
+
+def pools(ctx: Ctx) -> list[Rollup]:
+    with ctx.db.read() as conn:
+        return [rollup(conn, row, ctx.now) for row in repo.pool_rows(conn)]
+
+
+def pool(ctx: Ctx, ref: str) -> Rollup:
+    with ctx.db.read() as conn:
+        return rollup(conn, repo.find_pool(conn, ref), ctx.now)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One line of a node's desired state: what it should be running."""
+
+    reservation_id: str
+    tenant_id: str
+    allocation_id: str
+    atoms: tuple[int, ...]
+    state: str
+    start: int
+    end: int
+    bound: bool
+
+
+def desired_state(conn: Conn, node: str) -> list[Assignment]:
+    """Derived from binding and active reservations, so it can never drift from the bookings."""
+    rows = conn.execute(
+        "SELECT r.id, r.tenant_id, a.id AS alloc, a.atoms, r.state, r.during_start, r.during_end,"
+        " a.bound FROM allocations a JOIN reservations r ON r.id = a.reservation_id"
+        " WHERE a.node_id = ? AND a.released = 0 AND r.state IN ('binding', 'active')"
+        " ORDER BY r.during_start, r.id",
+        (node,),
+    )
+    return [
+        Assignment(
+            r["id"],
+            r["tenant_id"],
+            r["alloc"],
+            tuple(json.loads(r["atoms"])),
+            r["state"],
+            r["during_start"],
+            r["during_end"],
+            bool(r["bound"]),
+        )
+        for r in rows
+    ]
+
+
+@dataclass(frozen=True)
+class Bucket:
+    start: int
+    end: int
+    booked: int
+    free: int
+
+
+@dataclass(frozen=True)
+class Timeline:
+    pool_id: str
+    pool_name: str
+    allocatable: int
+    step_minutes: int
+    buckets: tuple[Bucket, ...]
+
+
+def timeline(
+    ctx: Ctx,
+    pool_ref: str | None,
+    tenant: str | None,
+    start: int | None,
+    end: int | None,
+    step_minutes: int,
+) -> Timeline:
+    """Booked GPUs over time: distinct atoms with any booking overlapping each bucket (§5.7)."""
+    if not 5 <= step_minutes <= 1440:
+        raise InvalidInput(f"--step must be from 5 to 1440 minutes, got {step_minutes}")
+    first = start if start is not None else ctx.now - ctx.now % HOUR_MS
+    last = end if end is not None else first + 24 * HOUR_MS
+    if last <= first:
+        raise InvalidInput("--to must be after --from")
+    if last - first > MAX_SPAN_MS:
+        raise InvalidInput("a timeline spans at most 7 days; narrow --from/--to")
+    step = step_minutes * MINUTE_MS
+    count = -(-(last - first) // step)
+    limit = ctx.settings.timeline_max_buckets
+    if count > limit:
+        raise InvalidInput(f"that is {count} buckets; at most {limit}: widen --step or narrow the range")
+    with ctx.db.read() as conn:
+        row = repo.find_pool(conn, pool_ref)
+        if tenant is not None:
+            repo.require_tenant(conn, tenant)
+        allocatable = rollup(conn, row, ctx.now).allocatable
+        spans = _spans(conn, row["id"], Window(first, last), tenant)
+    buckets = []
+    for i in range(count):
+        b = Window(first + i * step, min(first + (i + 1) * step, last))
+        booked = len({(n, a) for n, a, s, e in spans if s < b.end and e > b.start})
+        buckets.append(Bucket(b.start, b.end, booked, max(0, allocatable - booked)))
+    return Timeline(row["id"], row["name"], allocatable, step_minutes, tuple(buckets))
+
+
+def _spans(conn: Conn, pool_id: str, window: Window, tenant: str | None) -> list[tuple[str, int, int, int]]:
+    if tenant is None:
+        return repo.booking_spans(conn, pool_id, window)
+    rows = conn.execute(
+        "SELECT b.node_id, b.atom, b.start, b.end FROM bookings b"
+        " JOIN reservations r ON r.id = b.reservation_id"
+        " WHERE b.pool_id = ? AND b.end > ? AND b.start < ? AND r.tenant_id = ?",
+        (pool_id, window.start, window.end, tenant),
+    )
+    return [(str(n), int(a), int(s), int(e)) for n, a, s, e in rows]
+
+
+def events(
+    ctx: Ctx, tenant: str | None, reservation: str | None, since: int | None
+) -> list[Event]:
+    with ctx.db.read() as conn:
+        if tenant is not None:
+            repo.require_tenant(conn, tenant)
+        if reservation is not None:
+            repo.get_reservation(conn, reservation)
+        return repo.events(conn, tenant=tenant, reservation=reservation, since=since)

@@ -1,0 +1,181 @@
+"""Opening the file: recognise it, migrate it, WAL, busy timeout, one BEGIN IMMEDIATE per write."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import sqlite_utils
+
+from better_compute.errors import Conflict, InvalidInput, Unavailable
+from better_compute.storage.schema import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+DEFAULT_BUSY_TIMEOUT_MS = 30_000
+
+
+def _header_kind(path: Path) -> str:
+    """'missing', 'empty', 'ours', 'foreign' — read from the header, never opening the file as a DB."""
+    if not path.exists():
+        return "missing"
+    if path.is_dir():
+        return "foreign"
+    with path.open("rb") as fh:
+        header = fh.read(100)
+    if len(header) == 0:
+        return "empty"
+    if len(header) < 100 or not header.startswith(SQLITE_MAGIC):
+        return "foreign"
+    app_id = int.from_bytes(header[68:72], "big")
+    return "ours" if app_id == APPLICATION_ID else "foreign"
+
+
+def _is_locked(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+class Database:
+    """One connection in autocommit mode; transactions are explicit."""
+
+    def __init__(self, path: Path, busy_timeout_ms: int) -> None:
+        self.path = path
+        self.conn = sqlite3.connect(str(path), isolation_level=None, timeout=busy_timeout_ms / 1000)
+        self.conn.row_factory = sqlite3.Row
+        self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        self.conn.execute("PRAGMA foreign_keys = ON")
+        self.utils = sqlite_utils.Database(self.conn)
+        self._depth = 0
+
+    def set_busy_timeout(self, busy_timeout_ms: int) -> None:
+        self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+
+    def close(self) -> None:
+        self.conn.close()
+
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE: take the write lock up front so concurrent writers queue, not deadlock."""
+        self._begin("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self._commit()
+
+    @contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        """A deferred transaction: one consistent snapshot for everything a command reads."""
+        self._begin("BEGIN")
+        try:
+            yield self.conn
+        finally:
+            self.conn.execute("COMMIT")
+
+    @contextmanager
+    def savepoint(self, name: str) -> Iterator[None]:
+        """All or nothing inside a transaction (a gang, a preemption)."""
+        self.conn.execute(f"SAVEPOINT {name}")
+        try:
+            yield
+        except BaseException:
+            self.conn.execute(f"ROLLBACK TO {name}")
+            self.conn.execute(f"RELEASE {name}")
+            raise
+        self.conn.execute(f"RELEASE {name}")
+
+    def _begin(self, statement: str) -> None:
+        try:
+            self.conn.execute(statement)
+        except sqlite3.OperationalError as exc:
+            if _is_locked(exc):
+                raise Unavailable(
+                    f"database {self.path} stayed locked past the busy timeout; try again"
+                ) from None
+            raise
+
+    def _commit(self) -> None:
+        try:
+            self.conn.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            self.conn.execute("ROLLBACK")
+            if _is_locked(exc):
+                raise Unavailable(f"database {self.path} stayed locked; nothing was written") from None
+            raise
+
+
+def _configure(db: Database) -> None:
+    mode = db.conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+    if str(mode).lower() != "wal":
+        raise Unavailable(f"could not switch {db.path} to WAL mode (got {mode})")
+
+
+def _migrate(db: Database) -> None:
+    """Run each pending migration in its own transaction; refuse a database newer than the code."""
+    version = int(db.conn.execute("PRAGMA user_version").fetchone()[0])
+    if version > SCHEMA_VERSION:
+        raise Unavailable(
+            f"{db.path} has schema version {version}, newer than this better-compute "
+            f"({SCHEMA_VERSION}); upgrade better-compute"
+        )
+    for number in range(version, SCHEMA_VERSION):
+        with db.write():
+            for statement in _statements(MIGRATIONS[number]):
+                db.conn.execute(statement)
+            db.conn.execute(f"PRAGMA user_version = {number + 1}")
+
+
+def _statements(script: str) -> list[str]:
+    """Split a migration into statements (executescript would commit our transaction)."""
+    lines = [line.split("--", 1)[0] for line in script.splitlines()]
+    return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
+
+
+def open_database(path: str, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> Database:
+    """Open an initialised database, migrating it forward; foreign files are refused untouched."""
+    file = Path(path)
+    kind = _header_kind(file)
+    if kind in ("missing", "empty"):
+        raise Unavailable(f"no better-compute database at {path}; run `better-compute init` first")
+    if kind == "foreign":
+        raise InvalidInput(f"{path} is not a better-compute database; choose another --db")
+    db = Database(file, busy_timeout_ms)
+    try:
+        _configure(db)
+        _migrate(db)
+    except sqlite3.OperationalError as exc:
+        db.close()
+        if _is_locked(exc):
+            raise Unavailable(f"database {path} stayed locked past the busy timeout") from None
+        raise
+    return db
+
+
+def create_database(path: str, *, force: bool, seed_text: str) -> Database:
+    """Create a fresh database. An existing one needs --force; a foreign file is never replaced."""
+    file = Path(path)
+    kind = _header_kind(file)
+    if kind == "foreign":
+        raise InvalidInput(f"{path} exists and is not a better-compute database; not replacing it")
+    if kind == "ours" and not force:
+        raise Conflict(f"{path} already holds a better-compute database; add --force to replace it")
+    if file.parent and not file.parent.exists():
+        raise InvalidInput(f"folder {file.parent} does not exist")
+    for suffix in ("", "-wal", "-shm"):
+        sidecar = Path(str(file) + suffix)
+        if sidecar.exists():
+            os.remove(sidecar)
+    db = Database(file, DEFAULT_BUSY_TIMEOUT_MS)
+    db.conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    _configure(db)
+    _migrate(db)
+    # The database id seeds ids and the topN pick: copies of one database replay identically.
+    db_id = hashlib.sha256(seed_text.encode()).hexdigest()[:16]
+    with db.write():
+        db.conn.execute("INSERT INTO meta(key, value) VALUES ('db_id', ?)", (db_id,))
+    return db

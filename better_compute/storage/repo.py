@@ -1,0 +1,598 @@
+"""The only place rows become model values and back. Every function takes an open connection.
+
+Overlap queries are indexed SQL ("end > :from AND start < :to" on (pool_id|node_id, end, start)), so
+placing a request reads only the bookings that overlap its window, never a pool's whole history.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+from better_compute.errors import NotFound
+from better_compute.model import (
+    LIVE_STATES,
+    Allocation,
+    Atom,
+    Binding,
+    Condition,
+    Event,
+    JsonValue,
+    Maintenance,
+    Node,
+    NodeSnapshot,
+    ReleaseReason,
+    Reservation,
+    Settings,
+    State,
+    Window,
+)
+
+Conn = sqlite3.Connection
+
+# ---------------------------------------------------------------- ids and settings
+
+_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lower case
+
+
+def db_id(conn: Conn) -> str:
+    row = conn.execute("SELECT value FROM meta WHERE key = 'db_id'").fetchone()
+    return str(row[0])
+
+
+def next_id(conn: Conn, prefix: str) -> str:
+    """`rsv_…`: a per-database counter hashed with the database id, so copies replay identically."""
+    key = f"counter:{prefix}"
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    n = int(row[0]) + 1 if row else 1
+    conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, str(n)))
+    digest = int.from_bytes(hashlib.sha256(f"{db_id(conn)}:{prefix}:{n}".encode()).digest()[:8])
+    token = "".join(_ALPHABET[(digest >> (5 * i)) & 31] for i in range(12))
+    return f"{prefix}_{token}"
+
+
+def next_seq(conn: Conn, table: str) -> int:
+    row = conn.execute(f"SELECT COALESCE(MAX(seq), 0) + 1 FROM {table}").fetchone()
+    return int(row[0])
+
+
+SETTING_KEYS: dict[str, str] = {
+    "capacity.spotNoticeMs": "spot_notice_ms",
+    "placement.topN": "top_n",
+    "placement.maxAttempts": "max_attempts",
+    "pending.retryMs": "retry_ms",
+    "repair.leadMs": "repair_lead_ms",
+    "timeline.maxBuckets": "timeline_max_buckets",
+    "binding.autoBind": "auto_bind",
+    "db.busyTimeoutMs": "busy_timeout_ms",
+}
+
+
+def load_settings(conn: Conn) -> Settings:
+    values: dict[str, int | bool] = {}
+    for key, value in conn.execute("SELECT key, value FROM config ORDER BY key"):
+        field_name = SETTING_KEYS.get(key)
+        if field_name is None:
+            continue
+        values[field_name] = value == "true" if field_name == "auto_bind" else int(value)
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+def config_rows(conn: Conn) -> dict[str, str]:
+    return {str(k): str(v) for k, v in conn.execute("SELECT key, value FROM config ORDER BY key")}
+
+
+def set_config(conn: Conn, key: str, value: str) -> None:
+    conn.execute("INSERT OR REPLACE INTO config(key, value) VALUES (?, ?)", (key, value))
+
+
+# ---------------------------------------------------------------- pools, nodes, atoms
+
+
+def _labels(text: str) -> tuple[tuple[str, str], ...]:
+    data = json.loads(text)
+    return tuple(sorted((str(k), str(v)) for k, v in data.items()))
+
+
+def _labels_json(labels: Iterable[tuple[str, str]]) -> str:
+    return json.dumps(dict(sorted(labels)), sort_keys=True)
+
+
+def insert_pool(conn: Conn, name: str, labels: Sequence[tuple[str, str]]) -> str:
+    pool_id = next_id(conn, "pool")
+    conn.execute(
+        "INSERT INTO pools(id, name, labels, seq) VALUES (?, ?, ?, ?)",
+        (pool_id, name, _labels_json(labels), next_seq(conn, "pools")),
+    )
+    return pool_id
+
+
+def pool_rows(conn: Conn) -> list[sqlite3.Row]:
+    return list(conn.execute("SELECT * FROM pools ORDER BY name"))
+
+
+def find_pool(conn: Conn, ref: str | None) -> sqlite3.Row:
+    """A pool by id or name; with no ref, the only pool there is."""
+    if ref is None:
+        rows = pool_rows(conn)
+        if len(rows) == 1:
+            return rows[0]
+        if not rows:
+            raise NotFound("no pool exists yet; create one with `pool create` or `inventory import`")
+        names = ", ".join(r["name"] for r in rows)
+        raise NotFound(f"several pools exist ({names}); choose one with --pool")
+    row = conn.execute("SELECT * FROM pools WHERE id = ? OR name = ?", (ref, ref)).fetchone()
+    if row is None:
+        raise NotFound(f"no pool {ref!r}; `pool list` shows the pools")
+    return row  # type: ignore[no-any-return]
+
+
+def pool_labels(row: sqlite3.Row) -> tuple[tuple[str, str], ...]:
+    return _labels(row["labels"])
+
+
+def insert_node(
+    conn: Conn,
+    name: str,
+    pool_id: str,
+    labels: Sequence[tuple[str, str]],
+    atoms: Sequence[Atom],
+) -> None:
+    conn.execute(
+        "INSERT INTO nodes(name, pool_id, labels) VALUES (?, ?, ?)",
+        (name, pool_id, _labels_json(labels)),
+    )
+    conn.executemany(
+        "INSERT INTO atoms(node_id, idx, model, nvlink_group, fabric_cluster, fabric_clique)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        [
+            (name, a.index, a.model, a.nvlink_group, a.fabric_cluster, a.fabric_clique)
+            for a in atoms
+        ],
+    )
+
+
+def _nodes_from_rows(conn: Conn, rows: Sequence[sqlite3.Row]) -> list[Node]:
+    if not rows:
+        return []
+    names = [r["name"] for r in rows]
+    atoms: dict[str, list[Atom]] = defaultdict(list)
+    marks = ",".join("?" * len(names))
+    for a in conn.execute(
+        f"SELECT * FROM atoms WHERE node_id IN ({marks}) ORDER BY node_id, idx", names
+    ):
+        atoms[a["node_id"]].append(
+            Atom(
+                index=a["idx"],
+                model=a["model"],
+                nvlink_group=a["nvlink_group"],
+                fabric_cluster=a["fabric_cluster"],
+                fabric_clique=a["fabric_clique"],
+                healthy=bool(a["healthy"]),
+                health_reason=a["health_reason"],
+            )
+        )
+    return [
+        Node(
+            name=r["name"],
+            pool_id=r["pool_id"],
+            atoms=tuple(atoms[r["name"]]),
+            labels=_labels(r["labels"]),
+            schedulable=bool(r["schedulable"]),
+            reachable=bool(r["reachable"]),
+            cordon_reason=r["cordon_reason"],
+        )
+        for r in rows
+    ]
+
+
+def load_nodes(conn: Conn, pool_id: str | None = None) -> list[Node]:
+    if pool_id is None:
+        rows = list(conn.execute("SELECT * FROM nodes ORDER BY name"))
+    else:
+        rows = list(conn.execute("SELECT * FROM nodes WHERE pool_id = ? ORDER BY name", (pool_id,)))
+    return _nodes_from_rows(conn, rows)
+
+
+def get_node(conn: Conn, name: str) -> Node:
+    row = conn.execute("SELECT * FROM nodes WHERE name = ?", (name,)).fetchone()
+    if row is None:
+        raise NotFound(f"no node {name!r}; `node list` shows the nodes")
+    return _nodes_from_rows(conn, [row])[0]
+
+
+def update_node(conn: Conn, name: str, **columns: object) -> None:
+    sets = ", ".join(f"{k} = ?" for k in columns)
+    conn.execute(f"UPDATE nodes SET {sets} WHERE name = ?", (*columns.values(), name))
+
+
+def set_node_labels(conn: Conn, name: str, labels: Sequence[tuple[str, str]]) -> None:
+    conn.execute("UPDATE nodes SET labels = ? WHERE name = ?", (_labels_json(labels), name))
+
+
+def set_atom_health(conn: Conn, node: str, index: int, healthy: bool, reason: str | None) -> None:
+    conn.execute(
+        "UPDATE atoms SET healthy = ?, health_reason = ? WHERE node_id = ? AND idx = ?",
+        (int(healthy), reason, node, index),
+    )
+
+
+def insert_maintenance(conn: Conn, node: str, window: Window, reason: str | None) -> int:
+    cur = conn.execute(
+        "INSERT INTO maintenance(node_id, start, end, reason) VALUES (?, ?, ?, ?)",
+        (node, window.start, window.end, reason),
+    )
+    return int(cur.lastrowid or 0)
+
+
+def maintenance_overlapping(conn: Conn, pool_id: str, window: Window) -> list[Maintenance]:
+    rows = conn.execute(
+        "SELECT m.* FROM maintenance m JOIN nodes n ON n.name = m.node_id"
+        " WHERE n.pool_id = ? AND m.end > ? AND m.start < ? ORDER BY m.node_id, m.start",
+        (pool_id, window.start, window.end),
+    )
+    return [
+        Maintenance(r["id"], r["node_id"], Window(r["start"], r["end"]), r["reason"]) for r in rows
+    ]
+
+
+def maintenance_for_node(conn: Conn, node: str, since: int) -> list[Maintenance]:
+    rows = conn.execute(
+        "SELECT * FROM maintenance WHERE node_id = ? AND end > ? ORDER BY start", (node, since)
+    )
+    return [
+        Maintenance(r["id"], r["node_id"], Window(r["start"], r["end"]), r["reason"]) for r in rows
+    ]
+
+
+def delete_maintenance(conn: Conn, node: str) -> int:
+    return conn.execute("DELETE FROM maintenance WHERE node_id = ?", (node,)).rowcount
+
+
+# ---------------------------------------------------------------- snapshots for the engine
+
+
+def snapshots(
+    conn: Conn,
+    pool_id: str,
+    window: Window,
+    *,
+    ignore_reservation: str | None = None,
+    nodes: Sequence[Node] | None = None,
+) -> list[NodeSnapshot]:
+    """The pool's nodes as the engine needs them for one window: only overlapping bookings load."""
+    pool_nodes = load_nodes(conn, pool_id) if nodes is None else list(nodes)
+    busy: dict[str, set[int]] = defaultdict(set)
+    regular: dict[str, set[int]] = defaultdict(set)
+    holders: dict[tuple[str, int], set[str]] = defaultdict(set)
+    rows = conn.execute(
+        "SELECT b.node_id, b.atom, b.reservation_id, b.spot, r.state FROM bookings b"
+        " JOIN reservations r ON r.id = b.reservation_id"
+        " WHERE b.pool_id = ? AND b.end > ? AND b.start < ? AND b.reservation_id IS NOT ?",
+        (pool_id, window.start, window.end, ignore_reservation),
+    )
+    for node_id, atom, rsv_id, spot, state in rows:
+        busy[node_id].add(atom)
+        if spot and state in LIVE_STATES:
+            holders[(node_id, atom)].add(rsv_id)
+        else:
+            regular[node_id].add(atom)
+    blocked = {m.node_id: m.reason or "maintenance" for m in maintenance_overlapping(conn, pool_id, window)}
+    result = []
+    for node in pool_nodes:
+        spot_only = sorted(
+            (atom, tuple(sorted(ids)))
+            for (node_id, atom), ids in holders.items()
+            if node_id == node.name and atom not in regular[node.name]
+        )
+        result.append(
+            NodeSnapshot(
+                node=node,
+                busy=frozenset(busy[node.name]),
+                spot_holders=tuple(spot_only),
+                blocked=blocked.get(node.name),
+            )
+        )
+    return result
+
+
+# ---------------------------------------------------------------- tenants, quotas, policies
+
+
+def tenant_exists(conn: Conn, tenant: str) -> bool:
+    return conn.execute("SELECT 1 FROM tenants WHERE id = ?", (tenant,)).fetchone() is not None
+
+
+def require_tenant(conn: Conn, tenant: str) -> None:
+    if not tenant_exists(conn, tenant):
+        raise NotFound(f"no tenant {tenant!r}; create it with `tenant create {tenant}`")
+
+
+def insert_tenant(conn: Conn, tenant: str) -> None:
+    conn.execute("INSERT INTO tenants(id, seq) VALUES (?, ?)", (tenant, next_seq(conn, "tenants")))
+
+
+def tenant_ids(conn: Conn) -> list[str]:
+    return [str(r[0]) for r in conn.execute("SELECT id FROM tenants ORDER BY id")]
+
+
+def set_quota(conn: Conn, tenant: str, pool_id: str, gpus: int) -> None:
+    conn.execute(
+        "INSERT OR REPLACE INTO quotas(tenant_id, pool_id, gpus) VALUES (?, ?, ?)",
+        (tenant, pool_id, gpus),
+    )
+
+
+def quotas(conn: Conn, tenant: str) -> list[tuple[str, int]]:
+    """(pool_id or '' for everywhere, cap) pairs."""
+    rows = conn.execute(
+        "SELECT pool_id, gpus FROM quotas WHERE tenant_id = ? ORDER BY pool_id", (tenant,)
+    )
+    return [(str(p), int(g)) for p, g in rows]
+
+
+# ---------------------------------------------------------------- reservations
+
+
+def _conditions(text: str) -> tuple[Condition, ...]:
+    return tuple(Condition(c["type"], c["reason"], c["message"]) for c in json.loads(text))
+
+
+def conditions_json(conditions: Sequence[Condition]) -> str:
+    return json.dumps([{"type": c.type, "reason": c.reason, "message": c.message} for c in conditions])
+
+
+def _reservation(row: sqlite3.Row, allocations: tuple[Allocation, ...]) -> Reservation:
+    during = (
+        Window(row["during_start"], row["during_end"]) if row["during_start"] is not None else None
+    )
+    return Reservation(
+        id=row["id"],
+        seq=row["seq"],
+        tenant_id=row["tenant_id"],
+        pool_id=row["pool_id"],
+        state=State(row["state"]),
+        gpus=row["gpus"],
+        models=tuple(json.loads(row["models"])),
+        topology=row["topology"],
+        gang_size=row["gang_size"],
+        topology_key=row["topology_key"],
+        spot=bool(row["spot"]),
+        binding=Binding(row["binding"]),
+        duration_ms=row["duration_ms"],
+        start=row["start"],
+        during=during,
+        conditions=_conditions(row["conditions"]),
+        quota_charge=row["quota_charge"],
+        idempotency_key=row["idempotency_key"],
+        release_reason=ReleaseReason(row["release_reason"]) if row["release_reason"] else None,
+        created_at=row["created_at"],
+        next_attempt_at=row["next_attempt_at"],
+        principal=row["principal"],
+        series_id=row["series_id"],
+        lead_checked=bool(row["lead_checked"]),
+        start_checked=bool(row["start_checked"]),
+        preempt_deadline=row["preempt_deadline"],
+        preempted_by=row["preempted_by"],
+        allocations=allocations,
+    )
+
+
+def allocations_of(conn: Conn, reservation_ids: Sequence[str]) -> dict[str, tuple[Allocation, ...]]:
+    result: dict[str, list[Allocation]] = defaultdict(list)
+    for chunk_start in range(0, len(reservation_ids), 500):
+        chunk = list(reservation_ids[chunk_start : chunk_start + 500])
+        marks = ",".join("?" * len(chunk))
+        for r in conn.execute(
+            f"SELECT * FROM allocations WHERE reservation_id IN ({marks}) AND released = 0"
+            " ORDER BY reservation_id, node_id, id",
+            chunk,
+        ):
+            result[r["reservation_id"]].append(
+                Allocation(
+                    id=r["id"],
+                    reservation_id=r["reservation_id"],
+                    node_id=r["node_id"],
+                    atoms=tuple(json.loads(r["atoms"])),
+                    bound=bool(r["bound"]),
+                )
+            )
+    return {k: tuple(v) for k, v in result.items()}
+
+
+def _with_allocations(conn: Conn, rows: Sequence[sqlite3.Row]) -> list[Reservation]:
+    allocs = allocations_of(conn, [r["id"] for r in rows])
+    return [_reservation(r, allocs.get(r["id"], ())) for r in rows]
+
+
+def get_reservation(conn: Conn, rsv_id: str) -> Reservation:
+    row = conn.execute("SELECT * FROM reservations WHERE id = ?", (rsv_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"no reservation {rsv_id!r}; `list` shows the reservations")
+    return _with_allocations(conn, [row])[0]
+
+
+def reservation_by_key(conn: Conn, tenant: str, key: str) -> tuple[Reservation, str] | None:
+    row = conn.execute(
+        "SELECT * FROM reservations WHERE tenant_id = ? AND idempotency_key = ?", (tenant, key)
+    ).fetchone()
+    if row is None:
+        return None
+    return _with_allocations(conn, [row])[0], str(row["params"])
+
+
+def reservations_where(conn: Conn, where: str = "1", args: Sequence[object] = ()) -> list[Reservation]:
+    rows = list(conn.execute(f"SELECT * FROM reservations WHERE {where} ORDER BY seq", args))
+    return _with_allocations(conn, rows)
+
+
+def insert_reservation(conn: Conn, rsv: Reservation, params: str) -> None:
+    conn.execute(
+        "INSERT INTO reservations(id, seq, tenant_id, pool_id, principal, state, gpus, models,"
+        " topology, gang_size, topology_key, spot, binding, duration_ms, start, conditions,"
+        " quota_charge, idempotency_key, params, created_at, series_id)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            rsv.id,
+            rsv.seq,
+            rsv.tenant_id,
+            rsv.pool_id,
+            rsv.principal,
+            rsv.state.value,
+            rsv.gpus,
+            json.dumps(list(rsv.models)),
+            rsv.topology,
+            rsv.gang_size,
+            rsv.topology_key,
+            int(rsv.spot),
+            rsv.binding.value,
+            rsv.duration_ms,
+            rsv.start,
+            conditions_json(rsv.conditions),
+            rsv.quota_charge,
+            rsv.idempotency_key,
+            params,
+            rsv.created_at,
+            rsv.series_id,
+        ),
+    )
+    save_reservation(conn, rsv)
+
+
+def save_reservation(conn: Conn, rsv: Reservation) -> None:
+    """Write the mutable columns of a reservation (allocations are written separately)."""
+    conn.execute(
+        "UPDATE reservations SET state = ?, during_start = ?, during_end = ?, conditions = ?,"
+        " quota_charge = ?, release_reason = ?, next_attempt_at = ?, lead_checked = ?,"
+        " start_checked = ?, preempt_deadline = ?, preempted_by = ? WHERE id = ?",
+        (
+            rsv.state.value,
+            rsv.during.start if rsv.during else None,
+            rsv.during.end if rsv.during else None,
+            conditions_json(rsv.conditions),
+            rsv.quota_charge,
+            rsv.release_reason.value if rsv.release_reason else None,
+            rsv.next_attempt_at,
+            int(rsv.lead_checked),
+            int(rsv.start_checked),
+            rsv.preempt_deadline,
+            rsv.preempted_by,
+            rsv.id,
+        ),
+    )
+
+
+# ---------------------------------------------------------------- allocations and bookings
+
+
+def insert_allocation(
+    conn: Conn, rsv: Reservation, node_id: str, atoms: Sequence[int], window: Window
+) -> Allocation:
+    alloc_id = next_id(conn, "alc")
+    conn.execute(
+        "INSERT INTO allocations(id, reservation_id, node_id, atoms) VALUES (?, ?, ?, ?)",
+        (alloc_id, rsv.id, node_id, json.dumps(sorted(atoms))),
+    )
+    conn.executemany(
+        "INSERT INTO bookings(pool_id, node_id, atom, allocation_id, reservation_id, spot, start,"
+        " end) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            (rsv.pool_id, node_id, a, alloc_id, rsv.id, int(rsv.spot), window.start, window.end)
+            for a in sorted(atoms)
+        ],
+    )
+    return Allocation(alloc_id, rsv.id, node_id, tuple(sorted(atoms)))
+
+
+def set_bound(conn: Conn, allocation_id: str) -> None:
+    conn.execute("UPDATE allocations SET bound = 1 WHERE id = ?", (allocation_id,))
+
+
+def end_bookings(conn: Conn, rsv_id: str, at: int) -> None:
+    """Give back every booking from `at` on; the part already used stays as history."""
+    conn.execute("DELETE FROM bookings WHERE reservation_id = ? AND start >= ?", (rsv_id, at))
+    conn.execute("UPDATE bookings SET end = ? WHERE reservation_id = ? AND end > ?", (at, rsv_id, at))
+
+
+def drop_allocations(conn: Conn, rsv_id: str, at: int) -> None:
+    """Release every allocation of a reservation (repair, requeue): bookings from `at` go."""
+    end_bookings(conn, rsv_id, at)
+    conn.execute("UPDATE allocations SET released = 1 WHERE reservation_id = ?", (rsv_id,))
+
+
+def move_bookings_end(conn: Conn, rsv_id: str, old_end: int, new_end: int) -> None:
+    conn.execute(
+        "UPDATE bookings SET end = ? WHERE reservation_id = ? AND end = ?", (new_end, rsv_id, old_end)
+    )
+
+
+def booked_atoms(conn: Conn, pool_id: str, window: Window) -> int:
+    """Distinct atoms of the pool with any booking overlapping the window (the timeline's count)."""
+    row = conn.execute(
+        "SELECT COUNT(*) FROM (SELECT DISTINCT node_id, atom FROM bookings"
+        " WHERE pool_id = ? AND end > ? AND start < ?)",
+        (pool_id, window.start, window.end),
+    ).fetchone()
+    return int(row[0])
+
+
+def booking_spans(conn: Conn, pool_id: str, window: Window) -> list[tuple[str, int, int, int]]:
+    """(node, atom, start, end) of every booking overlapping a window, for the timeline."""
+    rows = conn.execute(
+        "SELECT node_id, atom, start, end FROM bookings WHERE pool_id = ? AND end > ? AND start < ?"
+        " ORDER BY node_id, atom, start",
+        (pool_id, window.start, window.end),
+    )
+    return [(str(n), int(a), int(s), int(e)) for n, a, s, e in rows]
+
+
+def live_booking_count(conn: Conn, node: str, atom: int | None, since: int) -> int:
+    sql = (
+        "SELECT COUNT(*) FROM bookings b JOIN reservations r ON r.id = b.reservation_id"
+        " WHERE b.node_id = ? AND b.end > ? AND r.state != 'released'"
+    )
+    args: list[object] = [node, since]
+    if atom is not None:
+        sql += " AND b.atom = ?"
+        args.append(atom)
+    return int(conn.execute(sql, args).fetchone()[0])
+
+
+# ---------------------------------------------------------------- events
+
+
+def append_event(
+    conn: Conn,
+    type_: str,
+    at: int,
+    tenant: str | None,
+    rsv_id: str | None,
+    data: dict[str, JsonValue],
+) -> None:
+    conn.execute(
+        "INSERT INTO events(type, at, tenant_id, reservation_id, data) VALUES (?, ?, ?, ?, ?)",
+        (type_, at, tenant, rsv_id, json.dumps(data, sort_keys=True)),
+    )
+
+
+def events(
+    conn: Conn, *, tenant: str | None, reservation: str | None, since: int | None
+) -> list[Event]:
+    clauses, args = ["1"], []  # type: tuple[list[str], list[object]]
+    if tenant is not None:
+        clauses.append("tenant_id = ?")
+        args.append(tenant)
+    if reservation is not None:
+        clauses.append("reservation_id = ?")
+        args.append(reservation)
+    if since is not None:
+        clauses.append("seq > ?")
+        args.append(since)
+    rows = conn.execute(f"SELECT * FROM events WHERE {' AND '.join(clauses)} ORDER BY seq", args)
+    return [
+        Event(r["seq"], r["type"], r["at"], r["tenant_id"], r["reservation_id"], json.loads(r["data"]))
+        for r in rows
+    ]

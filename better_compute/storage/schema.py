@@ -1,0 +1,172 @@
+"""Tables and indexes, as an append-only list of numbered migrations.
+
+Never edit a migration that has shipped: add a new one. `PRAGMA user_version` records how many ran.
+Times are epoch ms; JSON columns hold small, sorted documents.
+"""
+
+from __future__ import annotations
+
+MIGRATION_1 = """
+-- Key/value facts about this database: its id (seeds ids and the topN pick) and id counters.
+CREATE TABLE meta (
+  key TEXT PRIMARY KEY,
+  value TEXT NOT NULL
+);
+-- Engine settings (PRODUCT.md §10); absent keys take their defaults.
+CREATE TABLE config (
+  key TEXT PRIMARY KEY,
+  value TEXT NOT NULL
+);
+CREATE TABLE pools (
+  id TEXT PRIMARY KEY,              -- pool_…
+  name TEXT NOT NULL UNIQUE,
+  labels TEXT NOT NULL DEFAULT '{}', -- JSON object
+  auto_bind INTEGER,                -- NULL: follow binding.autoBind; 0/1 overrides it
+  seq INTEGER NOT NULL              -- creation order
+);
+CREATE TABLE nodes (
+  name TEXT PRIMARY KEY,            -- the node id users type
+  pool_id TEXT NOT NULL REFERENCES pools(id),
+  labels TEXT NOT NULL DEFAULT '{}', -- operator labels; fabric.domain is derived, not stored
+  schedulable INTEGER NOT NULL DEFAULT 1,
+  cordon_reason TEXT,
+  reachable INTEGER NOT NULL DEFAULT 1
+);
+CREATE INDEX nodes_pool ON nodes(pool_id, name);
+-- One row per GPU atom of a node.
+CREATE TABLE atoms (
+  node_id TEXT NOT NULL REFERENCES nodes(name),
+  idx INTEGER NOT NULL,
+  class TEXT NOT NULL DEFAULT 'gpu',
+  model TEXT NOT NULL,
+  nvlink_group INTEGER NOT NULL DEFAULT 0,
+  fabric_cluster TEXT,
+  fabric_clique INTEGER,
+  healthy INTEGER NOT NULL DEFAULT 1,
+  health_reason TEXT,               -- e.g. xid-79 when quarantined
+  PRIMARY KEY (node_id, idx)
+);
+-- Maintenance windows: node cordon --from --until.
+CREATE TABLE maintenance (
+  id INTEGER PRIMARY KEY,
+  node_id TEXT NOT NULL REFERENCES nodes(name),
+  start INTEGER NOT NULL,
+  end INTEGER NOT NULL,
+  reason TEXT
+);
+CREATE INDEX maintenance_node ON maintenance(node_id, end);
+CREATE TABLE tenants (
+  id TEXT PRIMARY KEY,
+  seq INTEGER NOT NULL
+);
+-- A cap on GPUs held at once; pool_id '' means across every pool.
+CREATE TABLE quotas (
+  tenant_id TEXT NOT NULL REFERENCES tenants(id),
+  pool_id TEXT NOT NULL,
+  gpus INTEGER NOT NULL,
+  PRIMARY KEY (tenant_id, pool_id)
+);
+CREATE TABLE reservations (
+  id TEXT PRIMARY KEY,              -- rsv_…
+  seq INTEGER NOT NULL UNIQUE,      -- creation order: "oldest first"
+  tenant_id TEXT NOT NULL REFERENCES tenants(id),
+  pool_id TEXT NOT NULL REFERENCES pools(id),
+  principal TEXT NOT NULL,
+  state TEXT NOT NULL,              -- pending|placed|binding|active|released
+  gpus INTEGER,                     -- per node; NULL for a node lease without --gpus
+  models TEXT NOT NULL DEFAULT '[]',-- accepted models, JSON list
+  topology TEXT,
+  gang_size INTEGER,
+  topology_key TEXT,
+  spot INTEGER NOT NULL DEFAULT 0,
+  binding TEXT NOT NULL DEFAULT 'device',
+  duration_ms INTEGER NOT NULL,
+  start INTEGER,                    -- requested start; NULL = now
+  during_start INTEGER,             -- the booked window; NULL while pending
+  during_end INTEGER,
+  conditions TEXT NOT NULL DEFAULT '[]',
+  quota_charge INTEGER NOT NULL,
+  idempotency_key TEXT,
+  params TEXT NOT NULL,             -- canonical request, compared on key reuse
+  release_reason TEXT,
+  created_at INTEGER NOT NULL,
+  next_attempt_at INTEGER,
+  series_id TEXT,
+  lead_checked INTEGER NOT NULL DEFAULT 0,  -- BookingRepair ran at start - leadMs
+  start_checked INTEGER NOT NULL DEFAULT 0, -- BookingRepair ran at start
+  preempt_deadline INTEGER,         -- set on a spot victim cut back to this instant
+  preempted_by TEXT,                -- the preempting reservation (shown to its own tenant only)
+  UNIQUE (tenant_id, idempotency_key)
+);
+CREATE INDEX reservations_state ON reservations(state, seq);
+CREATE INDEX reservations_tenant ON reservations(tenant_id, seq);
+CREATE TABLE allocations (
+  id TEXT PRIMARY KEY,              -- alc_…
+  reservation_id TEXT NOT NULL REFERENCES reservations(id),
+  node_id TEXT NOT NULL REFERENCES nodes(name),
+  atoms TEXT NOT NULL,              -- JSON list of atom indexes
+  bound INTEGER NOT NULL DEFAULT 0,
+  released INTEGER NOT NULL DEFAULT 0 -- 1 once its bookings were given back (repair, requeue)
+);
+CREATE INDEX allocations_reservation ON allocations(reservation_id);
+-- One atom held for [start, end) by one allocation. Released reservations keep their past
+-- bookings (truncated at release) so the timeline shows history; future ones are deleted.
+CREATE TABLE bookings (
+  id INTEGER PRIMARY KEY,
+  pool_id TEXT NOT NULL,
+  node_id TEXT NOT NULL,
+  atom INTEGER NOT NULL,
+  allocation_id TEXT NOT NULL REFERENCES allocations(id),
+  reservation_id TEXT NOT NULL,
+  spot INTEGER NOT NULL DEFAULT 0,
+  start INTEGER NOT NULL,
+  end INTEGER NOT NULL
+);
+-- Overlap queries are "end > :from AND start < :to": scan by end, filter by start.
+CREATE INDEX bookings_node ON bookings(node_id, end, start);
+CREATE INDEX bookings_pool ON bookings(pool_id, end, start);
+CREATE INDEX bookings_reservation ON bookings(reservation_id);
+CREATE TABLE events (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  type TEXT NOT NULL,
+  at INTEGER NOT NULL,
+  tenant_id TEXT,
+  reservation_id TEXT,
+  data TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX events_reservation ON events(reservation_id, seq);
+CREATE INDEX events_tenant ON events(tenant_id, seq);
+CREATE TABLE meters (
+  name TEXT PRIMARY KEY,
+  seq INTEGER NOT NULL
+);
+-- Metered usage: one window per allocation from activation until release.
+CREATE TABLE usage (
+  id INTEGER PRIMARY KEY,
+  meter TEXT NOT NULL,
+  tenant_id TEXT NOT NULL,
+  reservation_id TEXT NOT NULL,
+  allocation_id TEXT NOT NULL,
+  gpus INTEGER NOT NULL,
+  start INTEGER NOT NULL,
+  end INTEGER                        -- NULL while open
+);
+CREATE INDEX usage_tenant ON usage(tenant_id, start);
+-- Who may reserve what for a tenant (PRODUCT.md §6).
+CREATE TABLE policies (
+  tenant_id TEXT NOT NULL REFERENCES tenants(id),
+  principal TEXT NOT NULL,
+  max_gpus INTEGER,
+  spot_only INTEGER NOT NULL DEFAULT 0,
+  deny INTEGER NOT NULL DEFAULT 0,
+  PRIMARY KEY (tenant_id, principal)
+);
+"""
+
+#: Append-only. Index i holds the SQL that brings user_version i to i + 1.
+MIGRATIONS: tuple[str, ...] = (MIGRATION_1,)
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+#: Written to the SQLite header (PRAGMA application_id) so foreign files are recognised unopened.
+APPLICATION_ID = 0x42434D50  # "BCMP"

@@ -26,7 +26,7 @@ from better_compute.model import JsonValue, Window
 from better_compute.render import human
 from better_compute.render import json as js
 from better_compute.render.chart import timeline_chart
-from better_compute.service import booking, setup, ticking, views
+from better_compute.service import accounting, booking, setup, ticking, views
 from better_compute.service.booking import ReserveArgs
 from better_compute.service.context import Ctx, open_ctx
 from better_compute.timeparse import iso, parse_duration, parse_time
@@ -615,6 +615,165 @@ def events(
     """The append-only event log."""
     rows = views.events(ctx(), tenant, reservation, since)
     emit(as_json, [js.event(e) for e in rows], human.events(rows))
+
+
+# ---------------------------------------------------------------- hardware state (BookingRepair)
+
+
+@node_app.command("cordon")
+@handled
+def node_cordon(
+    node: str,
+    reason: Annotated[str | None, typer.Option("--reason", help="Why, for the event log.")] = None,
+    from_: Annotated[str | None, typer.Option("--from", help="Maintenance window start (TIME).")] = None,
+    until: Annotated[str | None, typer.Option("--until", help="Maintenance window end (TIME).")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Stop placing on a node; with --from/--until, only for a maintenance window."""
+    c = ctx()
+    if (from_ is None) != (until is None):
+        raise InvalidInput("a maintenance window needs both --from and --until")
+    if from_ is not None and until is not None:
+        m = setup.node_maintenance(c, node, _window(from_, until, c.now), reason)
+        doc: JsonValue = {"nodeId": node, "maintenance": {"from": m.window.start, "until": m.window.end, "reason": reason}}
+        emit(as_json, doc, f"{node}: maintenance {iso(m.window.start)} → {iso(m.window.end)}; `repair` moves bookings off it")
+        return
+    n = setup.node_flag(c, node, "node.cordoned", reason, schedulable=0, cordon_reason=reason)
+    emit(as_json, js.node(n), f"{node} cordoned; `repair` moves future bookings off it now")
+
+
+@node_app.command("uncordon")
+@handled
+def node_uncordon(node: str, as_json: JsonFlag = False) -> None:
+    """Place on a node again (also lifts its maintenance windows)."""
+    n = setup.node_uncordon(ctx(), node)
+    emit(as_json, js.node(n), f"{node} uncordoned")
+
+
+@node_app.command("mark-unreachable")
+@handled
+def node_mark_unreachable(
+    node: str,
+    reason: Annotated[str | None, typer.Option("--reason")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Record that a node stopped answering: no placement, no binding there."""
+    n = setup.node_flag(ctx(), node, "node.unreachable", reason, reachable=0)
+    emit(as_json, js.node(n), f"{node} marked unreachable")
+
+
+@node_app.command("mark-reachable")
+@handled
+def node_mark_reachable(node: str, as_json: JsonFlag = False) -> None:
+    """Record that a node answers again."""
+    n = setup.node_flag(ctx(), node, "node.reachable", None, reachable=1)
+    emit(as_json, js.node(n), f"{node} marked reachable")
+
+
+device_app = typer.Typer(help="GPU health: quarantine and restore.", no_args_is_help=True)
+app.add_typer(device_app, name="device")
+
+
+@device_app.command("quarantine")
+@handled
+def device_quarantine(
+    device: Annotated[str, typer.Argument(help="NODE:INDEX, e.g. west-01:3")],
+    reason: Annotated[str, typer.Option("--reason", help="e.g. xid-79")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Take a GPU out of service; `repair` moves future bookings off it."""
+    n = setup.device_health(ctx(), device, False, reason)
+    emit(as_json, js.node(n), f"{device} quarantined ({reason})")
+
+
+@device_app.command("restore")
+@handled
+def device_restore(
+    device: Annotated[str, typer.Argument(help="NODE:INDEX")], as_json: JsonFlag = False
+) -> None:
+    """Put a quarantined GPU back in service."""
+    n = setup.device_health(ctx(), device, True, None)
+    emit(as_json, js.node(n), f"{device} restored")
+
+
+# ---------------------------------------------------------------- usage, meters, policies
+
+meter_app = typer.Typer(help="Billing meters; usage for a missing meter is dead-lettered.", no_args_is_help=True)
+app.add_typer(meter_app, name="meter")
+
+
+@meter_app.command("create")
+@handled
+def meter_create(name: str, as_json: JsonFlag = False) -> None:
+    """Create a meter such as gpu.h100.hours or gpu.h100.spot.hours."""
+    accounting.meter_create(ctx(), name)
+    emit(as_json, {"name": name}, f"created meter {name}")
+
+
+@meter_app.command("list")
+@handled
+def meter_list(as_json: JsonFlag = False) -> None:
+    """Every meter."""
+    names = accounting.meter_list(ctx())
+    emit(as_json, [{"name": n} for n in names], "\n".join(names) or "no meters")
+
+
+@app.command()
+@handled
+def usage(
+    tenant: Annotated[str | None, typer.Option("--tenant")] = None,
+    from_: Annotated[str | None, typer.Option("--from", help="TIME")] = None,
+    to: Annotated[str | None, typer.Option("--to", help="TIME")] = None,
+    dead_letter: Annotated[bool, typer.Option("--dead-letter", help="Windows whose meter is missing.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Metered usage windows (GPU-hours) and totals per tenant and meter."""
+    c = ctx()
+    start = parse_time(from_, c.now) if from_ is not None else None
+    end = parse_time(to, c.now) if to is not None else None
+    rows = accounting.usage(c, tenant, start, end, dead_letter)
+    emit(as_json, [js.usage(u) for u in rows], human.usage(rows, dead_letter))
+
+
+policy_app = typer.Typer(help="What a principal may reserve for a tenant.", no_args_is_help=True)
+app.add_typer(policy_app, name="policy")
+
+
+@policy_app.command("set")
+@handled
+def policy_set(
+    tenant: Annotated[str, typer.Option("--tenant")],
+    principal: Annotated[str, typer.Option("--principal", help="Who the rule is for (--as).")],
+    max_gpus: Annotated[int | None, typer.Option("--max-gpus", help="At most this many GPUs a request.")] = None,
+    spot_only: Annotated[bool, typer.Option("--spot-only", help="Only spot requests.")] = False,
+    deny: Annotated[bool, typer.Option("--deny", help="Refuse every request.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Set (replace) a principal's policy in a tenant."""
+    pol = accounting.policy_set(ctx(), tenant, principal, max_gpus, spot_only, deny)
+    emit(as_json, js.policy(pol), human.policies([pol]))
+
+
+@policy_app.command("list")
+@handled
+def policy_list(
+    tenant: Annotated[str | None, typer.Option("--tenant")] = None, as_json: JsonFlag = False
+) -> None:
+    """Policies, by tenant and principal."""
+    rows = accounting.policy_list(ctx(), tenant)
+    emit(as_json, [js.policy(p) for p in rows], human.policies(rows))
+
+
+@policy_app.command("delete")
+@handled
+def policy_delete(
+    tenant: Annotated[str, typer.Option("--tenant")],
+    principal: Annotated[str, typer.Option("--principal")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Remove a principal's policy."""
+    accounting.policy_delete(ctx(), tenant, principal)
+    emit(as_json, {"tenantId": tenant, "principal": principal, "deleted": True}, "deleted")
 
 
 def _window(start: str, until: str, at: int) -> Window:

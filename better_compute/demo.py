@@ -7,6 +7,7 @@ exactly what a user would see, and it runs the same every time.
 from __future__ import annotations
 
 import shlex
+import sqlite3
 import tempfile
 from pathlib import Path
 
@@ -44,40 +45,106 @@ DEMO_INVENTORY: Inventory = parse_inventory(DEMO_DOCUMENT)
 
 DEMO_NOW = "2026-09-28T08:00:00Z"
 
-#: (what it shows, command line without the global options, --now offset)
-TOUR: list[tuple[str, str]] = [
-    ("The fleet: one pool, two NVLink fabric domains of 8-GPU nodes", "node list"),
-    ("Reserve 4 GPUs now for 2 hours", "reserve --tenant acme --gpus 4 --for 2h --key notebook"),
+#: (what it shows, instant, command line without the global options). `{KEY}` is replaced by the id
+#: of the reservation reserved with that idempotency key, `{node:KEY}` by its first node.
+TOUR: list[tuple[str, str, str]] = [
+    ("The fleet: one pool, two NVLink fabric domains of 8-GPU nodes", "08:00", "node list"),
     (
-        "A calendar window: 8 GPUs tomorrow at 08:00 for 12 hours",
+        "Pick the best-scored placement every time, so the tour reads the same each run",
+        "08:00",
+        "config set placement.topN 1",
+    ),
+    ("Reserve 4 GPUs now for 2 hours", "08:00", "reserve --tenant acme --gpus 4 --for 2h --key notebook"),
+    (
+        "A calendar window: 8 GPUs tomorrow at 08:00 for 12 hours, booked today",
+        "08:00",
         "reserve --tenant acme --gpus 8 --for 12h --start 2026-09-29T08:00:00Z --key weekly-eval",
     ),
     (
-        "A gang: 3 whole nodes sharing one fabric.domain, for 3 days",
-        "reserve --tenant acme --gpus 8 --gang 3 --topology-key fabric.domain --for 3d --key pretrain",
+        "A gang: 3 whole nodes on one fabric.domain for 3 days, all or nothing",
+        "08:00",
+        "reserve --tenant acme --gpus 8 --gang 3 --topology-key fabric.domain --for 3d"
+        " --key pretrain",
     ),
     (
-        "Spot work soaks up idle GPUs (globex, 12h sweeps)",
+        "Spot work soaks up the idle GPUs (globex sweeps at the spot price)",
+        "08:00",
         "reserve --tenant globex --gpus 8 --gang 3 --for 12h --spot --key sweep",
     ),
-    ("Would a 2-node gang on one fabric fit now? (preview books nothing)",
-     "preview --tenant acme --gpus 8 --gang 2 --topology-key fabric.domain --for 6h"),
     (
-        "A regular request that only fits by preempting spot work: placed after a 2-minute notice",
-        "reserve --tenant acme --gpus 8 --gang 2 --topology-key fabric.domain --for 6h --key finetune",
+        "Would a 2-node fine-tune fit? Not now, but it would after preempting spot work",
+        "08:00",
+        "preview --tenant acme --gpus 8 --gang 2 --topology-key fabric.domain --for 6h",
     ),
-    ("tick moves reservations along: binding, active, billing", "tick"),
-    ("A GPU under tomorrow's calendar booking fails with an XID error", "node list"),
-    ("The pool now", "pool show west"),
-    ("The next 24 hours of the pool, hour by hour", "timeline --step 60"),
-    ("Every transition is in the append-only event log", "events --since 0"),
+    (
+        "So reserve it: placed from the deadline, after the spot job's 2-minute notice",
+        "08:00",
+        "reserve --tenant acme --gpus 8 --gang 2 --topology-key fabric.domain --for 6h"
+        " --key finetune",
+    ),
+    (
+        "The spot job keeps running until the deadline; globex is not told who preempted it",
+        "08:00",
+        "events --tenant globex",
+    ),
+    (
+        "Nothing is free for another 8-GPU job right now: it waits, pending",
+        "08:00",
+        "reserve --tenant globex --gpus 8 --for 1h --key eval",
+    ),
+    (
+        "Cron runs tick: the spot job ends at its deadline, the fine-tune and the waiting job start",
+        "08:03",
+        "tick",
+    ),
+    (
+        "A GPU under tomorrow's calendar booking fails with an XID error",
+        "08:05",
+        "device quarantine {node:weekly-eval}:5 --reason xid-79",
+    ),
+    (
+        "BookingRepair moves the booking to a healthy node for the same window",
+        "08:05",
+        "repair",
+    ),
+    ("The calendar booking after its repair", "08:05", "get {weekly-eval}"),
+    ("The pool now", "08:05", "pool show west"),
+    ("The next 24 hours, hour by hour", "08:05", "timeline --step 60"),
+    (
+        "Usage windows, billed from activation; without a meter they are dead-lettered, not lost",
+        "09:00",
+        "usage --dead-letter",
+    ),
 ]
+
+
+def _resolve(db: Path, line: str) -> str:
+    """Fill `{KEY}` and `{node:KEY}` from the demo database."""
+    if "{" not in line:
+        return line
+    conn = sqlite3.connect(str(db))
+    try:
+        for key, rsv_id in conn.execute(
+            "SELECT idempotency_key, id FROM reservations WHERE idempotency_key IS NOT NULL"
+        ):
+            node = conn.execute(
+                "SELECT node_id FROM allocations WHERE reservation_id = ? AND released = 0"
+                " ORDER BY node_id LIMIT 1",
+                (rsv_id,),
+            ).fetchone()
+            line = line.replace(f"{{{key}}}", rsv_id)
+            if node is not None:
+                line = line.replace(f"{{node:{key}}}", node[0])
+    finally:
+        conn.close()
+    return line
 
 
 def _run(console: Console, db: Path, now: str, line: str) -> None:
     from better_compute.cli import app
 
-    console.print(f"[bold cyan]$ better-compute --now {now} {line}[/]")
+    line = _resolve(db, line)
+    console.print(f"[bold cyan]$ better-compute --now {now} {line}[/]", highlight=False)
     argv = ["--db", str(db), "--now", now, *shlex.split(line)]
     command = typer.main.get_command(app)
     try:
@@ -90,23 +157,13 @@ def run_tour(console: Console, keep: Path | None) -> None:
     """Run the tour on a fresh demo database: in a temporary folder unless `keep` names a file."""
     with tempfile.TemporaryDirectory(prefix="better-compute-demo-") as tmp:
         db = keep if keep is not None else Path(tmp) / "demo.db"
-        steps = tour_steps()
         _run(console, db, DEMO_NOW, "init --demo --force")
-        for title, now, line in steps:
+        for title, clock_time, line in TOUR:
             console.print()
             console.print(Rule(title, align="left"))
-            _run(console, db, now, line)
+            _run(console, db, f"2026-09-28T{clock_time}:00Z", line)
         console.print()
         if keep is not None:
             console.print(f"The demo database is kept at {keep}; try: better-compute --db {keep} list")
         else:
-            console.print("Done; the demo database was temporary and is gone. Keep one with --keep FILE.")
-
-
-def tour_steps() -> list[tuple[str, str, str]]:
-    """Each step with the instant it runs at: most at DEMO_NOW, some later to show time passing."""
-    later = "2026-09-28T08:03:00Z"
-    steps: list[tuple[str, str, str]] = []
-    for title, line in TOUR:
-        steps.append((title, later if line.startswith(("tick", "pool", "timeline")) else DEMO_NOW, line))
-    return steps
+            console.print("Done: the demo database was temporary and is gone (keep one with --keep FILE).")

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from better_compute.model import Event, Node, Reservation
 from better_compute.render.json import dumps
+from better_compute.service.accounting import Policy, UsageWindow
 from better_compute.service.booking import Preview
 from better_compute.service.views import Assignment, Rollup
 from better_compute.timeparse import human_duration, iso
@@ -153,3 +154,29 @@ def events(rows: Sequence[Event]) -> RenderableType:
 def event_line(e: Event) -> str:
     who = f" {e.reservation_id}" if e.reservation_id else ""
     return f"{iso(e.at)}  #{e.seq} {e.type}{who} {dumps(e.data)}"
+
+
+def usage(rows: Sequence[UsageWindow], dead_letter: bool) -> RenderableType:
+    title = "dead-lettered usage (no such meter)" if dead_letter else "usage"
+    table = Table("meter", "tenant", "reservation", "gpus", "from", "to", "gpu-hours", title=title)
+    totals: dict[tuple[str, str], float] = {}
+    for u in rows:
+        table.add_row(
+            u.meter, u.tenant_id, u.reservation_id, str(u.gpus), iso(u.start),
+            iso(u.end) if u.end is not None else "open", f"{u.quantity:.2f}",
+        )
+        totals[(u.tenant_id, u.meter)] = totals.get((u.tenant_id, u.meter), 0.0) + u.quantity
+    summary = Table("tenant", "meter", "total gpu-hours", title="totals")
+    for (tenant, meter), total in sorted(totals.items()):
+        summary.add_row(tenant, meter, f"{total:.2f}")
+    return Group(table, summary)
+
+
+def policies(rows: Sequence[Policy]) -> RenderableType:
+    table = Table("tenant", "principal", "max gpus", "spot only", "deny")
+    for p in rows:
+        table.add_row(
+            p.tenant_id, p.principal, "—" if p.max_gpus is None else str(p.max_gpus),
+            "yes" if p.spot_only else "no", "yes" if p.deny else "no",
+        )
+    return table

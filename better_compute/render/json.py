@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from better_compute.model import Event, JsonValue, Node, NodePlan, Reservation
+from better_compute.service.accounting import Policy, UsageWindow
 from better_compute.service.booking import Preview
 from better_compute.service.views import Assignment, Rollup, Timeline
 
@@ -137,4 +138,26 @@ def timeline(t: Timeline) -> dict[str, JsonValue]:
         "buckets": [
             {"start": b.start, "end": b.end, "booked": b.booked, "free": b.free} for b in t.buckets
         ],
+    }
+
+
+def usage(u: UsageWindow) -> dict[str, JsonValue]:
+    return {
+        "meter": u.meter,
+        "tenantId": u.tenant_id,
+        "reservationId": u.reservation_id,
+        "allocationId": u.allocation_id,
+        "start": u.start,
+        "end": u.end,
+        "quantity": u.quantity,
+    }
+
+
+def policy(p: Policy) -> dict[str, JsonValue]:
+    return {
+        "tenantId": p.tenant_id,
+        "principal": p.principal,
+        "maxGpus": p.max_gpus,
+        "spotOnly": p.spot_only,
+        "deny": p.deny,
     }

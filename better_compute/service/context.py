@@ -19,6 +19,8 @@ class Ctx:
 
     @cached_property
     def settings(self) -> Settings:
+        if self.db.conn.in_transaction:  # first read inside a write (tick --until's per-step Ctx)
+            return repo.load_settings(self.db.conn)
         with self.db.read() as conn:
             return repo.load_settings(conn)
 

@@ -26,9 +26,9 @@ Labels = tuple[tuple[str, str], ...]
 
 
 def init(path: str, now: int, force: bool) -> Database:
-    # The database id is derived from the creating instant and path: replays of `init --now T`
-    # give identical ids, and copies of one database keep the same id.
-    return create_database(path, force=force, seed_text=f"{now}:{path}")
+    # The database id is derived from the creating instant alone: replaying `init --now T` and the
+    # same commands anywhere gives identical ids, and copies of one database keep the same id.
+    return create_database(path, force=force, seed_text=str(now))
 
 
 def parse_labels(pairs: Sequence[str]) -> Labels:

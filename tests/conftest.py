@@ -1,0 +1,129 @@
+"""Shared fixtures for the CLI tests: fresh databases and a runner that drives the Typer app.
+
+Every CLI call goes through Typer's CliRunner in-process. The CLI keeps its global options in a
+module-level object set by the callback, so every call passes `--db` and `--now` explicitly.
+"""
+
+from __future__ import annotations
+
+import json as jsonlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import Result
+from typer.testing import CliRunner
+
+from better_compute.cli import app
+
+NOW = "2026-09-28T08:00:00Z"
+NOW_MS = 1_790_582_400_000
+SEC = 1000
+MIN = 60 * SEC
+HOUR = 60 * MIN
+DAY = 24 * HOUR
+
+_ENV_VARS = (
+    "BETTER_COMPUTE_DB",
+    "BETTER_COMPUTE_NOW",
+    "BETTER_COMPUTE_PRINCIPAL",
+    "BETTER_COMPUTE_DEBUG",
+    "COLUMNS",
+)
+
+
+def at(offset_ms: int) -> str:
+    """An epoch-ms --now value `offset_ms` after NOW."""
+    return str(NOW_MS + offset_ms)
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test sees the developer's BETTER_COMPUTE_* variables (or the debug traceback switch)."""
+    for name in _ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+
+
+def invoke(
+    args: Sequence[str], env: Mapping[str, str | None] | None = None, input: str | None = None
+) -> Result:
+    """Run the app once; fail the test on any traceback or uncaught exception."""
+    result = CliRunner().invoke(app, list(args), env=dict(env or {}), input=input)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "Traceback" not in result.stdout, result.stdout
+    if result.exception is not None:
+        assert isinstance(result.exception, SystemExit), repr(result.exception)
+    return result
+
+
+@dataclass
+class Cli:
+    """`run(*args, now=..., json=True)` → (exit code, parsed JSON or stdout text, stderr)."""
+
+    db: Path
+
+    def __call__(
+        self,
+        *args: object,
+        now: str | None = NOW,
+        json: bool = True,
+        env: Mapping[str, str | None] | None = None,
+        input: str | None = None,
+    ) -> tuple[int, Any, str]:
+        argv = ["--db", str(self.db)]
+        if now is not None:
+            argv += ["--now", now]
+        if json:
+            argv.append("--json")
+        argv += [str(a) for a in args]
+        result = invoke(argv, env=env, input=input)
+        out = result.stdout
+        if json and out.strip():
+            # json.loads refuses trailing data: this also proves stdout is exactly one document.
+            return result.exit_code, jsonlib.loads(out), result.stderr
+        return result.exit_code, out, result.stderr
+
+    def ok(self, *args: object, **kwargs: Any) -> Any:
+        """Run and insist on exit 0; return the parsed JSON (or text)."""
+        code, out, err = self(*args, **kwargs)
+        assert code == 0, f"exit {code}: {err}{out}"
+        return out
+
+    def fails(self, code: int, *args: object, **kwargs: Any) -> dict[str, str]:
+        """Run with --json and insist on exit `code`; return the stderr error object."""
+        got, out, err = self(*args, **kwargs)
+        assert got == code, f"expected exit {code}, got {got}: {err}{out}"
+        assert out == "", f"stdout must be empty on an error, got {out!r}"
+        doc = jsonlib.loads(err)
+        assert set(doc) == {"error"} and set(doc["error"]) == {"code", "message"}, doc
+        return doc["error"]
+
+
+def init_db(path: Path, *extra: str, now: str = NOW) -> Path:
+    result = invoke(["--db", str(path), "--now", now, "init", *extra])
+    assert result.exit_code == 0, result.stderr
+    return path
+
+
+@pytest.fixture
+def demo_db(tmp_path: Path) -> Path:
+    """A fresh demo database: pool west of 7 × 8 h100 nodes, tenants acme (64) and globex (32)."""
+    return init_db(tmp_path / "demo.db", "--demo")
+
+
+@pytest.fixture
+def run(demo_db: Path) -> Cli:
+    return Cli(demo_db)
+
+
+@pytest.fixture
+def solo(tmp_path: Path) -> Cli:
+    """One pool `solo` with one 8-GPU h100 node `n1` (two NVLink groups), tenants acme, globex."""
+    cli = Cli(init_db(tmp_path / "solo.db"))
+    cli.ok("pool", "create", "solo")
+    cli.ok("node", "add", "n1", "--pool", "solo", "--gpus", "8", "--model", "h100", "--nvlink-groups", "2")
+    cli.ok("tenant", "create", "acme")
+    cli.ok("tenant", "create", "globex")
+    return cli

@@ -82,7 +82,10 @@ def handled(fn: F) -> F:
         except Exception as exc:  # the one place a bug becomes a message instead of a traceback
             if os.environ.get("BETTER_COMPUTE_DEBUG"):
                 raise
-            _fail(BetterComputeError(f"{type(exc).__name__}: {exc} (a bug; please report it)"), as_json)
+            _fail(
+                BetterComputeError(f"{type(exc).__name__}: {exc} (a bug; please report it)"),
+                as_json,
+            )
 
     return wrapper  # type: ignore[return-value]
 
@@ -110,7 +113,9 @@ def main_options(
     now_: Annotated[
         str | None,
         typer.Option(
-            "--now", envvar="BETTER_COMPUTE_NOW", help="The instant to act at (TIME); default: the clock."
+            "--now",
+            envvar="BETTER_COMPUTE_NOW",
+            help="The instant to act at (TIME); default: the clock.",
         ),
     ] = None,
     as_: Annotated[
@@ -141,15 +146,19 @@ def init(
     if demo:
         counts = setup.inventory_import(Ctx(db, at, G.principal), DEMO_INVENTORY)
     db.close()
-    emit(as_json, {"db": G.db, "demo": demo, **counts}, f"created {G.db}" + (
-        f" with the demo inventory ({counts['nodes']} nodes)" if demo else ""))
+    emit(
+        as_json,
+        {"db": G.db, "demo": demo, **counts},
+        f"created {G.db}" + (f" with the demo inventory ({counts['nodes']} nodes)" if demo else ""),
+    )
 
 
 @app.command()
 @handled
 def demo(
     keep: Annotated[
-        Path | None, typer.Option("--keep", help="Write the demo database here instead of a temp file.")
+        Path | None,
+        typer.Option("--keep", help="Write the demo database here instead of a temp file."),
     ] = None,
 ) -> None:
     """A guided tour on a fresh demo database: calendar, gang, spot, repair, timeline."""
@@ -158,14 +167,18 @@ def demo(
     run_tour(out, keep)
 
 
-inventory_app = typer.Typer(help="The inventory as JSON: import (upsert) and export.", no_args_is_help=True)
+inventory_app = typer.Typer(
+    help="The inventory as JSON: import (upsert) and export.", no_args_is_help=True
+)
 app.add_typer(inventory_app, name="inventory")
 
 
 @inventory_app.command("import")
 @handled
 def inventory_import(
-    file: Annotated[Path, typer.Argument(help="An inventory JSON file (see README), or - for stdin.")],
+    file: Annotated[
+        Path, typer.Argument(help="An inventory JSON file (see README), or - for stdin.")
+    ],
     as_json: JsonFlag = False,
 ) -> None:
     """Upsert pools, nodes and tenants from a file: all of it, or nothing when any part is bad."""
@@ -179,7 +192,11 @@ def inventory_import(
     inv = load_inventory_text(text)
     c = ctx()
     counts = setup.inventory_import(c, inv)
-    emit(as_json, dict(counts), f"imported {counts['pools']} pools, {counts['nodes']} nodes, {counts['tenants']} tenants")
+    emit(
+        as_json,
+        dict(counts),
+        f"imported {counts['pools']} pools, {counts['nodes']} nodes, {counts['tenants']} tenants",
+    )
 
 
 @inventory_app.command("export")
@@ -238,10 +255,16 @@ def pool_set(
         raise InvalidInput(f"--auto-bind must be on, off or default, got {auto_bind!r}")
     c = ctx()
     setup.pool_set_auto_bind(c, pool, choices[auto_bind])
-    emit(as_json, {"pool": pool, "autoBind": choices[auto_bind]}, f"pool {pool}: autoBind {auto_bind}")
+    emit(
+        as_json,
+        {"pool": pool, "autoBind": choices[auto_bind]},
+        f"pool {pool}: autoBind {auto_bind}",
+    )
 
 
-node_app = typer.Typer(help="Nodes: add, inspect, label, cordon, reachability, agents.", no_args_is_help=True)
+node_app = typer.Typer(
+    help="Nodes: add, inspect, label, cordon, reachability, agents.", no_args_is_help=True
+)
 app.add_typer(node_app, name="node")
 
 
@@ -258,7 +281,9 @@ def node_add(
     as_json: JsonFlag = False,
 ) -> None:
     """Add a node with its GPUs to a pool."""
-    spec = setup.node_spec(node, gpus, model, setup.parse_labels(label or []), nvlink_groups, fabric)
+    spec = setup.node_spec(
+        node, gpus, model, setup.parse_labels(label or []), nvlink_groups, fabric
+    )
     c = ctx()
     setup.node_add(c, pool, spec)
     shown = setup.node_show(c, node)
@@ -343,7 +368,9 @@ app.add_typer(quota_app, name="quota")
 def quota_set(
     tenant: Annotated[str, typer.Option("--tenant")],
     gpus: Annotated[int, typer.Option("--gpus", help="The cap in GPUs.")],
-    pool: Annotated[str | None, typer.Option("--pool", help="Only in this pool (default: everywhere).")] = None,
+    pool: Annotated[
+        str | None, typer.Option("--pool", help="Only in this pool (default: everywhere).")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Cap the GPUs a tenant holds at once, in a pool or everywhere."""
@@ -357,7 +384,8 @@ def _quota_doc(tenant: str, lines: list[setup.QuotaLine]) -> JsonValue:
     return {
         "tenantId": tenant,
         "quotas": [
-            {"poolId": q.pool_id, "pool": q.pool_name, "gpus": q.gpus, "held": q.held} for q in lines
+            {"poolId": q.pool_id, "pool": q.pool_name, "gpus": q.gpus, "held": q.held}
+            for q in lines
         ],
     }
 
@@ -367,9 +395,10 @@ def _quota_doc(tenant: str, lines: list[setup.QuotaLine]) -> JsonValue:
 def quota_show(tenant: Annotated[str, typer.Option("--tenant")], as_json: JsonFlag = False) -> None:
     """A tenant's caps and what it holds against them."""
     lines = setup.quota_show(ctx(), tenant)
-    text = "\n".join(
-        f"{q.pool_name or 'all pools'}: {q.held} of {q.gpus} GPUs held" for q in lines
-    ) or f"{tenant} has no quota (unlimited)"
+    text = (
+        "\n".join(f"{q.pool_name or 'all pools'}: {q.held} of {q.gpus} GPUs held" for q in lines)
+        or f"{tenant} has no quota (unlimited)"
+    )
     emit(as_json, _quota_doc(tenant, lines), text)
 
 
@@ -379,7 +408,9 @@ app.add_typer(config_app, name="config")
 
 @config_app.command("get")
 @handled
-def config_get(key: Annotated[str | None, typer.Argument()] = None, as_json: JsonFlag = False) -> None:
+def config_get(
+    key: Annotated[str | None, typer.Argument()] = None, as_json: JsonFlag = False
+) -> None:
     """Show one setting or all of them."""
     values = setup.config_get(ctx(), key)
     emit(as_json, values, "\n".join(f"{k} = {jsonlib.dumps(v)}" for k, v in values.items()))
@@ -396,10 +427,14 @@ def config_set(key: str, value: str, as_json: JsonFlag = False) -> None:
 # ---------------------------------------------------------------- reserving
 
 TenantOpt = Annotated[str, typer.Option("--tenant", help="The tenant it belongs to.")]
-PoolOpt = Annotated[str | None, typer.Option("--pool", help="Pool id or name (optional with one pool).")]
+PoolOpt = Annotated[
+    str | None, typer.Option("--pool", help="Pool id or name (optional with one pool).")
+]
 GpusOpt = Annotated[int | None, typer.Option("--gpus", help="GPUs (per node with --gang).")]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="A model or a comma-separated list.")]
-TopologyOpt = Annotated[str | None, typer.Option("--topology", help="nvlink-all: one NVLink group.")]
+TopologyOpt = Annotated[
+    str | None, typer.Option("--topology", help="nvlink-all: one NVLink group.")
+]
 ForOpt = Annotated[str, typer.Option("--for", help="DURATION, e.g. 90m, 12h, 3d.")]
 StartOpt = Annotated[str | None, typer.Option("--start", help="TIME; default now.")]
 SpotOpt = Annotated[bool, typer.Option("--spot", help="Spot: cheaper, preemptible after a notice.")]
@@ -409,9 +444,18 @@ LeaseOpt = Annotated[bool, typer.Option("--node-lease", help="Lease whole machin
 
 
 def _reserve_args(
-    tenant: str, pool: str | None, gpus: int | None, model: str | None, topology: str | None,
-    duration: str, start: str | None, spot: bool, gang: int | None, topology_key: str | None,
-    node_lease: bool, key: str | None,
+    tenant: str,
+    pool: str | None,
+    gpus: int | None,
+    model: str | None,
+    topology: str | None,
+    duration: str,
+    start: str | None,
+    spot: bool,
+    gang: int | None,
+    topology_key: str | None,
+    node_lease: bool,
+    key: str | None,
 ) -> ReserveArgs:
     at = now()
     models = tuple(sorted({m.strip() for m in model.split(",") if m.strip()})) if model else ()
@@ -436,7 +480,10 @@ def _reserve_args(
 def reserve(
     tenant: TenantOpt,
     duration: ForOpt,
-    key: Annotated[str | None, typer.Option("--key", help="Idempotency key: a retry returns the same reservation.")] = None,
+    key: Annotated[
+        str | None,
+        typer.Option("--key", help="Idempotency key: a retry returns the same reservation."),
+    ] = None,
     pool: PoolOpt = None,
     gpus: GpusOpt = None,
     model: ModelOpt = None,
@@ -449,7 +496,20 @@ def reserve(
     as_json: JsonFlag = False,
 ) -> None:
     """Reserve GPUs now or for a window later. A request that does not fit yet is pending."""
-    args = _reserve_args(tenant, pool, gpus, model, topology, duration, start, spot, gang, topology_key, node_lease, key)
+    args = _reserve_args(
+        tenant,
+        pool,
+        gpus,
+        model,
+        topology,
+        duration,
+        start,
+        spot,
+        gang,
+        topology_key,
+        node_lease,
+        key,
+    )
     r = booking.reserve(ctx(), args)
     emit(as_json, js.reservation(r), human.reservation(r))
 
@@ -468,17 +528,32 @@ def preview(
     gang: GangOpt = None,
     topology_key: KeyOpt = None,
     node_lease: LeaseOpt = False,
-    explain: Annotated[bool, typer.Option("--explain", help="Say why each node or group was taken or refused.")] = False,
+    explain: Annotated[
+        bool, typer.Option("--explain", help="Say why each node or group was taken or refused.")
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Would it fit, where, and if not, why? Books nothing."""
-    args = _reserve_args(tenant, pool, gpus, model, topology, duration, start, spot, gang, topology_key, node_lease, None)
+    args = _reserve_args(
+        tenant,
+        pool,
+        gpus,
+        model,
+        topology,
+        duration,
+        start,
+        spot,
+        gang,
+        topology_key,
+        node_lease,
+        None,
+    )
     c = ctx()
     p = booking.preview(c, args)
     doc = js.preview(p)
     lines = booking.explain(c, args) if explain else []
     if explain:
-        doc["explain"] = [{"subject": s, "verdict": v} for s, v in lines]  # type: ignore[index]
+        doc["explain"] = [{"subject": s, "verdict": v} for s, v in lines]
     emit(as_json, doc, human.preview(p))
     if explain and not (as_json or G.json):
         for subject, verdict in lines:
@@ -543,7 +618,9 @@ def release(rsv: RsvArg, as_json: JsonFlag = False) -> None:
 @app.command()
 @handled
 def tick(
-    until: Annotated[str | None, typer.Option("--until", help="Tick at every step up to TIME.")] = None,
+    until: Annotated[
+        str | None, typer.Option("--until", help="Tick at every step up to TIME.")
+    ] = None,
     step: Annotated[str, typer.Option("--step", help="DURATION between ticks.")] = "30s",
     as_json: JsonFlag = False,
 ) -> None:
@@ -574,7 +651,9 @@ def tick(
 @app.command()
 @handled
 def repair(
-    rsv: Annotated[str | None, typer.Argument(help="One reservation; default: every placed one.")] = None,
+    rsv: Annotated[
+        str | None, typer.Argument(help="One reservation; default: every placed one.")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Run the BookingRepair check now."""
@@ -590,8 +669,12 @@ def repair(
 @handled
 def timeline(
     pool: PoolOpt = None,
-    tenant: Annotated[str | None, typer.Option("--tenant", help="Only this tenant's bookings.")] = None,
-    from_: Annotated[str | None, typer.Option("--from", help="TIME; default the start of this hour.")] = None,
+    tenant: Annotated[
+        str | None, typer.Option("--tenant", help="Only this tenant's bookings.")
+    ] = None,
+    from_: Annotated[
+        str | None, typer.Option("--from", help="TIME; default the start of this hour.")
+    ] = None,
     to: Annotated[str | None, typer.Option("--to", help="TIME; default --from + 24h.")] = None,
     step: Annotated[int, typer.Option("--step", help="Bucket width in minutes, 5 to 1440.")] = 60,
     as_json: JsonFlag = False,
@@ -609,7 +692,9 @@ def timeline(
 def events(
     tenant: Annotated[str | None, typer.Option("--tenant")] = None,
     reservation: Annotated[str | None, typer.Option("--reservation")] = None,
-    since: Annotated[int | None, typer.Option("--since", help="Only events after this seq.")] = None,
+    since: Annotated[
+        int | None, typer.Option("--since", help="Only events after this seq.")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """The append-only event log."""
@@ -625,8 +710,12 @@ def events(
 def node_cordon(
     node: str,
     reason: Annotated[str | None, typer.Option("--reason", help="Why, for the event log.")] = None,
-    from_: Annotated[str | None, typer.Option("--from", help="Maintenance window start (TIME).")] = None,
-    until: Annotated[str | None, typer.Option("--until", help="Maintenance window end (TIME).")] = None,
+    from_: Annotated[
+        str | None, typer.Option("--from", help="Maintenance window start (TIME).")
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option("--until", help="Maintenance window end (TIME).")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Stop placing on a node; with --from/--until, only for a maintenance window."""
@@ -635,8 +724,16 @@ def node_cordon(
         raise InvalidInput("a maintenance window needs both --from and --until")
     if from_ is not None and until is not None:
         m = setup.node_maintenance(c, node, _window(from_, until, c.now), reason)
-        doc: JsonValue = {"nodeId": node, "maintenance": {"from": m.window.start, "until": m.window.end, "reason": reason}}
-        emit(as_json, doc, f"{node}: maintenance {iso(m.window.start)} → {iso(m.window.end)}; `repair` moves bookings off it")
+        doc: JsonValue = {
+            "nodeId": node,
+            "maintenance": {"from": m.window.start, "until": m.window.end, "reason": reason},
+        }
+        emit(
+            as_json,
+            doc,
+            f"{node}: maintenance {iso(m.window.start)} → {iso(m.window.end)};"
+            " `repair` moves bookings off it",
+        )
         return
     n = setup.node_flag(c, node, "node.cordoned", reason, schedulable=0, cordon_reason=reason)
     emit(as_json, js.node(n), f"{node} cordoned; `repair` moves future bookings off it now")
@@ -698,7 +795,9 @@ def device_restore(
 
 # ---------------------------------------------------------------- usage, meters, policies
 
-meter_app = typer.Typer(help="Billing meters; usage for a missing meter is dead-lettered.", no_args_is_help=True)
+meter_app = typer.Typer(
+    help="Billing meters; usage for a missing meter is dead-lettered.", no_args_is_help=True
+)
 app.add_typer(meter_app, name="meter")
 
 
@@ -724,7 +823,9 @@ def usage(
     tenant: Annotated[str | None, typer.Option("--tenant")] = None,
     from_: Annotated[str | None, typer.Option("--from", help="TIME")] = None,
     to: Annotated[str | None, typer.Option("--to", help="TIME")] = None,
-    dead_letter: Annotated[bool, typer.Option("--dead-letter", help="Windows whose meter is missing.")] = False,
+    dead_letter: Annotated[
+        bool, typer.Option("--dead-letter", help="Windows whose meter is missing.")
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Metered usage windows (GPU-hours) and totals per tenant and meter."""
@@ -744,7 +845,9 @@ app.add_typer(policy_app, name="policy")
 def policy_set(
     tenant: Annotated[str, typer.Option("--tenant")],
     principal: Annotated[str, typer.Option("--principal", help="Who the rule is for (--as).")],
-    max_gpus: Annotated[int | None, typer.Option("--max-gpus", help="At most this many GPUs a request.")] = None,
+    max_gpus: Annotated[
+        int | None, typer.Option("--max-gpus", help="At most this many GPUs a request.")
+    ] = None,
     spot_only: Annotated[bool, typer.Option("--spot-only", help="Only spot requests.")] = False,
     deny: Annotated[bool, typer.Option("--deny", help="Refuse every request.")] = False,
     as_json: JsonFlag = False,

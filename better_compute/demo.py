@@ -6,6 +6,7 @@ exactly what a user would see, and it runs the same every time.
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import sqlite3
 import tempfile
@@ -54,7 +55,11 @@ TOUR: list[tuple[str, str, str]] = [
         "08:00",
         "config set placement.topN 1",
     ),
-    ("Reserve 4 GPUs now for 2 hours", "08:00", "reserve --tenant acme --gpus 4 --for 2h --key notebook"),
+    (
+        "Reserve 4 GPUs now for 2 hours",
+        "08:00",
+        "reserve --tenant acme --gpus 4 --for 2h --key notebook",
+    ),
     (
         "A calendar window: 8 GPUs tomorrow at 08:00 for 12 hours, booked today",
         "08:00",
@@ -93,7 +98,7 @@ TOUR: list[tuple[str, str, str]] = [
         "reserve --tenant globex --gpus 8 --for 1h --key eval",
     ),
     (
-        "Cron runs tick: the spot job ends at its deadline, the fine-tune and the waiting job start",
+        "Cron runs tick: the spot job ends at its deadline; the waiting jobs start",
         "08:03",
         "tick",
     ),
@@ -147,10 +152,9 @@ def _run(console: Console, db: Path, now: str, line: str) -> None:
     console.print(f"[bold cyan]$ better-compute --now {now} {line}[/]", highlight=False)
     argv = ["--db", str(db), "--now", now, *shlex.split(line)]
     command = typer.main.get_command(app)
-    try:
+    # A failing step prints its error like the shell would; the tour goes on.
+    with contextlib.suppress(click.exceptions.Exit):
         command.main(args=argv, prog_name="better-compute", standalone_mode=False)
-    except click.exceptions.Exit:
-        pass
 
 
 def run_tour(console: Console, keep: Path | None) -> None:
@@ -164,6 +168,10 @@ def run_tour(console: Console, keep: Path | None) -> None:
             _run(console, db, f"2026-09-28T{clock_time}:00Z", line)
         console.print()
         if keep is not None:
-            console.print(f"The demo database is kept at {keep}; try: better-compute --db {keep} list")
+            console.print(
+                f"The demo database is kept at {keep}; try: better-compute --db {keep} list"
+            )
         else:
-            console.print("Done: the demo database was temporary and is gone (keep one with --keep FILE).")
+            console.print(
+                "Done: the demo database was temporary and is gone (keep one with --keep FILE)."
+            )

@@ -26,7 +26,7 @@ class RepairPoint(StrEnum):
 
 
 def retry_window(rsv: Reservation, now: int) -> Window:
-    """The same window while its start is ahead; once it has passed, from now for the full duration."""
+    """The same window while its start is ahead; once passed, from now for the full duration."""
     if rsv.start is not None and rsv.start > now:
         return Window(rsv.start, rsv.start + rsv.duration_ms)
     return Window(now, now + rsv.duration_ms)
@@ -92,9 +92,7 @@ def bad_nodes(
         if node is None or not node.schedulable or not node.reachable or node.name in blocked:
             bad.append(alloc.node_id)
             continue
-        watched = (
-            {a.index for a in node.atoms} if rsv.node_lease else set(alloc.atoms)
-        )
+        watched = {a.index for a in node.atoms} if rsv.node_lease else set(alloc.atoms)
         if any(not a.healthy for a in node.atoms if a.index in watched):
             bad.append(alloc.node_id)
     return sorted(set(bad))

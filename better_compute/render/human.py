@@ -106,7 +106,12 @@ def pools(rows: Sequence[Rollup]) -> RenderableType:
     table = Table("pool", "id", "nodes", "allocatable", "in use", "reserved", "free")
     for r in rows:
         table.add_row(
-            r.name, r.pool_id, str(r.nodes), str(r.allocatable), str(r.in_use), str(r.reserved),
+            r.name,
+            r.pool_id,
+            str(r.nodes),
+            str(r.allocatable),
+            str(r.in_use),
+            str(r.reserved),
             str(r.free),
         )
     return table
@@ -116,7 +121,9 @@ def nodes(rows: Sequence[Node]) -> RenderableType:
     table = Table("node", "gpus", "model", "labels", "state")
     for n in rows:
         healthy = sum(1 for a in n.atoms if a.healthy)
-        gpus = f"{len(n.atoms)}" + (f" ({len(n.atoms) - healthy} quarantined)" if healthy < len(n.atoms) else "")
+        gpus = f"{len(n.atoms)}" + (
+            f" ({len(n.atoms) - healthy} quarantined)" if healthy < len(n.atoms) else ""
+        )
         flags = []
         if not n.schedulable:
             flags.append("cordoned")
@@ -133,11 +140,17 @@ def nodes(rows: Sequence[Node]) -> RenderableType:
 
 
 def desired(rows: Sequence[Assignment]) -> RenderableType:
-    table = Table("reservation", "tenant", "gpus", "state", "window", "bound", title="desired state")
+    table = Table(
+        "reservation", "tenant", "gpus", "state", "window", "bound", title="desired state"
+    )
     for a in rows:
         table.add_row(
-            a.reservation_id, a.tenant_id, ",".join(map(str, a.atoms)), a.state,
-            f"{iso(a.start)} → {iso(a.end)}", "yes" if a.bound else "no",
+            a.reservation_id,
+            a.tenant_id,
+            ",".join(map(str, a.atoms)),
+            a.state,
+            f"{iso(a.start)} → {iso(a.end)}",
+            "yes" if a.bound else "no",
         )
     return table
 
@@ -162,8 +175,13 @@ def usage(rows: Sequence[UsageWindow], dead_letter: bool) -> RenderableType:
     totals: dict[tuple[str, str], float] = {}
     for u in rows:
         table.add_row(
-            u.meter, u.tenant_id, u.reservation_id, str(u.gpus), iso(u.start),
-            iso(u.end) if u.end is not None else "open", f"{u.quantity:.2f}",
+            u.meter,
+            u.tenant_id,
+            u.reservation_id,
+            str(u.gpus),
+            iso(u.start),
+            iso(u.end) if u.end is not None else "open",
+            f"{u.quantity:.2f}",
         )
         totals[(u.tenant_id, u.meter)] = totals.get((u.tenant_id, u.meter), 0.0) + u.quantity
     summary = Table("tenant", "meter", "total gpu-hours", title="totals")
@@ -176,7 +194,10 @@ def policies(rows: Sequence[Policy]) -> RenderableType:
     table = Table("tenant", "principal", "max gpus", "spot only", "deny")
     for p in rows:
         table.add_row(
-            p.tenant_id, p.principal, "—" if p.max_gpus is None else str(p.max_gpus),
-            "yes" if p.spot_only else "no", "yes" if p.deny else "no",
+            p.tenant_id,
+            p.principal,
+            "—" if p.max_gpus is None else str(p.max_gpus),
+            "yes" if p.spot_only else "no",
+            "yes" if p.deny else "no",
         )
     return table

@@ -16,12 +16,15 @@ METER_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
 def meter_create(ctx: Ctx, name: str) -> None:
     if not METER_RE.fullmatch(name):
         raise InvalidInput(
-            f"meter {name!r} must be lowercase letters, digits, '.', '_' or '-', like gpu.h100.hours"
+            f"meter {name!r} must be lowercase letters, digits, '.', '_' or '-',"
+            " like gpu.h100.hours"
         )
     with ctx.db.write() as conn:
         if conn.execute("SELECT 1 FROM meters WHERE name = ?", (name,)).fetchone():
             raise Conflict(f"meter {name!r} already exists")
-        conn.execute("INSERT INTO meters(name, seq) VALUES (?, ?)", (name, repo.next_seq(conn, "meters")))
+        conn.execute(
+            "INSERT INTO meters(name, seq) VALUES (?, ?)", (name, repo.next_seq(conn, "meters"))
+        )
         ctx.event("meter.created", None, None, {"meter": name, "by": ctx.principal})
 
 
@@ -71,8 +74,14 @@ def usage(
         quantity = round(r["gpus"] * max(0, hi - lo) / HOUR_MS, 6)
         windows.append(
             UsageWindow(
-                r["meter"], r["tenant_id"], r["reservation_id"], r["allocation_id"], r["gpus"],
-                lo, r["end"] if r["end"] is None or end is None else min(r["end"], end), quantity,
+                r["meter"],
+                r["tenant_id"],
+                r["reservation_id"],
+                r["allocation_id"],
+                r["gpus"],
+                lo,
+                r["end"] if r["end"] is None or end is None else min(r["end"], end),
+                quantity,
             )
         )
     return windows
@@ -119,7 +128,9 @@ def policy_list(ctx: Ctx, tenant: str | None) -> list[Policy]:
             args.append(tenant)
         rows = conn.execute(sql + " ORDER BY tenant_id, principal", args)
         return [
-            Policy(r["tenant_id"], r["principal"], r["max_gpus"], bool(r["spot_only"]), bool(r["deny"]))
+            Policy(
+                r["tenant_id"], r["principal"], r["max_gpus"], bool(r["spot_only"]), bool(r["deny"])
+            )
             for r in rows
         ]
 

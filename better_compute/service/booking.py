@@ -17,7 +17,6 @@ from better_compute.model import (
     Binding,
     JsonValue,
     NodePlan,
-    NoFit,
     Plan,
     ReleaseReason,
     Reservation,
@@ -335,7 +334,9 @@ def extend(ctx: Ctx, rsv_id: str, by_ms: int) -> Reservation:
         rsv = repo.get_reservation(conn, rsv_id)
         states.require(rsv, states.EXTENDABLE, "extend")
         if rsv.preempt_deadline is not None:
-            raise Conflict(f"cannot extend {rsv.id}: it is being preempted and ends at its deadline")
+            raise Conflict(
+                f"cannot extend {rsv.id}: it is being preempted and ends at its deadline"
+            )
         assert rsv.during is not None
         old_end, new_end = rsv.during.end, rsv.during.end + by_ms
         if new_end <= ctx.now:
@@ -345,7 +346,8 @@ def extend(ctx: Ctx, rsv_id: str, by_ms: int) -> Reservation:
             marks = ",".join("?" * len(alloc.atoms))
             clash = conn.execute(
                 "SELECT reservation_id, atom FROM bookings WHERE node_id = ? AND end > ?"
-                f" AND start < ? AND reservation_id != ? AND atom IN ({marks}) ORDER BY atom LIMIT 1",
+                f" AND start < ? AND reservation_id != ? AND atom IN ({marks})"
+                " ORDER BY atom LIMIT 1",
                 (alloc.node_id, extra.start, extra.end, rsv.id, *alloc.atoms),
             ).fetchone()
             if clash is not None:
@@ -354,7 +356,8 @@ def extend(ctx: Ctx, rsv_id: str, by_ms: int) -> Reservation:
                     " is booked by another reservation in the extra time; nothing was changed"
                 )
             maintenance = [
-                m for m in repo.maintenance_for_node(conn, alloc.node_id, old_end)
+                m
+                for m in repo.maintenance_for_node(conn, alloc.node_id, old_end)
                 if m.window.overlaps(extra)
             ]
             if maintenance:
@@ -372,6 +375,8 @@ def explain(ctx: Ctx, args: ReserveArgs) -> list[tuple[str, str]]:
     """`preview --explain`: node by node (or group by group), why each was taken or refused."""
     with ctx.db.read() as conn:
         pool = repo.find_pool(conn, args.pool)
-        draft = _new_reservation(ctx, args, pool["id"], _charge(ctx, args, pool["id"]), "preview", 0)
+        draft = _new_reservation(
+            ctx, args, pool["id"], _charge(ctx, args, pool["id"]), "preview", 0
+        )
         window = retry_window(draft, ctx.now)
         return explain_plan(draft.request(window), repo.snapshots(conn, pool["id"], window))

@@ -35,7 +35,7 @@ class Ctx:
         repo.append_event(self.db.conn, type_, self.now if at is None else at, tenant, rsv_id, data)
 
     def seed(self, *parts: object) -> int:
-        """The topN pick's generator: seeded from the database and the request, never the process."""
+        """The topN pick's seed: from the database and the request, never the process."""
         text = ":".join([repo.db_id(self.db.conn), *map(str, parts)])
         return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8])
 

@@ -18,12 +18,20 @@ def open_windows(conn: Conn, rsv: Reservation, at: int) -> None:
         conn.execute(
             "INSERT INTO usage(meter, tenant_id, reservation_id, allocation_id, gpus, start)"
             " VALUES (?, ?, ?, ?, ?, ?)",
-            (meter_name(str(row[0]), rsv.spot), rsv.tenant_id, rsv.id, alloc.id, len(alloc.atoms), at),
+            (
+                meter_name(str(row[0]), rsv.spot),
+                rsv.tenant_id,
+                rsv.id,
+                alloc.id,
+                len(alloc.atoms),
+                at,
+            ),
         )
 
 
 def close_windows(conn: Conn, rsv_id: str, at: int) -> None:
     """Close every open window of a reservation at `at` (never before the window opened)."""
     conn.execute(
-        "UPDATE usage SET end = MAX(start, ?) WHERE reservation_id = ? AND end IS NULL", (at, rsv_id)
+        "UPDATE usage SET end = MAX(start, ?) WHERE reservation_id = ? AND end IS NULL",
+        (at, rsv_id),
     )

@@ -52,7 +52,9 @@ def commit(ctx: Ctx, rsv: Reservation, chosen: Plan, window: Window) -> Reservat
             ).fetchone()[0]
             if clash:
                 raise LostRace(member.node_id)
-            allocations.append(repo.insert_allocation(conn, rsv, member.node_id, member.atoms, window))
+            allocations.append(
+                repo.insert_allocation(conn, rsv, member.node_id, member.atoms, window)
+            )
     charge = rsv.quota_charge
     if rsv.node_lease and rsv.gpus is None:
         charge = sum(len(m.atoms) for m in chosen.members)
@@ -84,7 +86,9 @@ def place_now(
     return outcome if isinstance(outcome, NoFit) else NoFit("placement lost every attempt")
 
 
-def unschedulable(rsv: Reservation, reason: str, message: str, now: int, retry_ms: int) -> Reservation:
+def unschedulable(
+    rsv: Reservation, reason: str, message: str, now: int, retry_ms: int
+) -> Reservation:
     return replace(
         rsv,
         state=State.PENDING,

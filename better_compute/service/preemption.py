@@ -47,7 +47,10 @@ def try_preempt(ctx: Ctx, rsv: Reservation) -> Reservation | None:
     window = Window(deadline, deadline + rsv.duration_ms)
     snaps = repo.snapshots(conn, rsv.pool_id, window, ignore_reservation=rsv.id)
     option = plan_preemption(
-        rsv.request(window), snaps, seed=ctx.seed(rsv.id, "preempt", deadline), top_n=ctx.settings.top_n
+        rsv.request(window),
+        snaps,
+        seed=ctx.seed(rsv.id, "preempt", deadline),
+        top_n=ctx.settings.top_n,
     )
     if not isinstance(option, Plan) or not option.victims:
         return None
@@ -76,7 +79,9 @@ def _give_notice(ctx: Ctx, victim: Reservation, by: Reservation, deadline: int) 
             conditions=(Condition("Preempted", "SpotPreempted", message),),
         )
         repo.save_reservation(conn, cut)
-        ctx.event("reservation.preempting", victim.tenant_id, victim.id, {"at": deadline, **by_data})
+        ctx.event(
+            "reservation.preempting", victim.tenant_id, victim.id, {"at": deadline, **by_data}
+        )
         return
     # Not started by the deadline: it loses its bookings and waits again, keeping its quota.
     repo.drop_allocations(conn, victim.id, victim.during.start)
@@ -91,6 +96,4 @@ def _give_notice(ctx: Ctx, victim: Reservation, by: Reservation, deadline: int) 
         start_checked=False,
     )
     repo.save_reservation(conn, requeued)
-    ctx.event(
-        "reservation.preempted", victim.tenant_id, victim.id, {"requeued": True, **by_data}
-    )
+    ctx.event("reservation.preempted", victim.tenant_id, victim.id, {"requeued": True, **by_data})

@@ -38,7 +38,9 @@ def parse_labels(pairs: Sequence[str]) -> Labels:
         if not sep or not key or not value:
             raise InvalidInput(f"label {pair!r} must look like key=value, such as rack=r1")
         if key == "fabric.domain":
-            raise InvalidInput("fabric.domain is derived from the GPUs' fabric; set --fabric instead")
+            raise InvalidInput(
+                "fabric.domain is derived from the GPUs' fabric; set --fabric instead"
+            )
         labels[key] = value
     return tuple(sorted(labels.items()))
 
@@ -159,7 +161,9 @@ def node_label(ctx: Ctx, name: str, pairs: Sequence[str]) -> Node:
             else:
                 labels.update(parse_labels([pair]))
         repo.set_node_labels(conn, name, sorted(labels.items()))
-        ctx.event("node.labelled", None, None, {"nodeId": name, "labels": dict(sorted(labels.items()))})
+        ctx.event(
+            "node.labelled", None, None, {"nodeId": name, "labels": dict(sorted(labels.items()))}
+        )
         return repo.get_node(conn, name)
 
 
@@ -200,7 +204,10 @@ def node_uncordon(ctx: Ctx, name: str) -> Node:
         repo.update_node(conn, name, schedulable=1, cordon_reason=None)
         removed = repo.delete_maintenance(conn, name)
         ctx.event(
-            "node.uncordoned", None, None, {"nodeId": name, "by": ctx.principal, "maintenanceRemoved": removed}
+            "node.uncordoned",
+            None,
+            None,
+            {"nodeId": name, "by": ctx.principal, "maintenanceRemoved": removed},
         )
         return repo.get_node(conn, name)
 
@@ -365,7 +372,9 @@ def _upsert_node(ctx: Ctx, conn: Conn, pool_id: str, node: InventoryNode, path: 
         return
     live = _live_atoms(conn, node.name, ctx.now)
     if existing["pool_id"] != pool_id and live:
-        raise InvalidInput(f"{path}.name: node {node.name} holds live bookings; it cannot change pool")
+        raise InvalidInput(
+            f"{path}.name: node {node.name} holds live bookings; it cannot change pool"
+        )
     lost = sorted(i for i in live if i >= node.gpus)
     if lost:
         raise InvalidInput(
@@ -380,10 +389,18 @@ def _upsert_node(ctx: Ctx, conn: Conn, pool_id: str, node: InventoryNode, path: 
     for atom in _atoms(node):
         conn.execute(
             "INSERT INTO atoms(node_id, idx, model, nvlink_group, fabric_cluster, fabric_clique)"
-            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(node_id, idx) DO UPDATE SET model = excluded.model,"
+            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(node_id, idx) DO UPDATE SET"
+            " model = excluded.model,"
             " nvlink_group = excluded.nvlink_group, fabric_cluster = excluded.fabric_cluster,"
             " fabric_clique = excluded.fabric_clique",
-            (node.name, atom.index, atom.model, atom.nvlink_group, atom.fabric_cluster, atom.fabric_clique),
+            (
+                node.name,
+                atom.index,
+                atom.model,
+                atom.nvlink_group,
+                atom.fabric_cluster,
+                atom.fabric_clique,
+            ),
         )
 
 

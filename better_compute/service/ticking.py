@@ -16,7 +16,7 @@ from better_compute.lifecycle.tick import (
     due_repair,
     due_retries,
 )
-from better_compute.model import LIVE_STATES, Event, Reservation, State, Window
+from better_compute.model import LIVE_STATES, Event, JsonValue, Reservation, State, Window
 from better_compute.service import booking, metering, placing
 from better_compute.service.context import Ctx
 from better_compute.storage import repo
@@ -110,7 +110,7 @@ def repair_one(ctx: Ctx, rsv: Reservation) -> Reservation:
     bad = bad_nodes(rsv, nodes, maintenance, ctx.now)
     if not bad:
         return rsv
-    left = [a.node_id for a in rsv.allocations]
+    left: list[JsonValue] = [a.node_id for a in rsv.allocations]
     window = rsv.during
     with ctx.db.savepoint("repair"):
         repo.drop_allocations(conn, rsv.id, window.start)
@@ -170,7 +170,7 @@ def repair(ctx: Ctx, rsv_id: str | None) -> list[Event]:
 
 
 def _start_binding(ctx: Ctx) -> None:
-    """Step 4: placed reservations whose start has come; their nodes' desired state now lists them."""
+    """Step 4: placed reservations whose start has come; nodes' desired state lists them."""
     for rsv in _live(ctx, "state = 'placed' AND during_start <= ?", (ctx.now,)):
         if due_binding(rsv, ctx.now):
             repo.save_reservation(ctx.db.conn, states.move(rsv, State.BINDING))

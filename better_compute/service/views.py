@@ -153,7 +153,9 @@ def timeline(
     count = -(-(last - first) // step)
     limit = ctx.settings.timeline_max_buckets
     if count > limit:
-        raise InvalidInput(f"that is {count} buckets; at most {limit}: widen --step or narrow the range")
+        raise InvalidInput(
+            f"that is {count} buckets; at most {limit}: widen --step or narrow the range"
+        )
     with ctx.db.read() as conn:
         row = repo.find_pool(conn, pool_ref)
         if tenant is not None:
@@ -168,7 +170,9 @@ def timeline(
     return Timeline(row["id"], row["name"], allocatable, step_minutes, tuple(buckets))
 
 
-def _spans(conn: Conn, pool_id: str, window: Window, tenant: str | None) -> list[tuple[str, int, int, int]]:
+def _spans(
+    conn: Conn, pool_id: str, window: Window, tenant: str | None
+) -> list[tuple[str, int, int, int]]:
     if tenant is None:
         return repo.booking_spans(conn, pool_id, window)
     rows = conn.execute(
@@ -180,9 +184,7 @@ def _spans(conn: Conn, pool_id: str, window: Window, tenant: str | None) -> list
     return [(str(n), int(a), int(s), int(e)) for n, a, s, e in rows]
 
 
-def events(
-    ctx: Ctx, tenant: str | None, reservation: str | None, since: int | None
-) -> list[Event]:
+def events(ctx: Ctx, tenant: str | None, reservation: str | None, since: int | None) -> list[Event]:
     with ctx.db.read() as conn:
         if tenant is not None:
             repo.require_tenant(conn, tenant)

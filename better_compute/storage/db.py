@@ -19,7 +19,7 @@ DEFAULT_BUSY_TIMEOUT_MS = 30_000
 
 
 def _header_kind(path: Path) -> str:
-    """'missing', 'empty', 'ours', 'foreign' — read from the header, never opening the file as a DB."""
+    """'missing', 'empty', 'ours' or 'foreign', from the header: never opened as a DB."""
     if not path.exists():
         return "missing"
     if path.is_dir():
@@ -59,7 +59,7 @@ class Database:
 
     @contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
-        """BEGIN IMMEDIATE: take the write lock up front so concurrent writers queue, not deadlock."""
+        """BEGIN IMMEDIATE: take the write lock up front so writers queue, not deadlock."""
         self._begin("BEGIN IMMEDIATE")
         try:
             yield self.conn
@@ -105,7 +105,9 @@ class Database:
         except sqlite3.OperationalError as exc:
             self.conn.execute("ROLLBACK")
             if _is_locked(exc):
-                raise Unavailable(f"database {self.path} stayed locked; nothing was written") from None
+                raise Unavailable(
+                    f"database {self.path} stayed locked; nothing was written"
+                ) from None
             raise
 
 

@@ -121,7 +121,9 @@ def find_pool(conn: Conn, ref: str | None) -> sqlite3.Row:
         if len(rows) == 1:
             return rows[0]
         if not rows:
-            raise NotFound("no pool exists yet; create one with `pool create` or `inventory import`")
+            raise NotFound(
+                "no pool exists yet; create one with `pool create` or `inventory import`"
+            )
         names = ", ".join(r["name"] for r in rows)
         raise NotFound(f"several pools exist ({names}); choose one with --pool")
     row = conn.execute("SELECT * FROM pools WHERE id = ? OR name = ?", (ref, ref)).fetchone()
@@ -280,7 +282,9 @@ def snapshots(
             holders[(node_id, atom)].add(rsv_id)
         else:
             regular[node_id].add(atom)
-    blocked = {m.node_id: m.reason or "maintenance" for m in maintenance_overlapping(conn, pool_id, window)}
+    blocked = {
+        m.node_id: m.reason or "maintenance" for m in maintenance_overlapping(conn, pool_id, window)
+    }
     result = []
     for node in pool_nodes:
         spot_only = sorted(
@@ -342,7 +346,9 @@ def _conditions(text: str) -> tuple[Condition, ...]:
 
 
 def conditions_json(conditions: Sequence[Condition]) -> str:
-    return json.dumps([{"type": c.type, "reason": c.reason, "message": c.message} for c in conditions])
+    return json.dumps(
+        [{"type": c.type, "reason": c.reason, "message": c.message} for c in conditions]
+    )
 
 
 def _reservation(row: sqlite3.Row, allocations: tuple[Allocation, ...]) -> Reservation:
@@ -424,7 +430,9 @@ def reservation_by_key(conn: Conn, tenant: str, key: str) -> tuple[Reservation, 
     return _with_allocations(conn, [row])[0], str(row["params"])
 
 
-def reservations_where(conn: Conn, where: str = "1", args: Sequence[object] = ()) -> list[Reservation]:
+def reservations_where(
+    conn: Conn, where: str = "1", args: Sequence[object] = ()
+) -> list[Reservation]:
     rows = list(conn.execute(f"SELECT * FROM reservations WHERE {where} ORDER BY seq", args))
     return _with_allocations(conn, rows)
 
@@ -514,7 +522,9 @@ def set_bound(conn: Conn, allocation_id: str) -> None:
 def end_bookings(conn: Conn, rsv_id: str, at: int) -> None:
     """Give back every booking from `at` on; the part already used stays as history."""
     conn.execute("DELETE FROM bookings WHERE reservation_id = ? AND start >= ?", (rsv_id, at))
-    conn.execute("UPDATE bookings SET end = ? WHERE reservation_id = ? AND end > ?", (at, rsv_id, at))
+    conn.execute(
+        "UPDATE bookings SET end = ? WHERE reservation_id = ? AND end > ?", (at, rsv_id, at)
+    )
 
 
 def drop_allocations(conn: Conn, rsv_id: str, at: int) -> None:
@@ -525,7 +535,8 @@ def drop_allocations(conn: Conn, rsv_id: str, at: int) -> None:
 
 def move_bookings_end(conn: Conn, rsv_id: str, old_end: int, new_end: int) -> None:
     conn.execute(
-        "UPDATE bookings SET end = ? WHERE reservation_id = ? AND end = ?", (new_end, rsv_id, old_end)
+        "UPDATE bookings SET end = ? WHERE reservation_id = ? AND end = ?",
+        (new_end, rsv_id, old_end),
     )
 
 
@@ -593,6 +604,8 @@ def events(
         args.append(since)
     rows = conn.execute(f"SELECT * FROM events WHERE {' AND '.join(clauses)} ORDER BY seq", args)
     return [
-        Event(r["seq"], r["type"], r["at"], r["tenant_id"], r["reservation_id"], json.loads(r["data"]))
+        Event(
+            r["seq"], r["type"], r["at"], r["tenant_id"], r["reservation_id"], json.loads(r["data"])
+        )
         for r in rows
     ]

@@ -577,10 +577,15 @@ def list_(
     tenant: Annotated[str | None, typer.Option("--tenant")] = None,
     pool: Annotated[str | None, typer.Option("--pool")] = None,
     state: Annotated[list[str] | None, typer.Option("--state", help="Repeatable.")] = None,
+    key: Annotated[str | None, typer.Option("--key", help="Only this idempotency key.")] = None,
+    ids: Annotated[bool, typer.Option("--ids", help="Print only ids, one per line.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Reservations, oldest first."""
-    rows = booking.list_reservations(ctx(), tenant, pool, state or [])
+    rows = booking.list_reservations(ctx(), tenant, pool, state or [], key)
+    if ids and not (as_json or G.json):
+        sys.stdout.write("".join(f"{r.id}\n" for r in rows))
+        return
     emit(as_json, [js.reservation(r) for r in rows], human.reservations(rows))
 
 

@@ -168,7 +168,7 @@ def test_an_import_refused_by_the_database_applies_nothing(run: Cli, tmp_path: P
         "tenants": [{"id": "newcorp"}],
     }
     err = run.fails(2, "inventory", "import", write(tmp_path / "move.json", doc))
-    assert node in err["message"] and "pools[1].nodes[0]" in err["message"]
+    assert err["message"].startswith(f"pools[east].nodes[{node}]"), err["message"]
     assert run.ok("inventory", "export") == before
     assert run.fails(3, "pool", "show", "aaa-new")["code"] == "NOT_FOUND"
 
@@ -216,13 +216,17 @@ def rollup(cli: Cli, now: str = NOW) -> tuple[int, int, int, int]:
 
 def test_pool_rollup_counts_now_and_later(run: Cli) -> None:
     assert rollup(run) == (56, 0, 0, 56)
-    run.ok("reserve", "--tenant", "acme", "--gpus", "4", "--for", "2h", "--key", "now")
+    first = run.ok("reserve", "--tenant", "acme", "--gpus", "4", "--for", "2h", "--key", "now")
     assert rollup(run) == (56, 4, 0, 52)
     later = run.ok(
         "reserve", "--tenant", "acme", "--gpus", "8", "--for", "2h", "--start", "+1d", "--key", "later"
     )
     assert later["state"] == "placed"
-    assert rollup(run) == (56, 4, 8, 52)
+    # reserved: GPUs whose next booking begins later and that no booking covers now
+    busy_now = {(a["nodeId"], i) for a in first["allocations"] for i in a["atoms"]}
+    booked_later = {(a["nodeId"], i) for a in later["allocations"] for i in a["atoms"]}
+    assert len(booked_later) == 8
+    assert rollup(run) == (56, 4, len(booked_later - busy_now), 52)
     # an hour into tomorrow's window it is in use and the first one has ended
     assert rollup(run, now=at(24 * HOUR + HOUR)) == (56, 8, 0, 48)
     # after every window, nothing
@@ -230,15 +234,28 @@ def test_pool_rollup_counts_now_and_later(run: Cli) -> None:
     # a cancelled calendar reservation no longer counts as reserved
     run.ok("cancel", later["id"])
     assert rollup(run) == (56, 4, 0, 52)
+    later = run.ok(
+        "reserve", "--tenant", "acme", "--gpus", "8", "--for", "2h", "--start", "+1d",
+        "--pool", "west", "--key", "later-2",
+    )
+    booked_later = {(a["nodeId"], i) for a in later["allocations"] for i in a["atoms"]}
+    assert rollup(run)[2] == len(booked_later - busy_now)
+    run.ok("cancel", later["id"])
     listed = {p["name"]: p for p in run.ok("pool", "list")}
     assert (listed["west"]["inUse"], listed["west"]["reserved"]) == (4, 0)
 
 
-def test_pool_rollup_allocatable_drops_with_a_quarantined_gpu_or_cordoned_node(solo: Cli) -> None:
+def test_pool_allocatable_drops_with_a_quarantined_gpu_or_a_cordoned_node(solo: Cli) -> None:
     assert solo.ok("pool", "show", "solo")["allocatable"] == 8
-    code, _, _ = solo("device", "quarantine", "n1:3", "--reason", "xid-79")
-    if code == 0:  # only once the command exists
-        assert solo.ok("pool", "show", "solo")["allocatable"] == 7
+    solo.ok("device", "quarantine", "n1:3", "--reason", "xid-79")
+    shown = solo.ok("pool", "show", "solo")
+    assert (shown["allocatable"], shown["free"]) == (7, 7)
+    solo.ok("device", "restore", "n1:3")
+    assert solo.ok("pool", "show", "solo")["allocatable"] == 8
+    solo.ok("node", "cordon", "n1", "--reason", "bios")
+    assert solo.ok("pool", "show", "solo")["allocatable"] == 0
+    solo.ok("node", "uncordon", "n1")
+    assert solo.ok("pool", "show", "solo")["allocatable"] == 8
 
 
 # ---------------------------------------------------------------- nodes
@@ -291,9 +308,10 @@ def test_node_add_without_pool_uses_the_only_pool(tmp_path: Path) -> None:
     added = cli.ok("node", "add", "n1", "--gpus", "2", "--model", "h100")
     assert added["poolId"] == cli.ok("pool", "show", "only")["id"]
     cli.ok("pool", "create", "second")
-    assert cli.fails(2, "node", "add", "n2", "--gpus", "2", "--model", "h100")["code"] in (
-        "INVALID_INPUT",
-    )
+    code, out, err = cli("node", "add", "n2", "--gpus", "2", "--model", "h100")
+    assert code != 0 and out == ""
+    assert "--pool" in json.loads(err)["error"]["message"]
+    assert [n["name"] for n in cli.ok("node", "list")] == ["n1"]
 
 
 def test_node_show_lists_its_desired_state(run: Cli) -> None:
@@ -313,7 +331,9 @@ def test_tenant_create_and_list(run: Cli) -> None:
     assert run.ok("tenant", "create", "initech") == {"id": "initech"}
     assert run.ok("tenant", "list") == [{"id": "acme"}, {"id": "globex"}, {"id": "initech"}]
     assert run.fails(4, "tenant", "create", "acme")["code"] == "CONFLICT"
-    assert run.fails(2, "tenant", "create", "-bad")["code"] == "INVALID_INPUT"
+    assert run.fails(2, "tenant", "create", "_bad")["code"] == "INVALID_INPUT"
+    assert run.fails(2, "tenant", "create", "--", "-bad")["code"] == "INVALID_INPUT"
+    assert [t["id"] for t in run.ok("tenant", "list")] == ["acme", "globex", "initech"]
 
 
 def test_quota_set_and_show(run: Cli) -> None:
@@ -337,6 +357,7 @@ def test_quota_set_and_show(run: Cli) -> None:
     assert run.fails(2, "quota", "set", "--tenant", "acme", "--gpus", "-1")["code"] == (
         "INVALID_INPUT"
     )
+    assert run.ok("quota", "show", "--tenant", "acme")["quotas"][0]["gpus"] == 64
 
 
 # ---------------------------------------------------------------- settings
@@ -366,15 +387,16 @@ def test_config_bad_key_or_value_is_invalid_and_changes_nothing(run: Cli) -> Non
         ("binding.autoBind", "yes"),
         ("pending.retryMs", "1.5"),
     ):
-        err = run.fails(2, "config", "set", *args)
+        err = run.fails(2, "config", "set", "--", *args)
         assert err["code"] == "INVALID_INPUT", args
         assert args[0] in err["message"], args
     assert run.ok("config", "get") == before
 
 
-def test_config_get_unknown_key_fails(run: Cli) -> None:
-    code, _, _ = run("config", "get", "nope.key")
-    assert code in (2, 3)
+def test_config_get_unknown_key_is_invalid(run: Cli) -> None:
+    err = run.fails(2, "config", "get", "nope.key")
+    assert err["code"] == "INVALID_INPUT"
+    assert "nope.key" in err["message"] and "placement.topN" in err["message"]
 
 
 def test_init_uses_the_given_now(tmp_path: Path) -> None:

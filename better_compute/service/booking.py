@@ -273,7 +273,11 @@ def get(ctx: Ctx, rsv_id: str) -> Reservation:
 
 
 def list_reservations(
-    ctx: Ctx, tenant: str | None, pool: str | None, state_names: list[str]
+    ctx: Ctx,
+    tenant: str | None,
+    pool: str | None,
+    state_names: list[str],
+    key: str | None = None,
 ) -> list[Reservation]:
     allowed = {s.value for s in State}
     for name in state_names:
@@ -288,6 +292,9 @@ def list_reservations(
         if pool is not None:
             clauses.append("pool_id = ?")
             args.append(repo.find_pool(conn, pool)["id"])
+        if key is not None:
+            clauses.append("idempotency_key = ?")
+            args.append(key)
         if state_names:
             clauses.append(f"state IN ({','.join('?' * len(state_names))})")
             args.extend(state_names)

@@ -303,7 +303,7 @@ def config_get(ctx: Ctx, key: str | None) -> dict[str, JsonValue]:
     if key is None:
         return values
     if key not in values:
-        raise NotFound(f"no setting {key!r}; settings: {', '.join(values)}")
+        raise InvalidInput(f"no setting {key!r}; settings: {', '.join(values)}")
     return {key: values[key]}
 
 
@@ -341,7 +341,7 @@ def inventory_import(ctx: Ctx, inv: Inventory) -> dict[str, int]:
     """Upsert the whole file in one transaction; never remove an atom that holds a live booking."""
     counts = {"pools": 0, "nodes": 0, "tenants": 0}
     with ctx.db.write() as conn:
-        for p_index, pool in enumerate(inv.pools):
+        for pool in inv.pools:
             row = conn.execute("SELECT id FROM pools WHERE name = ?", (pool.name,)).fetchone()
             if row is None:
                 pool_id = repo.insert_pool(conn, pool.name, pool.labels)
@@ -352,8 +352,9 @@ def inventory_import(ctx: Ctx, inv: Inventory) -> dict[str, int]:
                     (json.dumps(dict(pool.labels), sort_keys=True), pool_id),
                 )
             counts["pools"] += 1
-            for n_index, node in enumerate(pool.nodes):
-                _upsert_node(ctx, conn, pool_id, node, f"pools[{p_index}].nodes[{n_index}]")
+            for node in pool.nodes:
+                # Parsed inventories are sorted, so the path names the pool and node, not indexes.
+                _upsert_node(ctx, conn, pool_id, node, f"pools[{pool.name}].nodes[{node.name}]")
                 counts["nodes"] += 1
         for tenant in inv.tenants:
             if not repo.tenant_exists(conn, tenant.id):

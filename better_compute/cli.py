@@ -737,7 +737,7 @@ def node_cordon(
             as_json,
             doc,
             f"{node}: maintenance {iso(m.window.start)} → {iso(m.window.end)};"
-            " `repair` moves bookings off it",
+            " placed bookings that overlap it were repaired",
         )
         return
     n = setup.node_flag(c, node, "node.cordoned", reason, schedulable=0, cordon_reason=reason)

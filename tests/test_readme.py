@@ -30,7 +30,7 @@ def test_readme_has_the_two_commands_first() -> None:
 def test_readme_commands_run(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BETTER_COMPUTE_")}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env["COLUMNS"] = "100"
+    env["COLUMNS"] = "250"  # wide enough that no message is wrapped
     result = subprocess.run(
         ["bash", "-c", readme_script()],
         cwd=tmp_path,

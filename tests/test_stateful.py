@@ -185,13 +185,39 @@ class Lifecycle(RuleBasedStateMachine):
         target=reservations,
         tenant=st.sampled_from(["acme", "acme", "beta"]),
         gpus=st.sampled_from([1, 2, 4, 4]),
-        gang=st.sampled_from([None, None, None, 2, 3]),
+        gang=st.sampled_from([None, None, 2, 3]),
         key=st.booleans(),
         spot=st.booleans(),
-        start_in=st.sampled_from([None, None, 5 * MIN, 20 * MIN, HOUR]),
         duration=st.sampled_from([30 * MIN, HOUR, 2 * HOUR]),
     )
-    def reserve(
+    def reserve_now(
+        self, tenant: str, gpus: int, gang: int | None, key: bool, spot: bool, duration: int
+    ) -> Any:
+        return self._reserve(tenant, gpus, gang, key, spot, None, duration)
+
+    @rule(
+        target=reservations,
+        tenant=st.sampled_from(["acme", "acme", "beta"]),
+        gpus=st.sampled_from([1, 2, 4, 4]),
+        gang=st.sampled_from([None, None, 2, 3]),
+        key=st.booleans(),
+        spot=st.booleans(),
+        start_in=st.sampled_from([2 * MIN, 10 * MIN, 20 * MIN, HOUR]),
+        duration=st.sampled_from([30 * MIN, HOUR, 2 * HOUR]),
+    )
+    def reserve_later(
+        self,
+        tenant: str,
+        gpus: int,
+        gang: int | None,
+        key: bool,
+        spot: bool,
+        start_in: int,
+        duration: int,
+    ) -> Any:
+        return self._reserve(tenant, gpus, gang, key, spot, start_in, duration)
+
+    def _reserve(
         self,
         tenant: str,
         gpus: int,
@@ -299,8 +325,15 @@ class Lifecycle(RuleBasedStateMachine):
         assert done.during == Window(prior.during.start, prior.during.end + by)
         self.settle(self.unchanged(), before)
 
-    @rule(advance=st.sampled_from([0, 30 * SEC, 5 * MIN, 16 * MIN, HOUR, 3 * HOUR]))
-    def tick(self, advance: int) -> None:
+    @rule(advance=st.sampled_from([0, 30 * SEC, 2 * MIN, 5 * MIN]))
+    def tick_soon(self, advance: int) -> None:
+        self._tick(advance)
+
+    @rule(advance=st.sampled_from([16 * MIN, 45 * MIN, HOUR, 3 * HOUR]))
+    def tick_later(self, advance: int) -> None:
+        self._tick(advance)
+
+    def _tick(self, advance: int) -> None:
         self.now += advance
         t = self.now
         before = self.observed()
@@ -349,6 +382,7 @@ class Lifecycle(RuleBasedStateMachine):
         assert ticking.tick(self.ctx()) == [], "a second tick at the same instant changed things"
         assert all(e.at <= t for e in events)
 
+    @precondition(lambda self: len(self.cordoned) < 2)
     @rule(node=st.sampled_from(NODES))
     def cordon(self, node: str) -> None:
         before = self.observed()
@@ -374,10 +408,13 @@ class Lifecycle(RuleBasedStateMachine):
                 allowed[rid] = frozenset({State.PLACED, State.PENDING})
         return allowed
 
-    def _check_repaired(self, before: dict[str, Reservation], after: dict[str, Reservation]) -> None:
+    def _check_repaired(
+        self, before: dict[str, Reservation], after: dict[str, Reservation], targets: set[str]
+    ) -> None:
         for rid, r in after.items():
             prior = before[rid]
-            if prior.state != State.PLACED:
+            if prior.state != State.PLACED or rid not in targets:
+                assert r.allocations == prior.allocations, f"repair touched {rid}"
                 continue
             if not self.on_cordoned(prior):
                 assert r.allocations == prior.allocations, f"repair moved healthy {rid}"
@@ -390,7 +427,7 @@ class Lifecycle(RuleBasedStateMachine):
         before = self.observed()
         allowed = self._repair_expectations(before, set(before))
         ticking.repair(self.ctx(), None)
-        self._check_repaired(before, self.settle(allowed, before))
+        self._check_repaired(before, self.settle(allowed, before), set(before))
 
     @rule(rsv=reservations)
     def repair_one(self, rsv: str) -> None:
@@ -403,7 +440,7 @@ class Lifecycle(RuleBasedStateMachine):
             self.settle(self.unchanged(), before)
             return
         assert before[rsv].state == State.PLACED, f"repair of {before[rsv].state} {rsv} accepted"
-        self._check_repaired(before, self.settle(allowed, before))
+        self._check_repaired(before, self.settle(allowed, before), {rsv})
 
     # ------------------------------------------------------------ invariants
 

@@ -101,3 +101,17 @@ def bad_nodes(
 def can_bind(node: Node, auto_bind: bool) -> bool:
     """Step 5: with autoBind, tick binds reachable nodes itself; otherwise agents report."""
     return auto_bind and node.reachable
+
+
+def other_groups(rsv: Reservation, nodes: dict[str, Node]) -> frozenset[str]:
+    """For a gang under repair: the nodes outside its current topology value, so the first attempt
+    keeps it on the same value (another value is tried only if that fails)."""
+    if not rsv.gang_size or not rsv.topology_key:
+        return frozenset()
+    values = {
+        nodes[a.node_id].label(rsv.topology_key) for a in rsv.allocations if a.node_id in nodes
+    }
+    if len(values) != 1:
+        return frozenset()
+    value = next(iter(values))
+    return frozenset(n.name for n in nodes.values() if n.label(rsv.topology_key) != value)

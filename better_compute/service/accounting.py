@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from better_compute.errors import Conflict, InvalidInput, NotFound
+from better_compute.inventory import MAX_INT
 from better_compute.service.context import Ctx
 from better_compute.storage import repo
 
@@ -99,8 +100,8 @@ class Policy:
 def policy_set(
     ctx: Ctx, tenant: str, principal: str, max_gpus: int | None, spot_only: bool, deny: bool
 ) -> Policy:
-    if max_gpus is not None and max_gpus < 0:
-        raise InvalidInput(f"--max-gpus must be 0 or more, got {max_gpus}")
+    if max_gpus is not None and not 0 <= max_gpus <= MAX_INT:
+        raise InvalidInput(f"--max-gpus must be from 0 to {MAX_INT}, got {max_gpus}")
     if not principal.strip():
         raise InvalidInput("--principal must not be empty")
     with ctx.db.write() as conn:

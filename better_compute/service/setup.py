@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from better_compute.errors import Conflict, InvalidInput, NotFound
 from better_compute.inventory import (
+    MAX_INT,
     MODEL_RE,
     NAME_RE,
     Inventory,
@@ -17,6 +18,7 @@ from better_compute.inventory import (
     nvlink_group_of,
 )
 from better_compute.model import Atom, JsonValue, Maintenance, Node, Window
+from better_compute.service import ticking
 from better_compute.service.context import Ctx
 from better_compute.storage import repo
 from better_compute.storage.db import Database, create_database
@@ -194,6 +196,14 @@ def node_maintenance(ctx: Ctx, name: str, window: Window, reason: str | None) ->
         if reason is not None:
             data["reason"] = reason
         ctx.event("node.maintenance", None, None, data)
+        # Bookings that overlap the window are repaired ahead of time, in the same transaction.
+        for rsv in repo.reservations_where(
+            conn,
+            "state = 'placed' AND during_end > ? AND during_start < ? AND id IN"
+            " (SELECT reservation_id FROM allocations WHERE node_id = ? AND released = 0)",
+            (window.start, window.end, name),
+        ):
+            ticking.repair_one(ctx, rsv)
         return Maintenance(mid, name, window, reason)
 
 
@@ -246,8 +256,8 @@ def tenant_list(ctx: Ctx) -> list[str]:
 
 
 def quota_set(ctx: Ctx, tenant: str, pool_ref: str | None, gpus: int) -> None:
-    if gpus < 0:
-        raise InvalidInput(f"--gpus must be 0 or more, got {gpus}")
+    if not 0 <= gpus <= MAX_INT:
+        raise InvalidInput(f"--gpus must be from 0 to {MAX_INT}, got {gpus}")
     with ctx.db.write() as conn:
         repo.require_tenant(conn, tenant)
         pool_id = repo.find_pool(conn, pool_ref)["id"] if pool_ref is not None else ""

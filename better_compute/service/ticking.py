@@ -15,6 +15,7 @@ from better_compute.lifecycle.tick import (
     due_release,
     due_repair,
     due_retries,
+    other_groups,
 )
 from better_compute.model import LIVE_STATES, Event, JsonValue, Reservation, State, Window
 from better_compute.service import booking, metering, placing
@@ -115,7 +116,10 @@ def repair_one(ctx: Ctx, rsv: Reservation) -> Reservation:
     with ctx.db.savepoint("repair"):
         repo.drop_allocations(conn, rsv.id, window.start)
         fresh = replace(rsv, allocations=(), during=None)
-        outcome = placing.place_now(ctx, fresh, window, exclude=frozenset(bad))
+        # A gang stays on its topology value if it can, else moves whole to another one.
+        outcome = placing.place_now(ctx, fresh, window, frozenset(bad) | other_groups(rsv, nodes))
+        if not isinstance(outcome, Reservation) and other_groups(rsv, nodes):
+            outcome = placing.place_now(ctx, fresh, window, exclude=frozenset(bad))
         if isinstance(outcome, Reservation):
             repo.save_reservation(conn, outcome)
             ctx.event(

@@ -47,13 +47,15 @@ def rollup(conn: Conn, row: sqlite3.Row, now: int) -> Rollup:
         " WHERE b.pool_id = ? AND b.start <= ? AND b.end > ? AND r.state != 'released')",
         (pool_id, now, now),
     ).fetchone()[0]
+    # `b.end > now` (implied by start > now) keeps released history out of the index range; the
+    # in-use check runs once per distinct atom, not once per future booking.
     reserved = conn.execute(
         "SELECT COUNT(*) FROM (SELECT DISTINCT b.node_id, b.atom FROM bookings b"
         " JOIN reservations r ON r.id = b.reservation_id"
-        " WHERE b.pool_id = ? AND b.start > ? AND r.state != 'released'"
-        " AND NOT EXISTS (SELECT 1 FROM bookings c WHERE c.node_id = b.node_id"
-        " AND c.atom = b.atom AND c.start <= ? AND c.end > ?))",
-        (pool_id, now, now, now),
+        " WHERE b.pool_id = ? AND b.end > ? AND b.start > ? AND r.state != 'released') f"
+        " WHERE NOT EXISTS (SELECT 1 FROM bookings c WHERE c.node_id = f.node_id"
+        " AND c.atom = f.atom AND c.start <= ? AND c.end > ?)",
+        (pool_id, now, now, now, now),
     ).fetchone()[0]
     return Rollup(
         pool_id=pool_id,
@@ -160,7 +162,8 @@ def timeline(
         row = repo.find_pool(conn, pool_ref)
         if tenant is not None:
             repo.require_tenant(conn, tenant)
-        allocatable = rollup(conn, row, ctx.now).allocatable
+        # Only the allocatable count: a full rollup would also count every future booking.
+        allocatable = _allocatable(repo.load_nodes(conn, row["id"]))
         spans = _spans(conn, row["id"], Window(first, last), tenant)
     buckets = []
     for i in range(count):
@@ -190,4 +193,6 @@ def events(ctx: Ctx, tenant: str | None, reservation: str | None, since: int | N
             repo.require_tenant(conn, tenant)
         if reservation is not None:
             repo.get_reservation(conn, reservation)
+        if since is not None:  # seqs are positive SQLite integers: clamp so any --since works
+            since = max(0, min(since, 2**63 - 1))
         return repo.events(conn, tenant=tenant, reservation=reservation, since=since)

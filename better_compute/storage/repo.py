@@ -269,7 +269,7 @@ def snapshots(
     pool_nodes = load_nodes(conn, pool_id) if nodes is None else list(nodes)
     busy: dict[str, set[int]] = defaultdict(set)
     regular: dict[str, set[int]] = defaultdict(set)
-    holders: dict[tuple[str, int], set[str]] = defaultdict(set)
+    holders: dict[str, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
     rows = conn.execute(
         "SELECT b.node_id, b.atom, b.reservation_id, b.spot, r.state FROM bookings b"
         " JOIN reservations r ON r.id = b.reservation_id"
@@ -279,7 +279,7 @@ def snapshots(
     for node_id, atom, rsv_id, spot, state in rows:
         busy[node_id].add(atom)
         if spot and state in LIVE_STATES:
-            holders[(node_id, atom)].add(rsv_id)
+            holders[node_id][atom].add(rsv_id)
         else:
             regular[node_id].add(atom)
     blocked = {
@@ -287,10 +287,11 @@ def snapshots(
     }
     result = []
     for node in pool_nodes:
+        # Per node, not a pass over every holder for every node (quadratic on a large pool).
         spot_only = sorted(
             (atom, tuple(sorted(ids)))
-            for (node_id, atom), ids in holders.items()
-            if node_id == node.name and atom not in regular[node.name]
+            for atom, ids in holders.get(node.name, {}).items()
+            if atom not in regular[node.name]
         )
         result.append(
             NodeSnapshot(

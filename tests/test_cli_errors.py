@@ -1,0 +1,267 @@
+"""Global options, environment variables, output discipline, error format and exit codes (§2, §3)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from conftest import HOUR, MIN, NOW_MS, Cli, invoke
+
+# ---------------------------------------------------------------- --now
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2026-09-28T08:00:00Z", NOW_MS),
+        ("2026-09-28T08:00:00", NOW_MS),  # no offset means UTC
+        ("2026-09-28T10:00:00+02:00", NOW_MS),
+        ("2026-09-28T08:00:00.250Z", NOW_MS + 250),
+        (str(NOW_MS), NOW_MS),
+        (str(NOW_MS + 1), NOW_MS + 1),
+    ],
+)
+def test_now_absolute_forms(run: Cli, text: str, expected: int) -> None:
+    assert run.ok("tick", now=text)["now"] == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "offset"),
+    [("now", 0), ("+2h", 2 * HOUR), ("+90m", 90 * MIN), ("+1d12h", 36 * HOUR), ("-30m", -30 * MIN)],
+)
+def test_now_relative_forms_follow_the_clock(run: Cli, text: str, offset: int) -> None:
+    before = time.time_ns() // 1_000_000
+    got = run.ok("tick", now=text)["now"]
+    after = time.time_ns() // 1_000_000
+    assert before + offset <= got <= after + offset
+
+
+def test_without_now_the_clock_is_used(run: Cli) -> None:
+    before = time.time_ns() // 1_000_000
+    got = run.ok("tick", now=None)["now"]
+    assert before <= got <= time.time_ns() // 1_000_000
+
+
+@pytest.mark.parametrize("text", ["yesterday", "2026-13-01", "2026-02-30T00:00:00Z", "+2x", "", "1e9"])
+def test_a_bad_now_is_invalid_input(run: Cli, text: str) -> None:
+    err = run.fails(2, "list", now=text)
+    assert err["code"] == "INVALID_INPUT"
+    assert "TIME" in err["message"]
+
+
+def test_now_is_used_for_what_is_written(run: Cli) -> None:
+    rsv = run.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--key", "k",
+                 now="2026-09-28T09:30:00Z")
+    assert rsv["createdAt"] == NOW_MS + 90 * MIN
+    assert rsv["during"]["start"] == NOW_MS + 90 * MIN
+    events = run.ok("events", "--reservation", rsv["id"])
+    assert {e["at"] for e in events} == {NOW_MS + 90 * MIN}
+
+
+# ---------------------------------------------------------------- environment variables
+
+
+def test_environment_variables_stand_in_for_the_global_options(demo_db: Path) -> None:
+    env = {"BETTER_COMPUTE_DB": str(demo_db), "BETTER_COMPUTE_NOW": "2026-09-28T09:00:00Z"}
+    result = invoke(
+        ["--json", "reserve", "--tenant", "acme", "--gpus", "2", "--for", "1h", "--key", "k"],
+        env=env,
+    )
+    assert result.exit_code == 0, result.stderr
+    rsv = json.loads(result.stdout)
+    assert rsv["createdAt"] == NOW_MS + HOUR
+    # the flags win over the variables
+    result = invoke(["--now", str(NOW_MS), "--json", "tick"], env=env)
+    assert json.loads(result.stdout)["now"] == NOW_MS
+    assert Cli(demo_db).ok("get", rsv["id"]) == rsv
+
+
+def test_the_db_variable_is_used_and_a_missing_one_is_unavailable(tmp_path: Path) -> None:
+    env = {"BETTER_COMPUTE_DB": str(tmp_path / "absent.db"), "BETTER_COMPUTE_NOW": str(NOW_MS)}
+    result = invoke(["--json", "list"], env=env)
+    assert result.exit_code == 7
+    assert json.loads(result.stderr)["error"]["code"] == "UNAVAILABLE"
+    assert str(tmp_path / "absent.db") in result.stderr
+
+
+def test_the_principal_variable_is_who_acts(run: Cli) -> None:
+    run.ok("policy", "set", "--tenant", "acme", "--principal", "bob", "--max-gpus", "2")
+    reserve = ("reserve", "--tenant", "acme", "--gpus", "4", "--for", "1h", "--key", "k")
+    as_bob = {"BETTER_COMPUTE_PRINCIPAL": "bob"}
+    err = run.fails(6, *reserve, env=as_bob)
+    assert err["code"] == "FORBIDDEN" and "bob" in err["message"]
+    err = run.fails(6, *reserve, env={"BETTER_COMPUTE_PRINCIPAL": "carol"})
+    assert "carol" in err["message"]
+    assert run.ok("list") == []
+    # --as wins over the variable; admin is never refused
+    assert run.ok("--as", "admin", *reserve, env=as_bob)["state"] == "placed"
+    small = run.ok("reserve", "--tenant", "acme", "--gpus", "2", "--for", "1h", "--key", "s",
+                   env=as_bob)
+    assert small["state"] == "placed"
+    run.ok("config", "set", "placement.topN", "2", env=as_bob)
+    assert run.ok("events")[-1]["data"]["by"] == "bob"
+
+
+# ---------------------------------------------------------------- output discipline
+
+
+JSON_COMMANDS: list[tuple[str, ...]] = [
+    ("pool", "list"),
+    ("pool", "show", "west"),
+    ("node", "list"),
+    ("node", "show", "west-01"),
+    ("tenant", "list"),
+    ("quota", "show", "--tenant", "acme"),
+    ("config", "get"),
+    ("list",),
+    ("get", "{rsv}"),
+    ("preview", "--tenant", "acme", "--gpus", "2", "--for", "1h"),
+    ("events",),
+    ("timeline",),
+    ("tick",),
+    ("inventory", "export"),
+    ("usage",),
+    ("meter", "list"),
+    ("policy", "list"),
+    ("repair",),
+]
+
+
+def test_json_gives_exactly_one_document_on_stdout(run: Cli) -> None:
+    rsv = run.ok("reserve", "--tenant", "acme", "--gpus", "2", "--for", "1h", "--key", "k")
+    for args in JSON_COMMANDS:
+        args = tuple(a.replace("{rsv}", rsv["id"]) for a in args)
+        for argv in (
+            ["--db", str(run.db), "--now", str(NOW_MS), "--json", *args],
+            ["--db", str(run.db), "--now", str(NOW_MS), *args, "--json"],
+        ):
+            result = invoke(argv)
+            assert result.exit_code == 0, (args, result.stderr)
+            json.loads(result.stdout)  # one document: trailing data would raise
+            assert result.stdout.count("\n") == 1, (args, result.stdout[:200])
+            assert result.stderr == "", (args, result.stderr)
+
+
+def test_list_like_answers_are_arrays(run: Cli) -> None:
+    for args in (("list",), ("events",), ("pool", "list"), ("node", "list"), ("tenant", "list")):
+        assert isinstance(run.ok(*args), list), args
+
+
+def test_human_output_is_not_json_and_uses_iso_times(run: Cli) -> None:
+    code, text, err = run("reserve", "--tenant", "acme", "--gpus", "2", "--for", "1h",
+                          "--key", "k", json=False, env={"COLUMNS": "200"})
+    assert code == 0 and err == ""
+    assert "2026-09-28T08:00:00Z" in text
+    assert not text.lstrip().startswith("{")
+
+
+# ---------------------------------------------------------------- errors
+
+
+def test_errors_are_one_line_on_stderr(run: Cli) -> None:
+    code, out, err = run("get", "rsv_nope", json=False)
+    assert code == 3
+    assert out == ""
+    assert err.startswith("error: NOT_FOUND: ") and "rsv_nope" in err
+    assert err.count("\n") == 1
+
+
+def test_json_errors_are_an_error_object_on_stderr(run: Cli) -> None:
+    for flag_first in (True, False):
+        argv = ["--db", str(run.db), "--now", str(NOW_MS)]
+        argv += ["--json", "get", "rsv_nope"] if flag_first else ["get", "rsv_nope", "--json"]
+        result = invoke(argv)
+        assert result.exit_code == 3
+        assert result.stdout == ""
+        assert json.loads(result.stderr) == {
+            "error": {"code": "NOT_FOUND", "message": json.loads(result.stderr)["error"]["message"]}
+        }
+        assert "rsv_nope" in json.loads(result.stderr)["error"]["message"]
+
+
+def test_every_exit_code(run: Cli, tmp_path: Path) -> None:
+    reserve = ("reserve", "--tenant", "acme", "--for", "1h")
+    run.ok(*reserve, "--gpus", "2", "--key", "k")
+    run.ok("policy", "set", "--tenant", "acme", "--principal", "bob", "--deny")
+    cases: list[tuple[int, str, tuple[str, ...], dict[str, str]]] = [
+        (2, "INVALID_INPUT", (*reserve, "--gpus", "0", "--key", "x"), {}),
+        (3, "NOT_FOUND", ("get", "rsv_nope"), {}),
+        (4, "CONFLICT", (*reserve, "--gpus", "3", "--key", "k"), {}),
+        (5, "QUOTA_EXCEEDED", (*reserve, "--gpus", "8", "--gang", "8", "--key", "q"), {}),
+        (6, "FORBIDDEN", (*reserve, "--gpus", "1", "--key", "b"), {"BETTER_COMPUTE_PRINCIPAL": "bob"}),
+    ]
+    for code, name, args, env in cases:
+        assert run.fails(code, *args, env=env)["code"] == name
+    assert Cli(tmp_path / "none.db").fails(7, "list")["code"] == "UNAVAILABLE"
+
+
+def test_usage_errors_exit_2(run: Cli) -> None:
+    for args in (
+        ("reserve", "--tenant", "acme"),  # --for missing
+        ("reserve", "--tenant", "acme", "--gpus", "many", "--for", "1h"),
+        ("list", "--bogus"),
+        ("no-such-command",),
+        ("get",),
+        ("timeline", "--step", "ten"),
+    ):
+        code, out, err = run(*args)
+        assert code == 2, args
+        assert out == "", args
+        assert err, args
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("reserve", "--tenant", "acme", "--gpus", "99999999999999999999999", "--for", "1h"),
+        ("reserve", "--tenant", "acme", "--gpus", "1", "--for", "99999999999999999999w"),
+        ("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--start", "9" * 80),
+        ("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--start", "99999-01-01"),
+        ("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--start", "+9999999999w"),
+        ("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--key", "   "),
+        ("reserve", "--tenant", "", "--gpus", "1", "--for", "1h"),
+        ("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--model", ","),
+        ("extend", "rsv_x", "--by", "1h1h"),
+        ("get", "'; DROP TABLE reservations; --"),
+        ("pool", "create", "ü" * 70),
+        ("node", "add", "n9", "--pool", "west", "--gpus", "8", "--model", "H 100"),
+        ("node", "label", "west-01", "=x"),
+        ("device", "quarantine", "west-01:99", "--reason", "x"),
+        ("device", "quarantine", "west-01", "--reason", "x"),
+        ("tick", "--until", "+1h", "--step", "1ms"),
+        ("timeline", "--step", "99999999999999999999"),
+        ("events", "--since", "-5"),
+        ("events", "--since", "99999999999999999999"),
+        ("events", "--since", "-99999999999999999999"),
+        ("policy", "set", "--tenant", "acme", "--principal", "z", "--max-gpus", "9" * 20),
+        ("quota", "set", "--tenant", "acme", "--gpus", "99999999999999999999"),
+        ("config", "set", "placement.topN", "99999999999999999999999"),
+        ("node", "cordon", "west-01", "--from", "+2h", "--until", "+1h"),
+        ("usage", "--from", "garbage"),
+    ],
+)
+def test_bad_input_never_shows_a_traceback_or_an_internal_error(
+    run: Cli, args: tuple[str, ...]
+) -> None:
+    code, out, err = run(*args)
+    assert code in (0, 2, 3, 4), (code, err)
+    if code:
+        assert out == ""
+        assert "INTERNAL" not in err, err
+    assert "Traceback" not in err
+
+
+def test_a_directory_as_the_database_is_refused(tmp_path: Path) -> None:
+    err = Cli(tmp_path).fails(2, "list")
+    assert err["code"] == "INVALID_INPUT"
+    assert Cli(tmp_path / "no" / "such" / "dir.db").fails(2, "init")["code"] == "INVALID_INPUT"
+
+
+def test_an_empty_file_is_not_initialised(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    assert Cli(empty).fails(7, "list")["code"] == "UNAVAILABLE"
+    assert Cli(empty).ok("init")["db"] == str(empty)
+    assert Cli(empty).ok("list") == []

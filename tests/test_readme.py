@@ -1,4 +1,4 @@
-"""The README's commands run, in order, as a new user would paste them (except the install lines)."""
+"""The README's commands run, in order, as a new user would paste them (not the installs)."""
 
 from __future__ import annotations
 

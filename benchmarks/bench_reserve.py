@@ -28,6 +28,7 @@ import re
 import shutil
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -307,6 +308,8 @@ OPERATIONS: dict[str, str] = {
     "tick": "`tick` at a fixed instant (steady state)",
     "timeline": "`timeline` 24 h, 60-min buckets",
     "pool": "`pool show` (rollup)",
+    "cli_reserve": "CLI process: `better-compute reserve --gpus 4 --for 8h`",
+    "cli_get": "CLI process: `better-compute get RSV` (startup baseline)",
 }
 
 
@@ -356,6 +359,26 @@ def run_all(db: Database, repeat: int) -> Result:
         elif name == "tick":
             states[name] = f"{len(out)} event(s)"  # type: ignore[arg-type]
     return Result(samples, states, traces)
+
+
+def run_cli(db: Database, result: Result, repeat: int) -> None:
+    """Whole `better-compute` processes, as a user runs them: startup, import, open, command."""
+    exe = shutil.which("better-compute")
+    if exe is None:
+        return
+    base = [exe, "--db", str(db.path), "--now", "2026-01-01T00:00:00Z", "--json"]
+
+    def cli(*argv: str) -> object:
+        out = subprocess.run([*base, *argv], capture_output=True, text=True, check=True).stdout
+        return json.loads(out)
+
+    def cancel(doc: object) -> None:
+        booking.cancel(Ctx(db, NOW), doc["id"])  # type: ignore[index]
+
+    reserve = ("reserve", "--tenant", "t0", "--gpus", "4", "--for", "8h")
+    result.samples["cli_reserve"] = measure(lambda: cli(*reserve), repeat, cancel)
+    result.samples["cli_get"] = measure(lambda: cli("get", "rsv_b00000000001"), repeat)
+    result.states["cli_reserve"] = "placed"
 
 
 # ---------------------------------------------------------------- proving "does not load them all"
@@ -444,11 +467,15 @@ def table(big: Result, small: Result | None, big_name: str, small_name: str) -> 
         rule += "---:|---:|"
     lines = [head, rule]
     for name, label in OPERATIONS.items():
+        if name not in big.samples:
+            continue
         med, p95 = median_p95(big.samples[name])
         line = f"| {label} | {fmt(med)} | {fmt(p95)} | {big.states.get(name, '')} |"
-        if small is not None:
+        if small is not None and name in small.samples:
             small_med = median_p95(small.samples[name])[0]
             line += f" {fmt(small_med)} | {med / small_med:.1f}x |"
+        elif small is not None:
+            line += " – | – |"
         lines.append(line)
     return "\n".join(lines)
 
@@ -461,6 +488,7 @@ def main() -> int:
     ap.add_argument("--small-nodes", type=int, default=50, help="the scaling comparison's pool")
     ap.add_argument("--small-bookings", type=int, default=2_000)
     ap.add_argument("--no-compare", action="store_true", help="skip the small configuration")
+    ap.add_argument("--cli-repeat", type=int, default=5, help="whole-process runs; 0 skips them")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--keep", metavar="DIR", help="keep the databases in DIR")
     opts = ap.parse_args()
@@ -470,6 +498,8 @@ def main() -> int:
     os.makedirs(workdir, exist_ok=True)
     print(f"# bench_reserve: {os.cpu_count()} CPU(s), Python {platform.python_version()},")
     print(f"# SQLite {sqlite3.sqlite_version}, {platform.platform()}")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"# load average before the run: {load} (other work on the machine skews timings)")
     print(f"# {' '.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])}\n")
 
     configs = [(opts.nodes, opts.bookings)]
@@ -491,6 +521,7 @@ def main() -> int:
             "+7 d, 8 h": (NOW + 7 * DAY, NOW + 7 * DAY + 8 * HOUR),
         }.items():
             returned, visited = window_rows(db, start, end)
+            assert returned < 0.1 * counts.booking_rows, "the overlap query loads too much"
             print(
                 f"  overlap query, window {label}: returns {returned} of {counts.booking_rows}"
                 f" booking rows ({100 * returned / counts.booking_rows:.1f}%); its index range"
@@ -498,6 +529,8 @@ def main() -> int:
             )
         results[(nodes, future)] = run_all(db, opts.repeat)
         if (nodes, future) == configs[0]:
+            if opts.cli_repeat > 0:
+                run_cli(db, results[(nodes, future)], opts.cli_repeat)
             big_db = db
         else:
             db.close()
@@ -506,7 +539,10 @@ def main() -> int:
     small = results.get(configs[1]) if len(configs) > 1 else None
     big_name = f"{configs[0][0]}n/{configs[0][1]}b"
     small_name = f"{configs[1][0]}n/{configs[1][1]}b" if small is not None else ""
-    print(f"\n## Results ({opts.repeat} timed runs each, after one warm-up)\n")
+    print(
+        f"\n## Results ({opts.repeat} timed runs each after one warm-up;"
+        f" CLI processes {opts.cli_repeat})\n"
+    )
     print(table(big, small, big_name, small_name))
 
     assert big_db is not None

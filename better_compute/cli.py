@@ -53,15 +53,20 @@ out = Console(soft_wrap=False)
 err = Console(stderr=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+TenantOpt = Annotated[str, typer.Option("--tenant", help="The tenant (its id).")]
+TenantFilter = Annotated[str | None, typer.Option("--tenant", help="Only this tenant.")]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _fail(exc: BetterComputeError, as_json: bool) -> None:
+def _report(code: str, message: str, as_json: bool) -> None:
     if as_json:
-        doc = {"error": {"code": exc.code, "message": exc.message}}
-        sys.stderr.write(jsonlib.dumps(doc) + "\n")
+        sys.stderr.write(jsonlib.dumps({"error": {"code": code, "message": message}}) + "\n")
     else:
-        sys.stderr.write(f"error: {exc.code}: {exc.message}\n")
+        sys.stderr.write(f"error: {code}: {message}\n")
+
+
+def _fail(exc: BetterComputeError, as_json: bool) -> None:
+    _report(exc.code, exc.message, as_json)
     raise typer.Exit(exc.exit_code)
 
 
@@ -366,7 +371,7 @@ app.add_typer(quota_app, name="quota")
 @quota_app.command("set")
 @handled
 def quota_set(
-    tenant: Annotated[str, typer.Option("--tenant")],
+    tenant: TenantOpt,
     gpus: Annotated[int, typer.Option("--gpus", help="The cap in GPUs.")],
     pool: Annotated[
         str | None, typer.Option("--pool", help="Only in this pool (default: everywhere).")
@@ -392,7 +397,7 @@ def _quota_doc(tenant: str, lines: list[setup.QuotaLine]) -> JsonValue:
 
 @quota_app.command("show")
 @handled
-def quota_show(tenant: Annotated[str, typer.Option("--tenant")], as_json: JsonFlag = False) -> None:
+def quota_show(tenant: TenantOpt, as_json: JsonFlag = False) -> None:
     """A tenant's caps and what it holds against them."""
     lines = setup.quota_show(ctx(), tenant)
     text = (
@@ -426,7 +431,6 @@ def config_set(key: str, value: str, as_json: JsonFlag = False) -> None:
 
 # ---------------------------------------------------------------- reserving
 
-TenantOpt = Annotated[str, typer.Option("--tenant", help="The tenant it belongs to.")]
 PoolOpt = Annotated[
     str | None, typer.Option("--pool", help="Pool id or name (optional with one pool).")
 ]
@@ -574,8 +578,8 @@ def get(rsv: RsvArg, as_json: JsonFlag = False) -> None:
 @app.command("list")
 @handled
 def list_(
-    tenant: Annotated[str | None, typer.Option("--tenant")] = None,
-    pool: Annotated[str | None, typer.Option("--pool")] = None,
+    tenant: TenantFilter = None,
+    pool: Annotated[str | None, typer.Option("--pool", help="Pool id or name.")] = None,
     state: Annotated[list[str] | None, typer.Option("--state", help="Repeatable.")] = None,
     key: Annotated[str | None, typer.Option("--key", help="Only this idempotency key.")] = None,
     ids: Annotated[bool, typer.Option("--ids", help="Print only ids, one per line.")] = False,
@@ -695,8 +699,10 @@ def timeline(
 @app.command()
 @handled
 def events(
-    tenant: Annotated[str | None, typer.Option("--tenant")] = None,
-    reservation: Annotated[str | None, typer.Option("--reservation")] = None,
+    tenant: TenantFilter = None,
+    reservation: Annotated[
+        str | None, typer.Option("--reservation", help="One reservation.")
+    ] = None,
     since: Annotated[
         int | None, typer.Option("--since", help="Only events after this seq.")
     ] = None,
@@ -756,7 +762,7 @@ def node_uncordon(node: str, as_json: JsonFlag = False) -> None:
 @handled
 def node_mark_unreachable(
     node: str,
-    reason: Annotated[str | None, typer.Option("--reason")] = None,
+    reason: Annotated[str | None, typer.Option("--reason", help="Why, for the event log.")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Record that a node stopped answering: no placement, no binding there."""
@@ -825,7 +831,7 @@ def meter_list(as_json: JsonFlag = False) -> None:
 @app.command()
 @handled
 def usage(
-    tenant: Annotated[str | None, typer.Option("--tenant")] = None,
+    tenant: TenantFilter = None,
     from_: Annotated[str | None, typer.Option("--from", help="TIME")] = None,
     to: Annotated[str | None, typer.Option("--to", help="TIME")] = None,
     dead_letter: Annotated[
@@ -848,7 +854,7 @@ app.add_typer(policy_app, name="policy")
 @policy_app.command("set")
 @handled
 def policy_set(
-    tenant: Annotated[str, typer.Option("--tenant")],
+    tenant: TenantOpt,
     principal: Annotated[str, typer.Option("--principal", help="Who the rule is for (--as).")],
     max_gpus: Annotated[
         int | None, typer.Option("--max-gpus", help="At most this many GPUs a request.")
@@ -865,7 +871,8 @@ def policy_set(
 @policy_app.command("list")
 @handled
 def policy_list(
-    tenant: Annotated[str | None, typer.Option("--tenant")] = None, as_json: JsonFlag = False
+    tenant: TenantFilter = None,
+    as_json: JsonFlag = False,
 ) -> None:
     """Policies, by tenant and principal."""
     rows = accounting.policy_list(ctx(), tenant)
@@ -875,8 +882,8 @@ def policy_list(
 @policy_app.command("delete")
 @handled
 def policy_delete(
-    tenant: Annotated[str, typer.Option("--tenant")],
-    principal: Annotated[str, typer.Option("--principal")],
+    tenant: TenantOpt,
+    principal: Annotated[str, typer.Option("--principal", help="Who the rule is for.")],
     as_json: JsonFlag = False,
 ) -> None:
     """Remove a principal's policy."""
@@ -889,4 +896,22 @@ def _window(start: str, until: str, at: int) -> Window:
 
 
 def main() -> None:
-    app()
+    """Entry point: Typer's own usage errors are reported in our format too (exit 2)."""
+    argv = sys.argv[1:]
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=argv, prog_name="better-compute", standalone_mode=False)
+    except typer.Abort:
+        sys.stderr.write("error: INTERNAL: aborted\n")
+        sys.exit(1)
+    except Exception as exc:
+        # The parser's usage errors (unknown option, missing or malformed value) carry these two.
+        message = getattr(exc, "format_message", None)
+        if message is None or not hasattr(exc, "exit_code"):
+            raise
+        text = str(message()).strip()
+        if text:  # empty when a bare group printed its help (no_args_is_help)
+            where = getattr(getattr(exc, "ctx", None), "command_path", None) or "better-compute"
+            _report("INVALID_INPUT", f"{text} (see `{where} --help`)", "--json" in argv)
+        sys.exit(InvalidInput.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -12,7 +12,6 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
-import click
 import typer
 from rich.console import Console
 from rich.rule import Rule
@@ -153,7 +152,7 @@ def _run(console: Console, db: Path, now: str, line: str) -> None:
     argv = ["--db", str(db), "--now", now, *shlex.split(line)]
     command = typer.main.get_command(app)
     # A failing step prints its error like the shell would; the tour goes on.
-    with contextlib.suppress(click.exceptions.Exit):
+    with contextlib.suppress(typer.Exit):
         command.main(args=argv, prog_name="better-compute", standalone_mode=False)
 
 

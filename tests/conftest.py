@@ -7,12 +7,17 @@ module-level object set by the callback, so every call passes `--db` and `--now`
 from __future__ import annotations
 
 import json as jsonlib
-from collections.abc import Mapping, Sequence
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import typer
+import typer.testing
 from typer.testing import CliRunner, Result
 
 from better_compute.cli import app
@@ -38,11 +43,25 @@ def at(offset_ms: int) -> str:
     return str(NOW_MS + offset_ms)
 
 
+_BUILT: dict[int, Any] = {}
+
+
+def _built_command(typer_app: typer.Typer) -> Any:
+    """typer.main.get_command, built once per app: building the Click tree of every command takes
+    most of an in-process invocation, and the tree is the same every time."""
+    key = id(typer_app)
+    if key not in _BUILT:
+        _BUILT[key] = typer.main.get_command(typer_app)
+    return _BUILT[key]
+
+
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test sees the developer's BETTER_COMPUTE_* variables (or the debug traceback switch)."""
+    """No test sees the developer's BETTER_COMPUTE_* variables (or the debug traceback switch);
+    CliRunner reuses one built command tree."""
     for name in _ENV_VARS:
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(typer.testing, "_get_command", _built_command)
 
 
 def invoke(
@@ -107,9 +126,24 @@ def init_db(path: Path, *extra: str, now: str = NOW) -> Path:
 
 
 @pytest.fixture
-def demo_db(tmp_path: Path) -> Path:
+def db_dir(tmp_path: Path) -> Iterator[Path]:
+    """A fresh folder for databases: in RAM when /dev/shm exists (SQLite's fsyncs on disk make up
+    most of these tests' time otherwise), else tmp_path."""
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        yield tmp_path
+        return
+    folder = Path(tempfile.mkdtemp(prefix="better-compute-test-", dir=shm))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def demo_db(db_dir: Path) -> Path:
     """A fresh demo database: pool west of 7 × 8 h100 nodes, tenants acme (64) and globex (32)."""
-    return init_db(tmp_path / "demo.db", "--demo")
+    return init_db(db_dir / "demo.db", "--demo")
 
 
 @pytest.fixture
@@ -118,11 +152,23 @@ def run(demo_db: Path) -> Cli:
 
 
 @pytest.fixture
-def solo(tmp_path: Path) -> Cli:
+def solo(db_dir: Path) -> Cli:
     """One pool `solo` with one 8-GPU h100 node `n1` (two NVLink groups), tenants acme, globex."""
-    cli = Cli(init_db(tmp_path / "solo.db"))
+    cli = Cli(init_db(db_dir / "solo.db"))
     cli.ok("pool", "create", "solo")
-    cli.ok("node", "add", "n1", "--pool", "solo", "--gpus", "8", "--model", "h100", "--nvlink-groups", "2")
+    cli.ok(
+        "node",
+        "add",
+        "n1",
+        "--pool",
+        "solo",
+        "--gpus",
+        "8",
+        "--model",
+        "h100",
+        "--nvlink-groups",
+        "2",
+    )
     cli.ok("tenant", "create", "acme")
     cli.ok("tenant", "create", "globex")
     return cli

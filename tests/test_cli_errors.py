@@ -1,4 +1,4 @@
-"""Global options, environment variables, output discipline, error format and exit codes (§2, §3)."""
+"""Global options, environment variables, output, error format and exit codes (§2, §3)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,9 @@ def test_without_now_the_clock_is_used(run: Cli) -> None:
     assert before <= got <= time.time_ns() // 1_000_000
 
 
-@pytest.mark.parametrize("text", ["yesterday", "2026-13-01", "2026-02-30T00:00:00Z", "+2x", "", "1e9"])
+@pytest.mark.parametrize(
+    "text", ["yesterday", "2026-13-01", "2026-02-30T00:00:00Z", "+2x", "", "1e9"]
+)
 def test_a_bad_now_is_invalid_input(run: Cli, text: str) -> None:
     err = run.fails(2, "list", now=text)
     assert err["code"] == "INVALID_INPUT"
@@ -52,8 +54,18 @@ def test_a_bad_now_is_invalid_input(run: Cli, text: str) -> None:
 
 
 def test_now_is_used_for_what_is_written(run: Cli) -> None:
-    rsv = run.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--key", "k",
-                 now="2026-09-28T09:30:00Z")
+    rsv = run.ok(
+        "reserve",
+        "--tenant",
+        "acme",
+        "--gpus",
+        "1",
+        "--for",
+        "1h",
+        "--key",
+        "k",
+        now="2026-09-28T09:30:00Z",
+    )
     assert rsv["createdAt"] == NOW_MS + 90 * MIN
     assert rsv["during"]["start"] == NOW_MS + 90 * MIN
     events = run.ok("events", "--reservation", rsv["id"])
@@ -78,12 +90,12 @@ def test_environment_variables_stand_in_for_the_global_options(demo_db: Path) ->
     assert Cli(demo_db).ok("get", rsv["id"]) == rsv
 
 
-def test_the_db_variable_is_used_and_a_missing_one_is_unavailable(tmp_path: Path) -> None:
-    env = {"BETTER_COMPUTE_DB": str(tmp_path / "absent.db"), "BETTER_COMPUTE_NOW": str(NOW_MS)}
+def test_the_db_variable_is_used_and_a_missing_one_is_unavailable(db_dir: Path) -> None:
+    env = {"BETTER_COMPUTE_DB": str(db_dir / "absent.db"), "BETTER_COMPUTE_NOW": str(NOW_MS)}
     result = invoke(["--json", "list"], env=env)
     assert result.exit_code == 7
     assert json.loads(result.stderr)["error"]["code"] == "UNAVAILABLE"
-    assert str(tmp_path / "absent.db") in result.stderr
+    assert str(db_dir / "absent.db") in result.stderr
 
 
 def test_the_principal_variable_is_who_acts(run: Cli) -> None:
@@ -97,8 +109,9 @@ def test_the_principal_variable_is_who_acts(run: Cli) -> None:
     assert run.ok("list") == []
     # --as wins over the variable; admin is never refused
     assert run.ok("--as", "admin", *reserve, env=as_bob)["state"] == "placed"
-    small = run.ok("reserve", "--tenant", "acme", "--gpus", "2", "--for", "1h", "--key", "s",
-                   env=as_bob)
+    small = run.ok(
+        "reserve", "--tenant", "acme", "--gpus", "2", "--for", "1h", "--key", "s", env=as_bob
+    )
     assert small["state"] == "placed"
     run.ok("config", "set", "placement.topN", "2", env=as_bob)
     assert run.ok("events")[-1]["data"]["by"] == "bob"
@@ -150,8 +163,19 @@ def test_list_like_answers_are_arrays(run: Cli) -> None:
 
 
 def test_human_output_is_not_json_and_uses_iso_times(run: Cli) -> None:
-    code, text, err = run("reserve", "--tenant", "acme", "--gpus", "2", "--for", "1h",
-                          "--key", "k", json=False, env={"COLUMNS": "200"})
+    code, text, err = run(
+        "reserve",
+        "--tenant",
+        "acme",
+        "--gpus",
+        "2",
+        "--for",
+        "1h",
+        "--key",
+        "k",
+        json=False,
+        env={"COLUMNS": "200"},
+    )
     assert code == 0 and err == ""
     assert "2026-09-28T08:00:00Z" in text
     assert not text.lstrip().startswith("{")
@@ -181,7 +205,7 @@ def test_json_errors_are_an_error_object_on_stderr(run: Cli) -> None:
         assert "rsv_nope" in json.loads(result.stderr)["error"]["message"]
 
 
-def test_every_exit_code(run: Cli, tmp_path: Path) -> None:
+def test_every_exit_code(run: Cli, db_dir: Path) -> None:
     reserve = ("reserve", "--tenant", "acme", "--for", "1h")
     run.ok(*reserve, "--gpus", "2", "--key", "k")
     run.ok("policy", "set", "--tenant", "acme", "--principal", "bob", "--deny")
@@ -190,11 +214,16 @@ def test_every_exit_code(run: Cli, tmp_path: Path) -> None:
         (3, "NOT_FOUND", ("get", "rsv_nope"), {}),
         (4, "CONFLICT", (*reserve, "--gpus", "3", "--key", "k"), {}),
         (5, "QUOTA_EXCEEDED", (*reserve, "--gpus", "8", "--gang", "8", "--key", "q"), {}),
-        (6, "FORBIDDEN", (*reserve, "--gpus", "1", "--key", "b"), {"BETTER_COMPUTE_PRINCIPAL": "bob"}),
+        (
+            6,
+            "FORBIDDEN",
+            (*reserve, "--gpus", "1", "--key", "b"),
+            {"BETTER_COMPUTE_PRINCIPAL": "bob"},
+        ),
     ]
     for code, name, args, env in cases:
         assert run.fails(code, *args, env=env)["code"] == name
-    assert Cli(tmp_path / "none.db").fails(7, "list")["code"] == "UNAVAILABLE"
+    assert Cli(db_dir / "none.db").fails(7, "list")["code"] == "UNAVAILABLE"
 
 
 def test_usage_errors_exit_2(run: Cli) -> None:
@@ -253,14 +282,14 @@ def test_bad_input_never_shows_a_traceback_or_an_internal_error(
     assert "Traceback" not in err
 
 
-def test_a_directory_as_the_database_is_refused(tmp_path: Path) -> None:
-    err = Cli(tmp_path).fails(2, "list")
+def test_a_directory_as_the_database_is_refused(db_dir: Path) -> None:
+    err = Cli(db_dir).fails(2, "list")
     assert err["code"] == "INVALID_INPUT"
-    assert Cli(tmp_path / "no" / "such" / "dir.db").fails(2, "init")["code"] == "INVALID_INPUT"
+    assert Cli(db_dir / "no" / "such" / "dir.db").fails(2, "init")["code"] == "INVALID_INPUT"
 
 
-def test_an_empty_file_is_not_initialised(tmp_path: Path) -> None:
-    empty = tmp_path / "empty.db"
+def test_an_empty_file_is_not_initialised(db_dir: Path) -> None:
+    empty = db_dir / "empty.db"
     empty.write_bytes(b"")
     assert Cli(empty).fails(7, "list")["code"] == "UNAVAILABLE"
     assert Cli(empty).ok("init")["db"] == str(empty)

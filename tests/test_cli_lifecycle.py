@@ -1,4 +1,4 @@
-"""Running through the CLI: tick, binding, expiry, pending retries, events, timeline, determinism."""
+"""Running: tick, binding, expiry, pending retries, events, timeline, determinism."""
 
 from __future__ import annotations
 
@@ -94,7 +94,9 @@ def test_the_end_of_the_window_releases_it_as_expired(solo: Cli) -> None:
     assert solo.ok("pool", "show", "solo", now=at(2 * HOUR))["inUse"] == 0
     last = solo.ok("events", "--reservation", rsv["id"])[-1]
     assert (last["type"], last["at"], last["data"]) == (
-        "reservation.released", NOW_MS + 2 * HOUR, {"reason": "expired"},
+        "reservation.released",
+        NOW_MS + 2 * HOUR,
+        {"reason": "expired"},
     )
 
 
@@ -165,16 +167,16 @@ def test_a_late_calendar_retry_books_from_then_for_the_full_duration(solo: Cli) 
     assert got["during"] == {"start": NOW_MS + 90 * MIN, "end": NOW_MS + 90 * MIN + 2 * HOUR}
 
 
-def test_tick_until_equals_ticking_at_each_step(tmp_path: Path) -> None:
-    source = init_db(tmp_path / "src.db", "--demo")
+def test_tick_until_equals_ticking_at_each_step(db_dir: Path) -> None:
+    source = init_db(db_dir / "src.db", "--demo")
     setup = Cli(source)
     reserve(setup, "a", "--gpus", "8", "--gang", "3", "--for", "1h")
     reserve(setup, "b", "--gpus", "8", "--gang", "4", "--for", "2h")
     reserve(setup, "c", "--gpus", "8", "--for", "1h", "--start", "+30m")
     reserve(setup, "d", "--gpus", "8", "--for", "1h", "--start", "+90m", tenant="globex")
     reserve(setup, "e", "--gpus", "8", "--gang", "2", "--for", "30m", tenant="globex")
-    once = Cli(copy_db(source, tmp_path / "once.db"))
-    stepped = Cli(copy_db(source, tmp_path / "stepped.db"))
+    once = Cli(copy_db(source, db_dir / "once.db"))
+    stepped = Cli(copy_db(source, db_dir / "stepped.db"))
 
     doc = once.ok("tick", "--until", at(3 * HOUR), "--step", "10m")
     assert doc["now"] == NOW_MS
@@ -183,7 +185,10 @@ def test_tick_until_equals_ticking_at_each_step(tmp_path: Path) -> None:
         collected.extend(stepped.ok("tick", now=at(i * 10 * MIN))["changes"])
     assert doc["changes"] == collected
     assert {e["type"] for e in collected} >= {
-        "reservation.binding", "reservation.active", "reservation.released", "reservation.placed",
+        "reservation.binding",
+        "reservation.active",
+        "reservation.released",
+        "reservation.placed",
     }
     assert once.ok("list") == stepped.ok("list")
     assert once.ok("events") == stepped.ok("events")
@@ -222,15 +227,23 @@ def test_the_event_log_has_every_transition_in_order(solo: Cli) -> None:
         "reservation.released",
     ]
     assert [e["at"] for e in events] == [
-        NOW_MS, NOW_MS, NOW_MS, NOW_MS + 30 * MIN, NOW_MS + 30 * MIN, NOW_MS + 2 * HOUR,
+        NOW_MS,
+        NOW_MS,
+        NOW_MS,
+        NOW_MS + 30 * MIN,
+        NOW_MS + 30 * MIN,
+        NOW_MS + 2 * HOUR,
     ]
     seqs = [e["seq"] for e in events]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
     for e in events:
         assert list(e) == ["seq", "type", "at", "tenantId", "reservationId", "data"]
         assert (e["tenantId"], e["reservationId"]) == ("acme", rsv["id"])
-    assert events[1]["data"] == {"nodeIds": ["n1"], "start": NOW_MS + 30 * MIN,
-                                 "end": NOW_MS + 90 * MIN}
+    assert events[1]["data"] == {
+        "nodeIds": ["n1"],
+        "start": NOW_MS + 30 * MIN,
+        "end": NOW_MS + 90 * MIN,
+    }
 
 
 def test_events_filters(solo: Cli) -> None:
@@ -308,9 +321,13 @@ def test_timeline_limits(solo: Cli) -> None:
         err = solo.fails(2, "timeline", *flags)
         assert err["code"] == "INVALID_INPUT", flags
     # the edges themselves are allowed
-    assert len(solo.ok("timeline", "--from", "now", "--to", "+7d", "--step", "30")["buckets"]) == 336
+    assert (
+        len(solo.ok("timeline", "--from", "now", "--to", "+7d", "--step", "30")["buckets"]) == 336
+    )
     assert len(solo.ok("timeline", "--step", "5", "--to", "+1h")["buckets"]) == 12
-    assert len(solo.ok("timeline", "--from", "now", "--to", "+7d", "--step", "1440")["buckets"]) == 7
+    assert (
+        len(solo.ok("timeline", "--from", "now", "--to", "+7d", "--step", "1440")["buckets"]) == 7
+    )
     assert solo.fails(3, "timeline", "--pool", "nowhere")["code"] == "NOT_FOUND"
 
 
@@ -332,14 +349,61 @@ def test_timeline_chart_fits_in_80_columns(solo: Cli) -> None:
 SCRIPT: list[tuple[str, list[str]]] = [
     (NOW, ["reserve", "--tenant", "acme", "--gpus", "4", "--for", "2h", "--key", "a"]),
     (NOW, ["reserve", "--tenant", "acme", "--gpus", "2", "--for", "2h", "--key", "b"]),
-    (NOW, ["reserve", "--tenant", "acme", "--gpus", "8", "--gang", "2", "--topology-key",
-           "fabric.domain", "--for", "3h", "--key", "c"]),
-    (NOW, ["reserve", "--tenant", "globex", "--gpus", "8", "--gang", "3", "--for", "12h",
-           "--spot", "--key", "d"]),
-    (NOW, ["reserve", "--tenant", "acme", "--gpus", "8", "--for", "12h", "--start", "+1d",
-           "--key", "e"]),
-    (NOW, ["reserve", "--tenant", "acme", "--gpus", "8", "--gang", "4", "--for", "1h",
-           "--key", "f"]),
+    (
+        NOW,
+        [
+            "reserve",
+            "--tenant",
+            "acme",
+            "--gpus",
+            "8",
+            "--gang",
+            "2",
+            "--topology-key",
+            "fabric.domain",
+            "--for",
+            "3h",
+            "--key",
+            "c",
+        ],
+    ),
+    (
+        NOW,
+        [
+            "reserve",
+            "--tenant",
+            "globex",
+            "--gpus",
+            "8",
+            "--gang",
+            "3",
+            "--for",
+            "12h",
+            "--spot",
+            "--key",
+            "d",
+        ],
+    ),
+    (
+        NOW,
+        [
+            "reserve",
+            "--tenant",
+            "acme",
+            "--gpus",
+            "8",
+            "--for",
+            "12h",
+            "--start",
+            "+1d",
+            "--key",
+            "e",
+        ],
+    ),
+    (
+        NOW,
+        ["reserve", "--tenant", "acme", "--gpus", "8", "--gang", "4", "--for", "1h", "--key", "f"],
+    ),
     (NOW, ["preview", "--tenant", "globex", "--gpus", "3", "--for", "1h"]),
     (at(MIN), ["tick"]),
     (at(2 * MIN), ["tick", "--until", at(4 * HOUR), "--step", "5m"]),
@@ -350,11 +414,11 @@ SCRIPT: list[tuple[str, list[str]]] = [
 ]
 
 
-def test_replays_on_copies_are_byte_identical(tmp_path: Path) -> None:
-    source = init_db(tmp_path / "src.db", "--demo")
+def test_replays_on_copies_are_byte_identical(db_dir: Path) -> None:
+    source = init_db(db_dir / "src.db", "--demo")
     outputs = []
     for name in ("one.db", "two.db"):
-        db = copy_db(source, tmp_path / name)
+        db = copy_db(source, db_dir / name)
         lines = []
         for now, args in SCRIPT:
             result = invoke(["--db", str(db), "--now", now, "--json", *args])

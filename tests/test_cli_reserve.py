@@ -49,9 +49,24 @@ def test_reserve_now_is_placed_from_now(run: Cli) -> None:
 def test_reservation_json_has_the_contract_keys_in_order(run: Cli) -> None:
     rsv = reserve(run, "k", "--gpus", "1", "--for", "1h")
     assert list(rsv) == [
-        "id", "tenantId", "poolId", "state", "devices", "gang", "spot", "binding", "durationMs",
-        "start", "during", "conditions", "allocations", "quotaCharge", "idempotencyKey",
-        "releaseReason", "createdAt", "nextAttemptAt",
+        "id",
+        "tenantId",
+        "poolId",
+        "state",
+        "devices",
+        "gang",
+        "spot",
+        "binding",
+        "durationMs",
+        "start",
+        "during",
+        "conditions",
+        "allocations",
+        "quotaCharge",
+        "idempotencyKey",
+        "releaseReason",
+        "createdAt",
+        "nextAttemptAt",
     ]
 
 
@@ -84,9 +99,7 @@ def test_an_overlapping_window_is_pending_with_the_reason(solo: Cli) -> None:
     assert rsv["during"] is None
     assert rsv["allocations"] == []
     assert rsv["start"] == NOW_MS + DAY + HOUR
-    assert rsv["conditions"] == [
-        {"type": "Unschedulable", "reason": "NoCapacity", "message": FULL}
-    ]
+    assert rsv["conditions"] == [{"type": "Unschedulable", "reason": "NoCapacity", "message": FULL}]
     assert rsv["nextAttemptAt"] == NOW_MS + 30 * SEC
     assert rsv["quotaCharge"] == 8  # a pending reservation holds its quota
     types = [e["type"] for e in solo.ok("events", "--reservation", rsv["id"])]
@@ -159,10 +172,15 @@ def test_quota_exceeded_is_exit_5_and_creates_nothing(run: Cli) -> None:
     run.fails(5, "reserve", "--tenant", "globex", "--gpus", "1", "--for", "1h", "--key", "d")
     # a pool cap is checked too
     run.ok("quota", "set", "--tenant", "acme", "--pool", "west", "--gpus", "2")
-    assert run.fails(5, "reserve", "--tenant", "acme", "--gpus", "3", "--for", "1h",
-                     "--key", "e")["code"] == "QUOTA_EXCEEDED"
-    code, _, stderr = run("reserve", "--tenant", "acme", "--gpus", "3", "--for", "1h",
-                          "--key", "e", json=False)
+    assert (
+        run.fails(5, "reserve", "--tenant", "acme", "--gpus", "3", "--for", "1h", "--key", "e")[
+            "code"
+        ]
+        == "QUOTA_EXCEEDED"
+    )
+    code, _, stderr = run(
+        "reserve", "--tenant", "acme", "--gpus", "3", "--for", "1h", "--key", "e", json=False
+    )
     assert code == 5 and stderr.startswith("error: QUOTA_EXCEEDED: ")
 
 
@@ -190,8 +208,19 @@ def test_preview_answers_without_booking(run: Cli) -> None:
         assert c["node"].startswith("west-") and len(c["atoms"]) == 4
     scores = [c["score"] for c in p["candidates"]]
     assert scores == sorted(scores, reverse=True)
-    gang = run.ok("preview", "--tenant", "acme", "--gpus", "8", "--gang", "3",
-                  "--topology-key", "fabric.domain", "--for", "2h")
+    gang = run.ok(
+        "preview",
+        "--tenant",
+        "acme",
+        "--gpus",
+        "8",
+        "--gang",
+        "3",
+        "--topology-key",
+        "fabric.domain",
+        "--for",
+        "2h",
+    )
     assert gang["fits"] is True and len(gang["candidates"]) == 3
     assert (run.ok("list"), run.ok("events"), run.ok("pool", "show", "west")) == before
 
@@ -211,8 +240,10 @@ def test_preview_says_why_it_does_not_fit(solo: Cli) -> None:
 
 
 def test_preview_respects_quota_and_unknown_names(run: Cli) -> None:
-    assert run.fails(5, "preview", "--tenant", "globex", "--gpus", "33",
-                     "--for", "1h")["code"] == "QUOTA_EXCEEDED"
+    assert (
+        run.fails(5, "preview", "--tenant", "globex", "--gpus", "33", "--for", "1h")["code"]
+        == "QUOTA_EXCEEDED"
+    )
     assert run.fails(3, "preview", "--tenant", "ghost", "--gpus", "1", "--for", "1h")["code"] == (
         "NOT_FOUND"
     )
@@ -225,8 +256,9 @@ def test_get_and_list_with_filters(run: Cli) -> None:
     run.ok("pool", "create", "east")
     run.ok("node", "add", "east-01", "--pool", "east", "--gpus", "4", "--model", "a100")
     a = reserve(run, "a", "--gpus", "8", "--for", "1h", "--pool", "west")
-    b = reserve(run, "b", "--gpus", "8", "--for", "1h", "--start", "+1d", "--pool", "west",
-                tenant="globex")
+    b = reserve(
+        run, "b", "--gpus", "8", "--for", "1h", "--start", "+1d", "--pool", "west", tenant="globex"
+    )
     c = reserve(run, "c", "--gpus", "4", "--for", "1h", "--pool", "east")
     d = reserve(run, "d", "--gpus", "8", "--for", "1h", "--pool", "east")  # pending: 4 GPUs only
     assert d["state"] == "pending"
@@ -284,7 +316,9 @@ def test_cancel_a_pending_reservation_refunds_it(solo: Cli) -> None:
     assert solo.ok("quota", "set", "--tenant", "acme", "--gpus", "100")["quotas"][0]["held"] == 16
     done = solo.ok("cancel", pending["id"])
     assert (done["state"], done["releaseReason"], done["nextAttemptAt"]) == (
-        "released", "cancelled", None,
+        "released",
+        "cancelled",
+        None,
     )
     assert solo.ok("quota", "show", "--tenant", "acme")["quotas"][0]["held"] == 8
 
@@ -308,7 +342,10 @@ def test_extend_moves_the_end(solo: Cli) -> None:
     assert solo.ok("get", rsv["id"]) == longer
     last = solo.ok("events", "--reservation", rsv["id"])[-1]
     assert last["type"] == "reservation.extended"
-    assert last["data"] == {"from": NOW_MS + DAY + 2 * HOUR, "to": NOW_MS + DAY + 3 * HOUR + 30 * MIN}
+    assert last["data"] == {
+        "from": NOW_MS + DAY + 2 * HOUR,
+        "to": NOW_MS + DAY + 3 * HOUR + 30 * MIN,
+    }
     # the extra time is really booked: a full-node request in it no longer fits
     p = solo.ok("preview", "--tenant", "globex", "--gpus", "8", "--for", "1h", "--start", "+1d3h")
     assert p["fits"] is False
@@ -383,8 +420,23 @@ def test_topology_nvlink_all_stays_in_one_nvlink_group(solo: Cli) -> None:
     )
     plain = reserve(solo, "d", "--gpus", "3", "--for", "2h")
     assert plain["state"] == "placed"
-    assert solo.fails(2, "reserve", "--tenant", "acme", "--gpus", "2", "--topology", "ring",
-                      "--for", "1h", "--key", "e")["code"] == "INVALID_INPUT"
+    assert (
+        solo.fails(
+            2,
+            "reserve",
+            "--tenant",
+            "acme",
+            "--gpus",
+            "2",
+            "--topology",
+            "ring",
+            "--for",
+            "1h",
+            "--key",
+            "e",
+        )["code"]
+        == "INVALID_INPUT"
+    )
 
 
 def test_a_model_the_pool_lacks_is_pending_with_a_model_reason(run: Cli) -> None:
@@ -399,16 +451,28 @@ def test_a_model_the_pool_lacks_is_pending_with_a_model_reason(run: Cli) -> None
 
 
 def test_a_gang_books_whole_nodes_in_one_domain(run: Cli) -> None:
-    rsv = reserve(run, "g", "--gpus", "8", "--gang", "4", "--topology-key", "fabric.domain",
-                  "--for", "3d")
+    rsv = reserve(
+        run, "g", "--gpus", "8", "--gang", "4", "--topology-key", "fabric.domain", "--for", "3d"
+    )
     assert rsv["state"] == "placed"
     assert rsv["gang"] == {"size": 4, "topologyKey": "fabric.domain"}
     assert rsv["quotaCharge"] == 32
     nodes = sorted(a["nodeId"] for a in rsv["allocations"])
     assert nodes == ["west-01", "west-02", "west-03", "west-04"]  # the only 4-node domain
     assert len(atoms(rsv)) == 32
-    big = reserve(run, "h", "--gpus", "8", "--gang", "4", "--topology-key", "fabric.domain",
-                  "--for", "1h", tenant="globex")
+    big = reserve(
+        run,
+        "h",
+        "--gpus",
+        "8",
+        "--gang",
+        "4",
+        "--topology-key",
+        "fabric.domain",
+        "--for",
+        "1h",
+        tenant="globex",
+    )
     assert big["state"] == "pending"
     assert big["conditions"][0]["message"] == (
         "no gang of 4 nodes fits in one fabric.domain (at most 3 nodes fit together)"

@@ -16,11 +16,11 @@ def write(path: Path, doc: object) -> Path:
 # ---------------------------------------------------------------- init
 
 
-def test_init_creates_an_empty_database(tmp_path: Path) -> None:
-    cli = Cli(tmp_path / "new.db")
+def test_init_creates_an_empty_database(db_dir: Path) -> None:
+    cli = Cli(db_dir / "new.db")
     doc = cli.ok("init")
     assert doc["demo"] is False
-    assert (tmp_path / "new.db").exists()
+    assert (db_dir / "new.db").exists()
     assert cli.ok("pool", "list") == []
     assert cli.ok("tenant", "list") == []
     assert cli.ok("list") == []
@@ -47,8 +47,8 @@ def test_init_again_is_a_conflict_and_force_replaces(run: Cli) -> None:
     assert run.ok("pool", "list") == []
 
 
-def test_a_file_that_is_not_a_database_is_refused_untouched(tmp_path: Path) -> None:
-    path = tmp_path / "notes.txt"
+def test_a_file_that_is_not_a_database_is_refused_untouched(db_dir: Path) -> None:
+    path = db_dir / "notes.txt"
     path.write_text("these are my notes, not a database\n" * 10)
     before = path.read_bytes()
     cli = Cli(path)
@@ -57,11 +57,11 @@ def test_a_file_that_is_not_a_database_is_refused_untouched(tmp_path: Path) -> N
         assert err["code"] == "INVALID_INPUT"
         assert "not a better-compute database" in err["message"]
     assert path.read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    assert sorted(p.name for p in db_dir.iterdir()) == ["notes.txt"]
 
 
-def test_a_missing_database_is_unavailable_with_a_hint(tmp_path: Path) -> None:
-    cli = Cli(tmp_path / "missing.db")
+def test_a_missing_database_is_unavailable_with_a_hint(db_dir: Path) -> None:
+    cli = Cli(db_dir / "missing.db")
     err = cli.fails(7, "list")
     assert err["code"] == "UNAVAILABLE"
     assert "init" in err["message"]
@@ -69,7 +69,7 @@ def test_a_missing_database_is_unavailable_with_a_hint(tmp_path: Path) -> None:
     assert code == 7
     assert out == ""
     assert stderr.startswith("error: UNAVAILABLE: ") and "init" in stderr
-    assert not (tmp_path / "missing.db").exists()
+    assert not (db_dir / "missing.db").exists()
 
 
 # ---------------------------------------------------------------- inventory
@@ -84,8 +84,12 @@ GOOD = {
                 {
                     "name": "east-01",
                     "labels": {"rack": "e1"},
-                    "gpus": {"count": 4, "model": "a100", "nvlinkGroups": 2,
-                             "fabric": {"cluster": "c9", "clique": 1}},
+                    "gpus": {
+                        "count": 4,
+                        "model": "a100",
+                        "nvlinkGroups": 2,
+                        "fabric": {"cluster": "c9", "clique": 1},
+                    },
                 }
             ],
         }
@@ -94,8 +98,8 @@ GOOD = {
 }
 
 
-def test_inventory_import_of_a_good_file(run: Cli, tmp_path: Path) -> None:
-    doc = run.ok("inventory", "import", write(tmp_path / "inv.json", GOOD))
+def test_inventory_import_of_a_good_file(run: Cli, db_dir: Path) -> None:
+    doc = run.ok("inventory", "import", write(db_dir / "inv.json", GOOD))
     assert doc == {"pools": 1, "nodes": 1, "tenants": 1}
     east = run.ok("pool", "show", "east")
     assert (east["name"], east["allocatable"], east["free"]) == ("east", 4, 4)
@@ -123,9 +127,7 @@ def _bad_variants() -> list[tuple[str, dict[str, object], str]]:
     duplicate = json.loads(json.dumps(GOOD))
     duplicate["pools"][0]["nodes"].append(duplicate["pools"][0]["nodes"][0])
     clash = json.loads(json.dumps(GOOD))  # a node name already taken in the demo file
-    clash["pools"][0]["nodes"].append(
-        {"name": "east-01", "gpus": {"count": 8, "model": "h100"}}
-    )
+    clash["pools"][0]["nodes"].append({"name": "east-01", "gpus": {"count": 8, "model": "h100"}})
     return [
         ("unknown key", unknown, "pools[0].nodes[0].gpus.colour"),
         ("wrong type", wrong_type, "pools[0].nodes[0].gpus.count"),
@@ -134,29 +136,29 @@ def _bad_variants() -> list[tuple[str, dict[str, object], str]]:
     ]
 
 
-def test_a_bad_inventory_names_the_path_and_applies_nothing(run: Cli, tmp_path: Path) -> None:
+def test_a_bad_inventory_names_the_path_and_applies_nothing(run: Cli, db_dir: Path) -> None:
     before = run.ok("inventory", "export")
     events_before = run.ok("events")
     for what, doc, path in _bad_variants():
-        err = run.fails(2, "inventory", "import", write(tmp_path / "bad.json", doc))
+        err = run.fails(2, "inventory", "import", write(db_dir / "bad.json", doc))
         assert err["code"] == "INVALID_INPUT", what
         assert path in err["message"], (what, err["message"])
         assert run.ok("inventory", "export") == before, what
     assert run.ok("events") == events_before
-    code, out, stderr = run("inventory", "import", tmp_path / "bad.json", json=False)
+    code, out, stderr = run("inventory", "import", db_dir / "bad.json", json=False)
     assert code == 2 and out == ""
     assert stderr.startswith("error: INVALID_INPUT: pools[0].nodes[1].name")
 
 
-def test_inventory_import_not_json_or_missing_file_is_invalid(run: Cli, tmp_path: Path) -> None:
-    bad = tmp_path / "bad.json"
+def test_inventory_import_not_json_or_missing_file_is_invalid(run: Cli, db_dir: Path) -> None:
+    bad = db_dir / "bad.json"
     bad.write_text('{"pools": [')
     assert "line 1" in run.fails(2, "inventory", "import", bad)["message"]
-    assert run.fails(2, "inventory", "import", tmp_path / "nope.json")["code"] == "INVALID_INPUT"
+    assert run.fails(2, "inventory", "import", db_dir / "nope.json")["code"] == "INVALID_INPUT"
 
 
-def test_an_import_refused_by_the_database_applies_nothing(run: Cli, tmp_path: Path) -> None:
-    """A file that parses but moves a node with live bookings: the new pool is not created either."""
+def test_an_import_refused_by_the_database_applies_nothing(run: Cli, db_dir: Path) -> None:
+    """A file that parses but moves a node with live bookings: the new pool is not created."""
     rsv = run.ok("reserve", "--tenant", "acme", "--gpus", "8", "--for", "2h", "--key", "k")
     node = rsv["allocations"][0]["nodeId"]
     before = run.ok("inventory", "export")
@@ -167,21 +169,21 @@ def test_an_import_refused_by_the_database_applies_nothing(run: Cli, tmp_path: P
         ],
         "tenants": [{"id": "newcorp"}],
     }
-    err = run.fails(2, "inventory", "import", write(tmp_path / "move.json", doc))
+    err = run.fails(2, "inventory", "import", write(db_dir / "move.json", doc))
     assert err["message"].startswith(f"pools[east].nodes[{node}]"), err["message"]
     assert run.ok("inventory", "export") == before
     assert run.fails(3, "pool", "show", "aaa-new")["code"] == "NOT_FOUND"
 
 
-def test_export_import_round_trip(run: Cli, tmp_path: Path) -> None:
-    run.ok("inventory", "import", write(tmp_path / "inv.json", GOOD))
+def test_export_import_round_trip(run: Cli, db_dir: Path) -> None:
+    run.ok("inventory", "import", write(db_dir / "inv.json", GOOD))
     exported = run.ok("inventory", "export")
     assert [p["name"] for p in exported["pools"]] == ["east", "west"]
-    fresh = Cli(init_db(tmp_path / "fresh.db"))
-    fresh.ok("inventory", "import", write(tmp_path / "export.json", exported))
+    fresh = Cli(init_db(db_dir / "fresh.db"))
+    fresh.ok("inventory", "import", write(db_dir / "export.json", exported))
     assert fresh.ok("inventory", "export") == exported
     # importing the export into the source again changes nothing
-    run.ok("inventory", "import", tmp_path / "export.json")
+    run.ok("inventory", "import", db_dir / "export.json")
     assert run.ok("inventory", "export") == exported
     # without --json, export prints the same document (indented)
     code, text, _ = run("inventory", "export", json=False)
@@ -197,7 +199,10 @@ def test_pool_create_list_show(run: Cli) -> None:
     assert created["name"] == "east"
     assert created["labels"] == {"region": "us-east", "tier": "a"}
     assert (created["allocatable"], created["inUse"], created["reserved"], created["free"]) == (
-        0, 0, 0, 0,
+        0,
+        0,
+        0,
+        0,
     )
     assert [p["name"] for p in run.ok("pool", "list")] == ["east", "west"]
     by_id = run.ok("pool", "show", created["id"])
@@ -219,7 +224,17 @@ def test_pool_rollup_counts_now_and_later(run: Cli) -> None:
     first = run.ok("reserve", "--tenant", "acme", "--gpus", "4", "--for", "2h", "--key", "now")
     assert rollup(run) == (56, 4, 0, 52)
     later = run.ok(
-        "reserve", "--tenant", "acme", "--gpus", "8", "--for", "2h", "--start", "+1d", "--key", "later"
+        "reserve",
+        "--tenant",
+        "acme",
+        "--gpus",
+        "8",
+        "--for",
+        "2h",
+        "--start",
+        "+1d",
+        "--key",
+        "later",
     )
     assert later["state"] == "placed"
     # reserved: GPUs whose next booking begins later and that no booking covers now
@@ -235,8 +250,19 @@ def test_pool_rollup_counts_now_and_later(run: Cli) -> None:
     run.ok("cancel", later["id"])
     assert rollup(run) == (56, 4, 0, 52)
     later = run.ok(
-        "reserve", "--tenant", "acme", "--gpus", "8", "--for", "2h", "--start", "+1d",
-        "--pool", "west", "--key", "later-2",
+        "reserve",
+        "--tenant",
+        "acme",
+        "--gpus",
+        "8",
+        "--for",
+        "2h",
+        "--start",
+        "+1d",
+        "--pool",
+        "west",
+        "--key",
+        "later-2",
     )
     booked_later = {(a["nodeId"], i) for a in later["allocations"] for i in a["atoms"]}
     assert rollup(run)[2] == len(booked_later - busy_now)
@@ -264,8 +290,21 @@ def test_pool_allocatable_drops_with_a_quarantined_gpu_or_a_cordoned_node(solo: 
 def test_node_add_list_show_label(run: Cli) -> None:
     run.ok("pool", "create", "east")
     added = run.ok(
-        "node", "add", "east-01", "--pool", "east", "--gpus", "8", "--model", "a100",
-        "--label", "rack=e1", "--nvlink-groups", "4", "--fabric", "c2.7",
+        "node",
+        "add",
+        "east-01",
+        "--pool",
+        "east",
+        "--gpus",
+        "8",
+        "--model",
+        "a100",
+        "--label",
+        "rack=e1",
+        "--nvlink-groups",
+        "4",
+        "--fabric",
+        "c2.7",
     )
     assert added["name"] == "east-01"
     assert added["labels"] == {"fabric.domain": "c2.7", "rack": "e1"}
@@ -286,24 +325,66 @@ def test_node_add_list_show_label(run: Cli) -> None:
     assert unlabelled["labels"] == {"fabric.domain": "c2.7", "rack": "e2"}
     assert run.ok("node", "show", "east-01")["labels"] == unlabelled["labels"]
 
-    assert run.fails(4, "node", "add", "east-01", "--pool", "east", "--gpus", "8",
-                     "--model", "a100")["code"] == "CONFLICT"
-    assert run.fails(3, "node", "add", "x-01", "--pool", "nowhere", "--gpus", "8",
-                     "--model", "a100")["code"] == "NOT_FOUND"
-    assert run.fails(2, "node", "add", "x-01", "--pool", "east", "--gpus", "0",
-                     "--model", "a100")["code"] == "INVALID_INPUT"
-    assert run.fails(2, "node", "add", "x-01", "--pool", "east", "--gpus", "8",
-                     "--model", "a100", "--nvlink-groups", "3")["code"] == "INVALID_INPUT"
-    assert run.fails(2, "node", "add", "x-01", "--pool", "east", "--gpus", "8",
-                     "--model", "a100", "--fabric", "nodot")["code"] == "INVALID_INPUT"
+    assert (
+        run.fails(4, "node", "add", "east-01", "--pool", "east", "--gpus", "8", "--model", "a100")[
+            "code"
+        ]
+        == "CONFLICT"
+    )
+    assert (
+        run.fails(3, "node", "add", "x-01", "--pool", "nowhere", "--gpus", "8", "--model", "a100")[
+            "code"
+        ]
+        == "NOT_FOUND"
+    )
+    assert (
+        run.fails(2, "node", "add", "x-01", "--pool", "east", "--gpus", "0", "--model", "a100")[
+            "code"
+        ]
+        == "INVALID_INPUT"
+    )
+    assert (
+        run.fails(
+            2,
+            "node",
+            "add",
+            "x-01",
+            "--pool",
+            "east",
+            "--gpus",
+            "8",
+            "--model",
+            "a100",
+            "--nvlink-groups",
+            "3",
+        )["code"]
+        == "INVALID_INPUT"
+    )
+    assert (
+        run.fails(
+            2,
+            "node",
+            "add",
+            "x-01",
+            "--pool",
+            "east",
+            "--gpus",
+            "8",
+            "--model",
+            "a100",
+            "--fabric",
+            "nodot",
+        )["code"]
+        == "INVALID_INPUT"
+    )
     assert run.fails(2, "node", "label", "east-01", "fabric.domain=x")["code"] == "INVALID_INPUT"
     assert run.fails(3, "node", "show", "ghost")["code"] == "NOT_FOUND"
     assert run.fails(3, "node", "label", "ghost", "a=b")["code"] == "NOT_FOUND"
     assert run.fails(3, "node", "list", "--pool", "nowhere")["code"] == "NOT_FOUND"
 
 
-def test_node_add_without_pool_uses_the_only_pool(tmp_path: Path) -> None:
-    cli = Cli(init_db(tmp_path / "one.db"))
+def test_node_add_without_pool_uses_the_only_pool(db_dir: Path) -> None:
+    cli = Cli(init_db(db_dir / "one.db"))
     cli.ok("pool", "create", "only")
     added = cli.ok("node", "add", "n1", "--gpus", "2", "--model", "h100")
     assert added["poolId"] == cli.ok("pool", "show", "only")["id"]
@@ -352,8 +433,10 @@ def test_quota_set_and_show(run: Cli) -> None:
     assert code == 0 and "4 of 8" in text and "4 of 16" in text
     assert run.fails(3, "quota", "show", "--tenant", "ghost")["code"] == "NOT_FOUND"
     assert run.fails(3, "quota", "set", "--tenant", "ghost", "--gpus", "1")["code"] == "NOT_FOUND"
-    assert run.fails(3, "quota", "set", "--tenant", "acme", "--pool", "nowhere",
-                     "--gpus", "1")["code"] == "NOT_FOUND"
+    assert (
+        run.fails(3, "quota", "set", "--tenant", "acme", "--pool", "nowhere", "--gpus", "1")["code"]
+        == "NOT_FOUND"
+    )
     assert run.fails(2, "quota", "set", "--tenant", "acme", "--gpus", "-1")["code"] == (
         "INVALID_INPUT"
     )
@@ -399,7 +482,7 @@ def test_config_get_unknown_key_is_invalid(run: Cli) -> None:
     assert "nope.key" in err["message"] and "placement.topN" in err["message"]
 
 
-def test_init_uses_the_given_now(tmp_path: Path) -> None:
-    cli = Cli(init_db(tmp_path / "t.db", "--demo"))
+def test_init_uses_the_given_now(db_dir: Path) -> None:
+    cli = Cli(init_db(db_dir / "t.db", "--demo"))
     created = [e for e in cli.ok("events") if e["type"] == "inventory.imported"]
     assert created and created[0]["at"] == NOW_MS

@@ -37,7 +37,7 @@ from better_compute.storage.db import open_database
 T0 = 1_790_582_400_000  # 2026-09-28T08:00:00Z
 NOW = str(T0)
 WORKERS = 6
-ROUNDS = 3
+ROUNDS = 2
 LIVE = ("placed", "binding", "active")
 
 INVENTORY = parse_inventory(
@@ -77,7 +77,9 @@ def _env() -> dict[str, str]:
     return env
 
 
-def run_cli(db: Path, *args: str, now: str = NOW, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    db: Path, *args: str, now: str = NOW, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*_cli(), "--db", str(db), "--now", now, *args],
         capture_output=True,
@@ -190,7 +192,14 @@ SERVICE_WORKER = textwrap.dedent(
     for k in range(int(sys.argv[4])):
         at = now + k * 60_000
         try:
+            # One connection at a time, closed before the next open, as the CLI does.
             ctx = open_ctx(path, at, "admin")
+        except BetterComputeError as exc:
+            print(json.dumps({"error": exc.code, "exit": exc.exit_code}), flush=True)
+            if exc.exit_code != 7:
+                sys.exit(exc.exit_code)
+            continue
+        try:
             if k % 5 == 4:
                 ticking.tick(ctx)
                 print(json.dumps({"tick": at}), flush=True)
@@ -198,7 +207,7 @@ SERVICE_WORKER = textwrap.dedent(
             gang = 2 if (worker + k) % 4 == 0 else None
             args = ReserveArgs(
                 tenant="acme" if worker % 2 else "globex", pool=None, gpus=1 + (worker + k) % 3,
-                duration_ms=3_600_000, gang=gang, start=at + (k % 3) * 600_000 or None,
+                duration_ms=3_600_000, gang=gang, start=at + (k % 3) * 600_000 if k % 3 else None,
                 spot=(worker + k) % 5 == 0, key=f"s{worker}-{k}",
             )
             rsv = booking.reserve(ctx, args)
@@ -206,11 +215,12 @@ SERVICE_WORKER = textwrap.dedent(
             if k % 4 == 3 and rsv.state.value in ("pending", "placed"):
                 booking.cancel(ctx, rsv.id)
                 print(json.dumps({"cancelled": rsv.id}), flush=True)
-            ctx.db.close()
         except BetterComputeError as exc:
             print(json.dumps({"error": exc.code, "exit": exc.exit_code}), flush=True)
             if exc.exit_code != 7:
                 sys.exit(exc.exit_code)
+        finally:
+            ctx.db.close()
     """
 )
 
@@ -283,7 +293,9 @@ def _wait_for_line(proc: subprocess.Popen[str], want: str, timeout: float = 30) 
     deadline = time.monotonic() + timeout
     line = proc.stdout.readline()
     while line.strip() != want:
-        assert proc.poll() is None, f"helper exited {proc.returncode}: {proc.stderr and proc.stderr.read()}"
+        assert proc.poll() is None, (
+            f"helper exited {proc.returncode}: {proc.stderr and proc.stderr.read()}"
+        )
         assert time.monotonic() < deadline, "helper never got ready"
         line = proc.stdout.readline()
 
@@ -310,7 +322,10 @@ def test_a_writer_killed_mid_write_leaves_a_sound_database(db_path: Path, tmp_pa
 
     with readonly(db_path) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-        assert conn.execute("SELECT 1 FROM reservations WHERE id = 'rsv_halfwritten'").fetchone() is None
+        assert (
+            conn.execute("SELECT 1 FROM reservations WHERE id = 'rsv_halfwritten'").fetchone()
+            is None
+        )
         halves = conn.execute("SELECT COUNT(*) FROM events WHERE type = 'reservation.halfwritten'")
         assert halves.fetchone()[0] == 0
     assert table_counts(db_path) == before
@@ -356,7 +371,9 @@ def test_a_lock_past_the_busy_timeout_is_unavailable(db_path: Path, tmp_path: Pa
         _wait_for_line(holder, "locked")
         started = time.monotonic()
         human = run_cli(db_path, "reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h")
-        as_json = run_cli(db_path, "--json", "reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h")
+        as_json = run_cli(
+            db_path, "--json", "reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h"
+        )
         took = time.monotonic() - started
         assert holder.poll() is None, "the lock holder died early"
     finally:

@@ -156,12 +156,8 @@ def desired(rows: Sequence[Assignment]) -> RenderableType:
 
 
 def events(rows: Sequence[Event]) -> RenderableType:
-    table = Table("seq", "at", "type", "tenant", "reservation", "data")
-    for e in rows:
-        table.add_row(
-            str(e.seq), iso(e.at), e.type, e.tenant_id or "", e.reservation_id or "", dumps(e.data)
-        )
-    return table
+    """One event a line, like a log: legible at any width."""
+    return "\n".join(event_line(e) for e in rows) or "no events"
 
 
 def event_line(e: Event) -> str:

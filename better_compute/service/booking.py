@@ -317,20 +317,24 @@ def finish(ctx: Ctx, rsv: Reservation, reason: ReleaseReason, at: int) -> Reserv
     return done
 
 
-def cancel(ctx: Ctx, rsv_id: str) -> Reservation:
+def _end_now(ctx: Ctx, rsv_id: str, reason: ReleaseReason, hint: str) -> Reservation:
+    allowed = states.CANCELLABLE if reason == ReleaseReason.CANCELLED else states.RELEASABLE
+    verb = "cancel" if reason == ReleaseReason.CANCELLED else "release"
     with ctx.db.write() as conn:
         rsv = repo.get_reservation(conn, rsv_id)
-        states.require(rsv, states.CANCELLABLE, "cancel", "use `release` once it has started")
-        finish(ctx, rsv, ReleaseReason.CANCELLED, ctx.now)
+        states.require(rsv, allowed, verb, hint)
+        finish(ctx, rsv, reason, ctx.now)
         return repo.get_reservation(conn, rsv_id)
+
+
+def cancel(ctx: Ctx, rsv_id: str) -> Reservation:
+    """Withdraw a pending or placed reservation; its quota is refunded."""
+    return _end_now(ctx, rsv_id, ReleaseReason.CANCELLED, "use `release` once it has started")
 
 
 def release(ctx: Ctx, rsv_id: str) -> Reservation:
-    with ctx.db.write() as conn:
-        rsv = repo.get_reservation(conn, rsv_id)
-        states.require(rsv, states.RELEASABLE, "release", "use `cancel` while it is pending")
-        finish(ctx, rsv, ReleaseReason.RELEASED, ctx.now)
-        return repo.get_reservation(conn, rsv_id)
+    """Give the GPUs back now."""
+    return _end_now(ctx, rsv_id, ReleaseReason.RELEASED, "use `cancel` while it is pending")
 
 
 def extend(ctx: Ctx, rsv_id: str, by_ms: int) -> Reservation:

@@ -64,7 +64,8 @@ class Database:
         try:
             yield self.conn
         except BaseException:
-            self.conn.execute("ROLLBACK")
+            if self.conn.in_transaction:  # SQLite may have rolled back already (I/O error, full)
+                self.conn.execute("ROLLBACK")
             raise
         self._commit()
 
@@ -103,7 +104,8 @@ class Database:
         try:
             self.conn.execute("COMMIT")
         except sqlite3.OperationalError as exc:
-            self.conn.execute("ROLLBACK")
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
             if _is_locked(exc):
                 raise Unavailable(
                     f"database {self.path} stayed locked; nothing was written"

@@ -12,7 +12,7 @@ import sqlite3
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
-from better_compute.errors import NotFound
+from better_compute.errors import InvalidInput, NotFound
 from better_compute.model import (
     LIVE_STATES,
     Allocation,
@@ -125,7 +125,7 @@ def find_pool(conn: Conn, ref: str | None) -> sqlite3.Row:
                 "no pool exists yet; create one with `pool create` or `inventory import`"
             )
         names = ", ".join(r["name"] for r in rows)
-        raise NotFound(f"several pools exist ({names}); choose one with --pool")
+        raise InvalidInput(f"several pools exist ({names}); choose one with --pool")
     row = conn.execute("SELECT * FROM pools WHERE id = ? OR name = ?", (ref, ref)).fetchone()
     if row is None:
         raise NotFound(f"no pool {ref!r}; `pool list` shows the pools")

@@ -100,7 +100,9 @@ class World:
 
     # hardware
     def cordon(self, node: str) -> None:
-        setup.node_flag(self.ctx(), node, "node.cordoned", "why", schedulable=0, cordon_reason="why")
+        setup.node_flag(
+            self.ctx(), node, "node.cordoned", "why", schedulable=0, cordon_reason="why"
+        )
 
     def uncordon(self, node: str) -> None:
         setup.node_uncordon(self.ctx(), node)
@@ -244,7 +246,9 @@ def test_policy_draft_sees_gpu_count_times_size(world: World) -> None:
 
 
 def test_preview_of_a_gang_lists_the_members_of_the_best_gang(world: World) -> None:
-    p = booking.preview(world.ctx(), ReserveArgs("acme", None, 4, HOUR, gang=2, topology_key="rack"))
+    p = booking.preview(
+        world.ctx(), ReserveArgs("acme", None, 4, HOUR, gang=2, topology_key="rack")
+    )
     assert p.fits
     assert sorted(c.node_id for c in p.candidates) == ["a1", "a2"]
     p = booking.preview(
@@ -345,7 +349,9 @@ def test_spot_node_lease_is_invalid_input(world: World) -> None:
     with pytest.raises(InvalidInput, match="node lease"):
         world.reserve(None, node_lease=True, spot=True)
     with pytest.raises(InvalidInput):
-        booking.preview(world.ctx(), ReserveArgs("acme", None, None, HOUR, spot=True, node_lease=True))
+        booking.preview(
+            world.ctx(), ReserveArgs("acme", None, None, HOUR, spot=True, node_lease=True)
+        )
 
 
 def test_node_lease_is_repaired_only_before_its_window(world: World) -> None:
@@ -399,7 +405,9 @@ BREAKS: dict[str, Callable[[World, str], None]] = {
 
 
 @pytest.mark.parametrize("cause", list(BREAKS))
-def test_calendar_booking_is_moved_at_lead_time_for_the_same_window(world: World, cause: str) -> None:
+def test_calendar_booking_is_moved_at_lead_time_for_the_same_window(
+    world: World, cause: str
+) -> None:
     rsv = world.reserve(4, start=START)
     assert world.nodes_of(rsv.id) == ["a1"]
     BREAKS[cause](world, "a1")

@@ -8,7 +8,8 @@ state must be one of them.
 
 Invariants after every step: states move only along pending → placed → binding → active →
 released (placed → pending only for BookingRepair or a requeued spot victim); no atom is booked
-twice at once; a released reservation holds no booking after now; the quota a tenant holds
+twice at once; a live reservation books exactly its allocations (one per gang member) over its
+window; a released or pending reservation holds no booking after now; the quota a tenant holds
 (quota_charge of its reservations that are not released) is what the model says.
 """
 

@@ -50,6 +50,8 @@ def usage(
     ctx: Ctx, tenant: str | None, start: int | None, end: int | None, dead_letter: bool
 ) -> list[UsageWindow]:
     """Windows overlapping [start, end), each counted only inside it; dead letters: no meter."""
+    if start is not None and end is not None and end <= start:
+        raise InvalidInput("--to must be after --from")
     with ctx.db.read() as conn:
         if tenant is not None:
             repo.require_tenant(conn, tenant)
@@ -115,7 +117,13 @@ def policy_set(
             "policy.set",
             tenant,
             None,
-            {"principal": principal, "maxGpus": max_gpus, "spotOnly": spot_only, "deny": deny},
+            {
+                "principal": principal,
+                "maxGpus": max_gpus,
+                "spotOnly": spot_only,
+                "deny": deny,
+                "by": ctx.principal,
+            },
         )
     return Policy(tenant, principal, max_gpus, spot_only, deny)
 
@@ -143,4 +151,4 @@ def policy_delete(ctx: Ctx, tenant: str, principal: str) -> None:
         ).rowcount
         if not gone:
             raise NotFound(f"no policy for principal {principal!r} in tenant {tenant!r}")
-        ctx.event("policy.deleted", tenant, None, {"principal": principal})
+        ctx.event("policy.deleted", tenant, None, {"principal": principal, "by": ctx.principal})

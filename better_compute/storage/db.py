@@ -18,14 +18,27 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 DEFAULT_BUSY_TIMEOUT_MS = 30_000
 
 
+#: Descriptors used to read headers, kept open for the life of the process, by (device, inode).
+#: Closing any descriptor of a file drops every POSIX lock this process holds on it, including
+#: those of an open SQLite connection, so a header read must never close its descriptor.
+_HEADER_FDS: dict[tuple[int, int], int] = {}
+
+
+def _read_header(path: Path) -> bytes:
+    info = path.stat()
+    key = (info.st_dev, info.st_ino)
+    if key not in _HEADER_FDS:
+        _HEADER_FDS[key] = os.open(path, os.O_RDONLY)
+    return os.pread(_HEADER_FDS[key], 100, 0)
+
+
 def _header_kind(path: Path) -> str:
     """'missing', 'empty', 'ours' or 'foreign', from the header: never opened as a DB."""
     if not path.exists():
         return "missing"
     if path.is_dir():
         return "foreign"
-    with path.open("rb") as fh:
-        header = fh.read(100)
+    header = _read_header(path)
     if len(header) == 0:
         return "empty"
     if len(header) < 100 or not header.startswith(SQLITE_MAGIC):

@@ -554,6 +554,28 @@ def test_gang_repair_keeps_its_topology_value_when_it_can(
     assert world.get(gang.id).during == Window(START, START + HOUR)
 
 
+def test_gang_repair_stays_on_its_value_even_when_another_value_scores_better(
+    world: World,
+) -> None:
+    gang = world.reserve(1, gang=2, topology_key="fabric.domain", start=START)
+    assert world.nodes_of(gang.id) == ["a1", "a2"]
+    # b1 and b2 are then 3/4 booked in the same window: a fresh 1-GPU gang would prefer c1.2
+    for node in ("a1", "a2", "a3", "x1", "y1"):
+        world.cordon(node)
+    for _ in range(2):
+        world.reserve(3, start=START)
+    for node in ("a1", "a2", "a3", "x1", "y1"):
+        world.uncordon(node)
+    fresh = booking.preview(
+        world.ctx(), ReserveArgs("acme", None, 1, HOUR, gang=2, topology_key="fabric.domain",
+                                 start=START)
+    )  # fmt: skip
+    assert sorted(c.node_id for c in fresh.candidates) == ["b1", "b2"]
+    world.cordon("a1")
+    world.tick(START - LEAD)
+    assert world.nodes_of(gang.id) == ["a2", "a3"]
+
+
 def test_gang_repair_that_fits_nowhere_leaves_no_member_behind(world: World) -> None:
     gang = world.reserve(gang=2, topology_key="fabric.domain", start=START)
     for node in ("a1", "a2", "b1"):

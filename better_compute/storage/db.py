@@ -9,8 +9,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import sqlite_utils
-
 from better_compute.errors import Conflict, InvalidInput, Unavailable
 from better_compute.storage.schema import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION
 
@@ -61,7 +59,6 @@ class Database:
         self.conn.row_factory = sqlite3.Row
         self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         self.conn.execute("PRAGMA foreign_keys = ON")
-        self.utils = sqlite_utils.Database(self.conn)
         self._depth = 0
 
     def set_busy_timeout(self, busy_timeout_ms: int) -> None:

@@ -104,8 +104,8 @@ def _repair_due(ctx: Ctx) -> None:
 def repair_one(ctx: Ctx, rsv: Reservation) -> Reservation:
     """Check one placed reservation; if a node went bad, place it again for the same window."""
     conn = ctx.db.conn
-    if rsv.state != State.PLACED or rsv.during is None:
-        return rsv
+    if rsv.state != State.PLACED or rsv.during is None or rsv.preempt_deadline is not None:
+        return rsv  # a spot reservation under notice ends at its deadline: nothing to repair
     nodes = {n.name: n for n in repo.load_nodes(conn, rsv.pool_id)}
     maintenance = repo.maintenance_overlapping(conn, rsv.pool_id, rsv.during)
     bad = bad_nodes(rsv, nodes, maintenance, ctx.now)

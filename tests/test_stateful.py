@@ -378,7 +378,10 @@ class Lifecycle(RuleBasedStateMachine):
                 wanted = exp.start if exp.start is not None and exp.start > t else t
                 starts = {wanted} if exp.spot else {wanted, max(wanted, t + NOTICE_MS)}
                 assert r.during.start in starts, (rid, r.during, starts)
-                assert r.during.end - r.during.start == exp.duration_ms
+                if r.preempt_deadline is None:
+                    assert r.during.end - r.during.start == exp.duration_ms
+                else:  # placed by this tick's retry, then preempted by a later retry in it
+                    assert exp.spot and r.during.end == r.preempt_deadline
             if r.state == State.PENDING:
                 assert r.next_attempt_at is not None and r.next_attempt_at > t, r
             if r.state == State.PLACED:

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import settings
 import typer
 import typer.testing
+from hypothesis import settings
 from typer.testing import CliRunner, Result
 
 from better_compute.cli import app

@@ -10,7 +10,8 @@ import json as jsonlib
 import os
 import sqlite3
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -110,6 +111,15 @@ def emit(as_json: bool, doc: JsonValue, human_view: RenderableType | str | None 
         out.print(human_view)
 
 
+@contextmanager
+def _progress(as_json: bool, what: str) -> Iterator[Callable[[int, int], None]]:
+    """A transient progress bar on stderr, only for people at a terminal; yields `advance`."""
+    show = not (as_json or G.json) and err.is_terminal
+    with Progress(console=err, transient=True, disable=not show) as bar:
+        task = bar.add_task(what, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
 @app.callback()
 def main_options(
     db: Annotated[
@@ -196,7 +206,8 @@ def inventory_import(
             raise InvalidInput(f"cannot read {file}: {exc.strerror}") from None
     inv = load_inventory_text(text)
     c = ctx()
-    counts = setup.inventory_import(c, inv)
+    with _progress(as_json, "importing nodes") as advance:
+        counts = setup.inventory_import(c, inv, advance)
     emit(
         as_json,
         dict(counts),
@@ -644,12 +655,8 @@ def tick(
             raise InvalidInput("--until must not be before --now")
         if (end - c.now) // step_ms > 1_000_000:
             raise InvalidInput("--until/--step make more than a million ticks; use a longer --step")
-        show = not (as_json or G.json) and err.is_terminal
-        with Progress(console=err, transient=True, disable=not show) as bar:
-            task = bar.add_task("ticking", total=None)
-            changes = ticking.tick_until(
-                c, end, step_ms, lambda done, total: bar.update(task, completed=done, total=total)
-            )
+        with _progress(as_json, "ticking") as advance:
+            changes = ticking.tick_until(c, end, step_ms, advance)
     emit(
         as_json,
         {"now": c.now, "changes": [js.event(e) for e in changes]},

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from better_compute.errors import Conflict, InvalidInput, NotFound
@@ -347,9 +347,15 @@ def _live_atoms(conn: Conn, node: str, now: int) -> set[int]:
     return {int(r[0]) for r in rows}
 
 
-def inventory_import(ctx: Ctx, inv: Inventory) -> dict[str, int]:
-    """Upsert the whole file in one transaction; never remove an atom that holds a live booking."""
+def inventory_import(
+    ctx: Ctx, inv: Inventory, progress: Callable[[int, int], None] | None = None
+) -> dict[str, int]:
+    """Upsert the whole file in one transaction; never remove an atom that holds a live booking.
+
+    `progress(done, total)` is told after each node, for a progress bar on large files.
+    """
     counts = {"pools": 0, "nodes": 0, "tenants": 0}
+    total = sum(len(p.nodes) for p in inv.pools)
     with ctx.db.write() as conn:
         for pool in inv.pools:
             row = conn.execute("SELECT id FROM pools WHERE name = ?", (pool.name,)).fetchone()
@@ -366,6 +372,8 @@ def inventory_import(ctx: Ctx, inv: Inventory) -> dict[str, int]:
                 # Parsed inventories are sorted, so the path names the pool and node, not indexes.
                 _upsert_node(ctx, conn, pool_id, node, f"pools[{pool.name}].nodes[{node.name}]")
                 counts["nodes"] += 1
+                if progress is not None:
+                    progress(counts["nodes"], total)
         for tenant in inv.tenants:
             if not repo.tenant_exists(conn, tenant.id):
                 repo.insert_tenant(conn, tenant.id)

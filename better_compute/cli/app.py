@@ -1,0 +1,164 @@
+"""The Typer app, its global options, and the one place errors become messages and exit codes."""
+
+from __future__ import annotations
+
+import functools
+import json as jsonlib
+import os
+import sqlite3
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console, RenderableType
+from rich.progress import Progress
+
+from better_compute import clock
+from better_compute.errors import BetterComputeError, InvalidInput
+from better_compute.model import JsonValue, Window
+from better_compute.render import json as js
+from better_compute.service.context import Ctx, open_ctx
+from better_compute.timeparse import parse_time
+
+app = typer.Typer(
+    name="better-compute",
+    help="Book GPU capacity for teams sharing a fleet: now, later, as gangs, or as spot.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@dataclass
+class Globals:
+    db: str = "better-compute.db"
+    now_text: str | None = None
+    principal: str = "admin"
+    json: bool = False
+
+
+G = Globals()
+out = Console(soft_wrap=False)
+err = Console(stderr=True)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+TenantOpt = Annotated[str, typer.Option("--tenant", help="The tenant (its id).")]
+TenantFilter = Annotated[str | None, typer.Option("--tenant", help="Only this tenant.")]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _report(code: str, message: str, as_json: bool) -> None:
+    if as_json:
+        sys.stderr.write(jsonlib.dumps({"error": {"code": code, "message": message}}) + "\n")
+    else:
+        sys.stderr.write(f"error: {code}: {message}\n")
+
+
+def _fail(exc: BetterComputeError, as_json: bool) -> None:
+    _report(exc.code, exc.message, as_json)
+    raise typer.Exit(exc.exit_code)
+
+
+def handled(fn: F) -> F:
+    """Turn BetterComputeError into `error: CODE: message` and its exit code; bugs into INTERNAL."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        as_json = bool(kwargs.get("as_json")) or G.json
+        try:
+            return fn(*args, **kwargs)
+        except BetterComputeError as exc:
+            _fail(exc, as_json)
+        except sqlite3.DatabaseError as exc:
+            _fail(BetterComputeError(f"database error: {exc}"), as_json)
+        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # the one place a bug becomes a message instead of a traceback
+            if os.environ.get("BETTER_COMPUTE_DEBUG"):
+                raise
+            _fail(
+                BetterComputeError(f"{type(exc).__name__}: {exc} (a bug; please report it)"),
+                as_json,
+            )
+
+    return wrapper  # type: ignore[return-value]
+
+
+def now() -> int:
+    return clock.now_ms(G.now_text)
+
+
+def ctx() -> Ctx:
+    return open_ctx(G.db, now(), G.principal)
+
+
+def emit(as_json: bool, doc: JsonValue, human_view: RenderableType | str | None = None) -> None:
+    if as_json or G.json:
+        sys.stdout.write(js.dumps(doc) + "\n")
+    elif human_view is not None:
+        out.print(human_view)
+
+
+@contextmanager
+def progress_bar(as_json: bool, what: str) -> Iterator[Callable[[int, int], None]]:
+    """A transient progress bar on stderr, only for people at a terminal; yields `advance`."""
+    show = not (as_json or G.json) and err.is_terminal
+    with Progress(console=err, transient=True, disable=not show) as bar:
+        task = bar.add_task(what, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+@app.callback()
+def main_options(
+    db: Annotated[
+        str, typer.Option("--db", envvar="BETTER_COMPUTE_DB", help="The database file.")
+    ] = "better-compute.db",
+    now_: Annotated[
+        str | None,
+        typer.Option(
+            "--now",
+            envvar="BETTER_COMPUTE_NOW",
+            help="The instant to act at (TIME); default: the clock.",
+        ),
+    ] = None,
+    as_: Annotated[
+        str, typer.Option("--as", envvar="BETTER_COMPUTE_PRINCIPAL", help="Who is acting.")
+    ] = "admin",
+    as_json: Annotated[bool, typer.Option("--json", help="JSON output for every command.")] = False,
+) -> None:
+    """better-compute: reserve GPUs now or later, as gangs or spot; tick moves the lifecycle."""
+    G.db, G.now_text, G.principal, G.json = db, now_, as_, as_json
+
+
+PoolOpt = Annotated[
+    str | None, typer.Option("--pool", help="Pool id or name (optional with one pool).")
+]
+
+
+def window_of(start: str, until: str, at: int) -> Window:
+    return Window(parse_time(start, at), parse_time(until, at))
+
+
+def main() -> None:
+    """Entry point: Typer's own usage errors are reported in our format too (exit 2)."""
+    argv = sys.argv[1:]
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=argv, prog_name="better-compute", standalone_mode=False)
+    except typer.Abort:
+        sys.stderr.write("error: INTERNAL: aborted\n")
+        sys.exit(1)
+    except Exception as exc:
+        # The parser's usage errors (unknown option, missing or malformed value) carry these two.
+        message = getattr(exc, "format_message", None)
+        if message is None or not hasattr(exc, "exit_code"):
+            raise
+        text = str(message()).strip()
+        if text:  # empty when a bare group printed its help (no_args_is_help)
+            where = getattr(getattr(exc, "ctx", None), "command_path", None) or "better-compute"
+            _report("INVALID_INPUT", f"{text} (see `{where} --help`)", "--json" in argv)
+        sys.exit(InvalidInput.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)

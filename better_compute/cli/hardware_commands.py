@@ -1,0 +1,110 @@
+"""Hardware state for BookingRepair: cordon, reachability, GPU quarantine."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from better_compute.cli.app import (
+    JsonFlag,
+    app,
+    ctx,
+    emit,
+    handled,
+    window_of,
+)
+from better_compute.cli.setup_commands import node_app
+from better_compute.errors import InvalidInput
+from better_compute.model import JsonValue
+from better_compute.render import json as js
+from better_compute.service import setup
+from better_compute.timeparse import iso
+
+
+@node_app.command("cordon")
+@handled
+def node_cordon(
+    node: str,
+    reason: Annotated[str | None, typer.Option("--reason", help="Why, for the event log.")] = None,
+    from_: Annotated[
+        str | None, typer.Option("--from", help="Maintenance window start (TIME).")
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option("--until", help="Maintenance window end (TIME).")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Stop placing on a node; with --from/--until, only for a maintenance window."""
+    c = ctx()
+    if (from_ is None) != (until is None):
+        raise InvalidInput("a maintenance window needs both --from and --until")
+    if from_ is not None and until is not None:
+        m = setup.node_maintenance(c, node, window_of(from_, until, c.now), reason)
+        doc: JsonValue = {
+            "nodeId": node,
+            "maintenance": {"from": m.window.start, "until": m.window.end, "reason": reason},
+        }
+        emit(
+            as_json,
+            doc,
+            f"{node}: maintenance {iso(m.window.start)} → {iso(m.window.end)};"
+            " placed bookings that overlap it were repaired",
+        )
+        return
+    n = setup.node_flag(c, node, "node.cordoned", reason, schedulable=0, cordon_reason=reason)
+    emit(as_json, js.node(n), f"{node} cordoned; `repair` moves future bookings off it now")
+
+
+@node_app.command("uncordon")
+@handled
+def node_uncordon(node: str, as_json: JsonFlag = False) -> None:
+    """Place on a node again (also lifts its maintenance windows)."""
+    n = setup.node_uncordon(ctx(), node)
+    emit(as_json, js.node(n), f"{node} uncordoned")
+
+
+@node_app.command("mark-unreachable")
+@handled
+def node_mark_unreachable(
+    node: str,
+    reason: Annotated[str | None, typer.Option("--reason", help="Why, for the event log.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Record that a node stopped answering: no placement, no binding there."""
+    n = setup.node_flag(ctx(), node, "node.unreachable", reason, reachable=0)
+    emit(as_json, js.node(n), f"{node} marked unreachable")
+
+
+@node_app.command("mark-reachable")
+@handled
+def node_mark_reachable(node: str, as_json: JsonFlag = False) -> None:
+    """Record that a node answers again."""
+    n = setup.node_flag(ctx(), node, "node.reachable", None, reachable=1)
+    emit(as_json, js.node(n), f"{node} marked reachable")
+
+
+device_app = typer.Typer(help="GPU health: quarantine and restore.", no_args_is_help=True)
+app.add_typer(device_app, name="device")
+
+
+@device_app.command("quarantine")
+@handled
+def device_quarantine(
+    device: Annotated[str, typer.Argument(help="NODE:INDEX, e.g. west-01:3")],
+    reason: Annotated[str, typer.Option("--reason", help="e.g. xid-79")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Take a GPU out of service; `repair` moves future bookings off it."""
+    n = setup.device_health(ctx(), device, False, reason)
+    emit(as_json, js.node(n), f"{device} quarantined ({reason})")
+
+
+@device_app.command("restore")
+@handled
+def device_restore(
+    device: Annotated[str, typer.Argument(help="NODE:INDEX")], as_json: JsonFlag = False
+) -> None:
+    """Put a quarantined GPU back in service."""
+    n = setup.device_health(ctx(), device, True, None)
+    emit(as_json, js.node(n), f"{device} restored")

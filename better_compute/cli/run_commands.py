@@ -1,0 +1,198 @@
+"""Running: tick, repair, timeline, events, usage, meters, policies."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from better_compute.cli.app import (
+    JsonFlag,
+    PoolOpt,
+    TenantFilter,
+    TenantOpt,
+    app,
+    ctx,
+    emit,
+    handled,
+    out,
+    progress_bar,
+)
+from better_compute.errors import InvalidInput
+from better_compute.render import human
+from better_compute.render import json as js
+from better_compute.render.chart import timeline_chart
+from better_compute.service import accounting, ticking, views
+from better_compute.timeparse import parse_duration, parse_time
+
+
+@app.command()
+@handled
+def tick(
+    until: Annotated[
+        str | None, typer.Option("--until", help="Tick at every step up to TIME.")
+    ] = None,
+    step: Annotated[str, typer.Option("--step", help="DURATION between ticks.")] = "30s",
+    as_json: JsonFlag = False,
+) -> None:
+    """Advance the lifecycle at now (or at every step to --until); prints what changed."""
+    c = ctx()
+    if until is None:
+        changes = ticking.tick(c)
+    else:
+        end = parse_time(until, c.now)
+        step_ms = parse_duration(step)
+        if end < c.now:
+            raise InvalidInput("--until must not be before --now")
+        if (end - c.now) // step_ms > 1_000_000:
+            raise InvalidInput("--until/--step make more than a million ticks; use a longer --step")
+        with progress_bar(as_json, "ticking") as advance:
+            changes = ticking.tick_until(c, end, step_ms, advance)
+    emit(
+        as_json,
+        {"now": c.now, "changes": [js.event(e) for e in changes]},
+        "\n".join(human.event_line(e) for e in changes) or "nothing to do",
+    )
+
+
+@app.command()
+@handled
+def repair(
+    rsv: Annotated[
+        str | None, typer.Argument(help="One reservation; default: every placed one.")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Run the BookingRepair check now."""
+    changes = ticking.repair(ctx(), rsv)
+    emit(
+        as_json,
+        {"changes": [js.event(e) for e in changes]},
+        "\n".join(human.event_line(e) for e in changes) or "every booking checked is still good",
+    )
+
+
+@app.command()
+@handled
+def timeline(
+    pool: PoolOpt = None,
+    tenant: Annotated[
+        str | None, typer.Option("--tenant", help="Only this tenant's bookings.")
+    ] = None,
+    from_: Annotated[
+        str | None, typer.Option("--from", help="TIME; default the start of this hour.")
+    ] = None,
+    to: Annotated[str | None, typer.Option("--to", help="TIME; default --from + 24h.")] = None,
+    step: Annotated[int, typer.Option("--step", help="Bucket width in minutes, 5 to 1440.")] = 60,
+    as_json: JsonFlag = False,
+) -> None:
+    """Booked GPUs over time: a chart, or the JSON buckets."""
+    c = ctx()
+    start = parse_time(from_, c.now) if from_ is not None else None
+    end = parse_time(to, c.now) if to is not None else None
+    t = views.timeline(c, pool, tenant, start, end, step)
+    emit(as_json, js.timeline(t), timeline_chart(t, width=min(out.width, 100)))
+
+
+@app.command()
+@handled
+def events(
+    tenant: TenantFilter = None,
+    reservation: Annotated[
+        str | None, typer.Option("--reservation", help="One reservation.")
+    ] = None,
+    since: Annotated[
+        int | None, typer.Option("--since", help="Only events after this seq.")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """The append-only event log."""
+    rows = views.events(ctx(), tenant, reservation, since)
+    emit(as_json, [js.event(e) for e in rows], human.events(rows))
+
+
+# ---------------------------------------------------------------- usage, meters, policies
+
+meter_app = typer.Typer(
+    help="Billing meters; usage for a missing meter is dead-lettered.", no_args_is_help=True
+)
+app.add_typer(meter_app, name="meter")
+
+
+@meter_app.command("create")
+@handled
+def meter_create(name: str, as_json: JsonFlag = False) -> None:
+    """Create a meter such as gpu.h100.hours or gpu.h100.spot.hours."""
+    accounting.meter_create(ctx(), name)
+    emit(as_json, {"name": name}, f"created meter {name}")
+
+
+@meter_app.command("list")
+@handled
+def meter_list(as_json: JsonFlag = False) -> None:
+    """Every meter."""
+    names = accounting.meter_list(ctx())
+    emit(as_json, [{"name": n} for n in names], "\n".join(names) or "no meters")
+
+
+@app.command()
+@handled
+def usage(
+    tenant: TenantFilter = None,
+    from_: Annotated[str | None, typer.Option("--from", help="TIME")] = None,
+    to: Annotated[str | None, typer.Option("--to", help="TIME")] = None,
+    dead_letter: Annotated[
+        bool, typer.Option("--dead-letter", help="Windows whose meter is missing.")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Metered usage windows (GPU-hours) and totals per tenant and meter."""
+    c = ctx()
+    start = parse_time(from_, c.now) if from_ is not None else None
+    end = parse_time(to, c.now) if to is not None else None
+    rows = accounting.usage(c, tenant, start, end, dead_letter)
+    emit(as_json, [js.usage(u) for u in rows], human.usage(rows, dead_letter))
+
+
+policy_app = typer.Typer(help="What a principal may reserve for a tenant.", no_args_is_help=True)
+app.add_typer(policy_app, name="policy")
+
+
+@policy_app.command("set")
+@handled
+def policy_set(
+    tenant: TenantOpt,
+    principal: Annotated[str, typer.Option("--principal", help="Who the rule is for (--as).")],
+    max_gpus: Annotated[
+        int | None, typer.Option("--max-gpus", help="At most this many GPUs a request.")
+    ] = None,
+    spot_only: Annotated[bool, typer.Option("--spot-only", help="Only spot requests.")] = False,
+    deny: Annotated[bool, typer.Option("--deny", help="Refuse every request.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Set (replace) a principal's policy in a tenant."""
+    pol = accounting.policy_set(ctx(), tenant, principal, max_gpus, spot_only, deny)
+    emit(as_json, js.policy(pol), human.policies([pol]))
+
+
+@policy_app.command("list")
+@handled
+def policy_list(
+    tenant: TenantFilter = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Policies, by tenant and principal."""
+    rows = accounting.policy_list(ctx(), tenant)
+    emit(as_json, [js.policy(p) for p in rows], human.policies(rows))
+
+
+@policy_app.command("delete")
+@handled
+def policy_delete(
+    tenant: TenantOpt,
+    principal: Annotated[str, typer.Option("--principal", help="Who the rule is for.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Remove a principal's policy."""
+    accounting.policy_delete(ctx(), tenant, principal)
+    emit(as_json, {"tenantId": tenant, "principal": principal, "deleted": True}, "deleted")

@@ -1,0 +1,326 @@
+"""Setting up: init, demo, inventory, pools, nodes, tenants, quotas, settings."""
+
+from __future__ import annotations
+
+import json as jsonlib
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from better_compute.cli.app import (
+    G,
+    JsonFlag,
+    TenantOpt,
+    app,
+    ctx,
+    emit,
+    handled,
+    now,
+    out,
+    progress_bar,
+)
+from better_compute.errors import InvalidInput
+from better_compute.inventory import inventory_to_json, load_inventory_text
+from better_compute.model import JsonValue
+from better_compute.render import human
+from better_compute.render import json as js
+from better_compute.service import setup, ticking, views
+from better_compute.service.context import Ctx
+from better_compute.timeparse import iso
+
+
+@app.command()
+@handled
+def init(
+    demo: Annotated[bool, typer.Option("--demo", help="Load the demo inventory too.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing database.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Create the database (and with --demo, a small inventory to try every command on)."""
+    from better_compute.demo import DEMO_INVENTORY
+
+    at = now()
+    db = setup.init(G.db, at, force)
+    counts: dict[str, int] = {}
+    if demo:
+        counts = setup.inventory_import(Ctx(db, at, G.principal), DEMO_INVENTORY)
+    db.close()
+    emit(
+        as_json,
+        {"db": G.db, "demo": demo, **counts},
+        f"created {G.db}" + (f" with the demo inventory ({counts['nodes']} nodes)" if demo else ""),
+    )
+
+
+@app.command()
+@handled
+def demo(
+    keep: Annotated[
+        Path | None,
+        typer.Option("--keep", help="Write the demo database here instead of a temp file."),
+    ] = None,
+) -> None:
+    """A guided tour on a fresh demo database: calendar, gang, spot, repair, timeline."""
+    from better_compute.demo import run_tour
+
+    run_tour(out, keep)
+
+
+inventory_app = typer.Typer(
+    help="The inventory as JSON: import (upsert) and export.", no_args_is_help=True
+)
+app.add_typer(inventory_app, name="inventory")
+
+
+@inventory_app.command("import")
+@handled
+def inventory_import(
+    file: Annotated[
+        Path, typer.Argument(help="An inventory JSON file (see README), or - for stdin.")
+    ],
+    as_json: JsonFlag = False,
+) -> None:
+    """Upsert pools, nodes and tenants from a file: all of it, or nothing when any part is bad."""
+    if str(file) == "-":
+        text = sys.stdin.read()
+    else:
+        try:
+            text = file.read_text()
+        except OSError as exc:
+            raise InvalidInput(f"cannot read {file}: {exc.strerror}") from None
+    inv = load_inventory_text(text)
+    c = ctx()
+    with progress_bar(as_json, "importing nodes") as advance:
+        counts = setup.inventory_import(c, inv, advance)
+    emit(
+        as_json,
+        dict(counts),
+        f"imported {counts['pools']} pools, {counts['nodes']} nodes, {counts['tenants']} tenants",
+    )
+
+
+@inventory_app.command("export")
+@handled
+def inventory_export(as_json: JsonFlag = False) -> None:
+    """Print the inventory in the import format."""
+    doc = inventory_to_json(setup.inventory_export(ctx()))
+    sys.stdout.write(jsonlib.dumps(doc, indent=None if (as_json or G.json) else 2) + "\n")
+
+
+pool_app = typer.Typer(help="Pools of nodes.", no_args_is_help=True)
+app.add_typer(pool_app, name="pool")
+
+
+@pool_app.command("create")
+@handled
+def pool_create(
+    name: str,
+    label: Annotated[list[str] | None, typer.Option("--label", help="k=v, repeatable.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Create a pool."""
+    c = ctx()
+    pool_id = setup.pool_create(c, name, setup.parse_labels(label or []))
+    emit(as_json, js.pool(views.pool(c, pool_id)), f"created pool {name} ({pool_id})")
+
+
+@pool_app.command("list")
+@handled
+def pool_list(as_json: JsonFlag = False) -> None:
+    """Every pool with its rollup now."""
+    rows = views.pools(ctx())
+    emit(as_json, [js.pool(r) for r in rows], human.pools(rows))
+
+
+@pool_app.command("show")
+@handled
+def pool_show(pool: str, as_json: JsonFlag = False) -> None:
+    """One pool's rollup now: allocatable, inUse, reserved, free."""
+    r = views.pool(ctx(), pool)
+    emit(as_json, js.pool(r), human.pools([r]))
+
+
+@pool_app.command("set")
+@handled
+def pool_set(
+    pool: str,
+    auto_bind: Annotated[
+        str, typer.Option("--auto-bind", help="on, off, or default (follow binding.autoBind).")
+    ],
+    as_json: JsonFlag = False,
+) -> None:
+    """Pool settings: whether tick binds this pool's nodes itself (no node agents)."""
+    choices = {"on": True, "off": False, "default": None}
+    if auto_bind not in choices:
+        raise InvalidInput(f"--auto-bind must be on, off or default, got {auto_bind!r}")
+    c = ctx()
+    setup.pool_set_auto_bind(c, pool, choices[auto_bind])
+    emit(
+        as_json,
+        {"pool": pool, "autoBind": choices[auto_bind]},
+        f"pool {pool}: autoBind {auto_bind}",
+    )
+
+
+node_app = typer.Typer(
+    help="Nodes: add, inspect, label, cordon, reachability, agents.", no_args_is_help=True
+)
+app.add_typer(node_app, name="node")
+
+
+@node_app.command("add")
+@handled
+def node_add(
+    node: str,
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs on the node.")],
+    model: Annotated[str, typer.Option("--model", help="GPU model, e.g. h100.")],
+    pool: Annotated[str | None, typer.Option("--pool", help="Pool id or name.")] = None,
+    label: Annotated[list[str] | None, typer.Option("--label", help="k=v, repeatable.")] = None,
+    nvlink_groups: Annotated[int, typer.Option("--nvlink-groups", help="NVLink groups.")] = 1,
+    fabric: Annotated[str | None, typer.Option("--fabric", help="CLUSTER.CLIQUE")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Add a node with its GPUs to a pool."""
+    spec = setup.node_spec(
+        node, gpus, model, setup.parse_labels(label or []), nvlink_groups, fabric
+    )
+    c = ctx()
+    setup.node_add(c, pool, spec)
+    shown = setup.node_show(c, node)
+    emit(as_json, js.node(shown.node), f"added {node} ({gpus} × {model}) to {shown.pool_name}")
+
+
+@node_app.command("list")
+@handled
+def node_list(
+    pool: Annotated[str | None, typer.Option("--pool", help="Only this pool.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Nodes, with labels (fabric.domain derived) and state."""
+    rows = setup.node_list(ctx(), pool)
+    emit(as_json, [js.node(n) for n in rows], human.nodes(rows))
+
+
+@node_app.command("show")
+@handled
+def node_show(node: str, as_json: JsonFlag = False) -> None:
+    """One node, its maintenance windows and its desired state (what it should run)."""
+    d = setup.node_show(ctx(), node)
+    doc = js.node(d.node)
+    doc["pool"] = d.pool_name
+    doc["maintenance"] = [
+        {"from": m.window.start, "until": m.window.end, "reason": m.reason} for m in d.maintenance
+    ]
+    doc["desiredState"] = [js.assignment(a) for a in d.desired]  # type: ignore[arg-type]
+    emit(as_json, doc, human.nodes([d.node]))
+    if not (as_json or G.json):
+        for m in d.maintenance:
+            out.print(f"maintenance {iso(m.window.start)} → {iso(m.window.end)} {m.reason or ''}")
+        out.print(human.desired(d.desired))  # type: ignore[arg-type]
+
+
+@node_app.command("label")
+@handled
+def node_label(
+    node: str,
+    labels: Annotated[list[str], typer.Argument(help="k=v to set, k- to remove.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Set or remove operator labels (rack, zone, …)."""
+    n = setup.node_label(ctx(), node, labels)
+    emit(as_json, js.node(n), human.nodes([n]))
+
+
+@node_app.command("report-bound")
+@handled
+def node_report_bound(node: str, rsv: str, as_json: JsonFlag = False) -> None:
+    """What a node agent calls once it has bound its devices for a reservation."""
+    r = ticking.report_bound(ctx(), node, rsv)
+    emit(as_json, js.reservation(r), human.reservation(r))
+
+
+tenant_app = typer.Typer(help="Tenants: who reservations belong to.", no_args_is_help=True)
+app.add_typer(tenant_app, name="tenant")
+
+
+@tenant_app.command("create")
+@handled
+def tenant_create(tenant: str, as_json: JsonFlag = False) -> None:
+    """Create a tenant."""
+    setup.tenant_create(ctx(), tenant)
+    emit(as_json, {"id": tenant}, f"created tenant {tenant}")
+
+
+@tenant_app.command("list")
+@handled
+def tenant_list(as_json: JsonFlag = False) -> None:
+    """Every tenant."""
+    ids = setup.tenant_list(ctx())
+    emit(as_json, [{"id": t} for t in ids], "\n".join(ids) or "no tenants")
+
+
+quota_app = typer.Typer(help="Quotas: GPUs a tenant may hold at once.", no_args_is_help=True)
+app.add_typer(quota_app, name="quota")
+
+
+@quota_app.command("set")
+@handled
+def quota_set(
+    tenant: TenantOpt,
+    gpus: Annotated[int, typer.Option("--gpus", help="The cap in GPUs.")],
+    pool: Annotated[
+        str | None, typer.Option("--pool", help="Only in this pool (default: everywhere).")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Cap the GPUs a tenant holds at once, in a pool or everywhere."""
+    c = ctx()
+    setup.quota_set(c, tenant, pool, gpus)
+    lines = setup.quota_show(c, tenant)
+    emit(as_json, _quota_doc(tenant, lines), f"quota for {tenant} set")
+
+
+def _quota_doc(tenant: str, lines: list[setup.QuotaLine]) -> JsonValue:
+    return {
+        "tenantId": tenant,
+        "quotas": [
+            {"poolId": q.pool_id, "pool": q.pool_name, "gpus": q.gpus, "held": q.held}
+            for q in lines
+        ],
+    }
+
+
+@quota_app.command("show")
+@handled
+def quota_show(tenant: TenantOpt, as_json: JsonFlag = False) -> None:
+    """A tenant's caps and what it holds against them."""
+    lines = setup.quota_show(ctx(), tenant)
+    text = (
+        "\n".join(f"{q.pool_name or 'all pools'}: {q.held} of {q.gpus} GPUs held" for q in lines)
+        or f"{tenant} has no quota (unlimited)"
+    )
+    emit(as_json, _quota_doc(tenant, lines), text)
+
+
+config_app = typer.Typer(help="Engine settings.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+
+@config_app.command("get")
+@handled
+def config_get(
+    key: Annotated[str | None, typer.Argument()] = None, as_json: JsonFlag = False
+) -> None:
+    """Show one setting or all of them."""
+    values = setup.config_get(ctx(), key)
+    emit(as_json, values, "\n".join(f"{k} = {jsonlib.dumps(v)}" for k, v in values.items()))
+
+
+@config_app.command("set")
+@handled
+def config_set(key: str, value: str, as_json: JsonFlag = False) -> None:
+    """Change one setting."""
+    values = setup.config_set(ctx(), key, value)
+    emit(as_json, values, "\n".join(f"{k} = {jsonlib.dumps(v)}" for k, v in values.items()))

@@ -128,3 +128,9 @@ def human_duration(ms: int) -> str:
         if n:
             out.append(f"{n}{unit}")
     return "".join(out)
+
+
+def is_relative(text: str) -> bool:
+    """`now`, `+2h`, `-30m`: a TIME that means something else at every instant."""
+    s = text.strip()
+    return s.lower() == "now" or s[:1] in ("+", "-")

@@ -519,3 +519,51 @@ def test_bad_reserve_flags_are_invalid_and_create_nothing(run: Cli) -> None:
         assert err["code"] == "INVALID_INPUT", flags
     assert run.ok("list") == []
     assert run.ok("events", "--tenant", "acme") == []
+
+
+def test_a_retry_of_a_relative_start_later_is_the_same_request(run: Any) -> None:
+    """`--start +2h --key k` retried a minute later names the same request: same reservation."""
+    code, first, _ = run(
+        "reserve",
+        "--tenant",
+        "acme",
+        "--gpus",
+        "2",
+        "--for",
+        "1h",
+        "--start",
+        "+2h",
+        "--key",
+        "retry-me",
+    )
+    assert code == 0
+    code, again, _ = run(
+        "reserve",
+        "--tenant",
+        "acme",
+        "--gpus",
+        "2",
+        "--for",
+        "1h",
+        "--start",
+        "+2h",
+        "--key",
+        "retry-me",
+        now="2026-09-28T08:01:00Z",
+    )
+    assert code == 0 and again["id"] == first["id"]
+    code, _, err = run(
+        "reserve",
+        "--tenant",
+        "acme",
+        "--gpus",
+        "2",
+        "--for",
+        "1h",
+        "--start",
+        "+3h",
+        "--key",
+        "retry-me",
+        now="2026-09-28T08:01:00Z",
+    )
+    assert code == 4 and "CONFLICT" in err

@@ -24,7 +24,7 @@ from better_compute.render import human
 from better_compute.render import json as js
 from better_compute.service import booking
 from better_compute.service.booking import ReserveArgs
-from better_compute.timeparse import parse_duration, parse_time
+from better_compute.timeparse import is_relative, parse_duration, parse_time
 
 GpusOpt = Annotated[int | None, typer.Option("--gpus", help="GPUs (per node with --gang).")]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="A model or a comma-separated list.")]
@@ -65,6 +65,7 @@ def _reserve_args(
         gang=gang,
         topology_key=topology_key,
         start=parse_time(start, at) if start is not None else None,
+        start_text=start.strip() if start is not None and is_relative(start) else None,
         spot=spot,
         node_lease=node_lease,
         key=key,

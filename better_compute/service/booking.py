@@ -46,6 +46,9 @@ class ReserveArgs:
     spot: bool = False
     node_lease: bool = False
     key: str | None = None
+    #: How --start was written when it was relative to now (`+2h`): a retry of the same command
+    #: line later is the same request, so the key compares this text rather than the instant.
+    start_text: str | None = None
 
 
 def validate(args: ReserveArgs) -> None:
@@ -82,9 +85,22 @@ def _params(args: ReserveArgs, pool_id: str) -> str:
             "binding": "node" if args.node_lease else "device",
             "durationMs": args.duration_ms,
             "start": args.start,
+            "startText": args.start_text,
         },
         sort_keys=True,
     )
+
+
+def _same_request(old: str, new: str) -> bool:
+    """Equal parameters; the start matches as an instant, or as the same relative text (`+2h`),
+    so both a retried command line and the same instant written another way are the same request.
+    """
+    before, after = json.loads(old), json.loads(new)
+    text = before.pop("startText", None)
+    if text is not None and text == after.pop("startText"):
+        before.pop("start"), after.pop("start")
+    after.pop("startText", None)
+    return bool(before == after)
 
 
 def _charge(ctx: Ctx, args: ReserveArgs, pool_id: str) -> int:
@@ -190,7 +206,7 @@ def reserve(ctx: Ctx, args: ReserveArgs) -> Reservation:
             existing = repo.reservation_by_key(conn, args.tenant, args.key)
             if existing is not None:
                 rsv, old_params = existing
-                if old_params != params:
+                if not _same_request(old_params, params):
                     raise Conflict(
                         f"key {args.key!r} was used by {rsv.id} with other parameters;"
                         " use a new --key for a new request"

@@ -41,8 +41,8 @@ class Globals:
 
 
 G = Globals()
-out = Console(soft_wrap=False)
-err = Console(stderr=True)
+out = Console(soft_wrap=False, highlight=False)
+err = Console(stderr=True, highlight=False)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 TenantOpt = Annotated[str, typer.Option("--tenant", help="The tenant (its id).")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -24,10 +25,37 @@ STATE_STYLE = {
 }
 
 
+def table_of(*columns: str, **options: Any) -> Table:
+    """Borderless tables with a bold header: borders would cost columns at 80 wide."""
+    return Table(
+        *columns,
+        box=None,
+        pad_edge=False,
+        padding=(0, 2, 0, 0),
+        header_style="bold underline",
+        title_justify="left",
+        **options,
+    )
+
+
 def _window(rsv: Reservation) -> str:
     if rsv.during is None:
         return "—"
     return f"{iso(rsv.during.start)} → {iso(rsv.during.end)}"
+
+
+def short(ms: int) -> str:
+    """`09-28 08:00` (UTC): for table cells, where a full ISO time would wrap."""
+    text = iso(ms)
+    return f"{text[5:10]} {text[11:16]}"
+
+
+def span(start: int, end: int | None) -> str:
+    """`09-28 08:00–10:00` within a day, `09-28 08:00 → 09-29 20:00` across days (UTC)."""
+    if end is None:
+        return f"{short(start)} → open"
+    a, b = short(start), short(end)
+    return f"{a}–{b[6:]}" if a[:5] == b[:5] else f"{a} → {b}"
 
 
 def _shape(rsv: Reservation) -> str:
@@ -68,16 +96,16 @@ def reservation(rsv: Reservation) -> RenderableType:
 
 
 def reservations(rows: Sequence[Reservation]) -> RenderableType:
-    table = Table(title=f"{len(rows)} reservations", title_justify="left")
+    table = table_of(title=f"{len(rows)} reservations")
     for col in ("id", "tenant", "state", "asks", "window", "nodes"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=col in ("id", "state", "window"))
     for r in rows:
         table.add_row(
             r.id,
             r.tenant_id,
             Text(r.state.value, style=STATE_STYLE[r.state.value]),
             _shape(r),
-            _window(r),
+            span(r.during.start, r.during.end) if r.during else "—",
             ", ".join(a.node_id for a in r.allocations) or "—",
         )
     return table
@@ -88,7 +116,7 @@ def preview(p: Preview) -> RenderableType:
     window = f"{iso(p.window.start)} → {iso(p.window.end)}"
     if p.fits:
         lines.append(Text(f"fits for {window}", style="green"))
-        table = Table("node", "score", "gpus")
+        table = table_of("node", "score", "gpus")
         for c in p.candidates:
             table.add_row(c.node_id, str(c.score), ",".join(map(str, c.atoms)))
         lines.append(table)
@@ -103,7 +131,7 @@ def preview(p: Preview) -> RenderableType:
 
 
 def pools(rows: Sequence[Rollup]) -> RenderableType:
-    table = Table("pool", "id", "nodes", "allocatable", "in use", "reserved", "free")
+    table = table_of("pool", "id", "nodes", "allocatable", "in use", "reserved", "free")
     for r in rows:
         table.add_row(
             r.name,
@@ -118,7 +146,7 @@ def pools(rows: Sequence[Rollup]) -> RenderableType:
 
 
 def nodes(rows: Sequence[Node]) -> RenderableType:
-    table = Table("node", "gpus", "model", "labels", "state")
+    table = table_of("node", "gpus", "model", "labels", "state")
     for n in rows:
         healthy = sum(1 for a in n.atoms if a.healthy)
         gpus = f"{len(n.atoms)}" + (
@@ -140,7 +168,7 @@ def nodes(rows: Sequence[Node]) -> RenderableType:
 
 
 def desired(rows: Sequence[Assignment]) -> RenderableType:
-    table = Table(
+    table = table_of(
         "reservation", "tenant", "gpus", "state", "window", "bound", title="desired state"
     )
     for a in rows:
@@ -149,7 +177,7 @@ def desired(rows: Sequence[Assignment]) -> RenderableType:
             a.tenant_id,
             ",".join(map(str, a.atoms)),
             a.state,
-            f"{iso(a.start)} → {iso(a.end)}",
+            span(a.start, a.end),
             "yes" if a.bound else "no",
         )
     return table
@@ -167,7 +195,11 @@ def event_line(e: Event) -> str:
 
 def usage(rows: Sequence[UsageWindow], dead_letter: bool) -> RenderableType:
     title = "dead-lettered usage (no such meter)" if dead_letter else "usage"
-    table = Table("meter", "tenant", "reservation", "gpus", "from", "to", "gpu-hours", title=title)
+    table = table_of("meter", "tenant", title=title)
+    table.add_column("reservation", no_wrap=True)
+    table.add_column("gpus")
+    table.add_column("window (UTC)", no_wrap=True)
+    table.add_column("gpu-hours", justify="right")
     totals: dict[tuple[str, str], float] = {}
     for u in rows:
         table.add_row(
@@ -175,19 +207,18 @@ def usage(rows: Sequence[UsageWindow], dead_letter: bool) -> RenderableType:
             u.tenant_id,
             u.reservation_id,
             str(u.gpus),
-            iso(u.start),
-            iso(u.end) if u.end is not None else "open",
+            span(u.start, u.end),
             f"{u.quantity:.2f}",
         )
         totals[(u.tenant_id, u.meter)] = totals.get((u.tenant_id, u.meter), 0.0) + u.quantity
-    summary = Table("tenant", "meter", "total gpu-hours", title="totals")
+    summary = table_of("tenant", "meter", "total gpu-hours", title="totals")
     for (tenant, meter), total in sorted(totals.items()):
         summary.add_row(tenant, meter, f"{total:.2f}")
     return Group(table, summary)
 
 
 def policies(rows: Sequence[Policy]) -> RenderableType:
-    table = Table("tenant", "principal", "max gpus", "spot only", "deny")
+    table = table_of("tenant", "principal", "max gpus", "spot only", "deny")
     for p in rows:
         table.add_row(
             p.tenant_id,

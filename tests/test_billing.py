@@ -153,9 +153,12 @@ def test_a_window_opens_at_activation_not_at_placement(world: World) -> None:
     assert world.get(rsv.id).state == State.ACTIVE
     [u] = world.of(rsv.id)
     assert u.start == T0 + HOUR + 30 * SEC and u.end is None
-    world.now = T0 + 2 * HOUR + 30 * SEC
+    world.now = T0 + HOUR + 30 * MIN + 30 * SEC
     [u] = world.of(rsv.id)
-    assert u.quantity == 4.0  # an open window counts up to now
+    assert u.quantity == 2.0  # an open window counts up to now...
+    world.now = T0 + 3 * HOUR
+    [u] = world.of(rsv.id)
+    assert u.quantity == round(4 * (HOUR - 30 * SEC) / HOUR, 6)  # ...never past its end
 
 
 def test_binding_bills_nothing_until_every_node_is_bound(world: World) -> None:

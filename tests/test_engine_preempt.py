@@ -48,9 +48,7 @@ def picked(result: Plan | NoFit) -> tuple[list[str], tuple[str, ...]]:
 )
 def test_spot_and_node_lease_never_preempt(request_: Request) -> None:
     snaps = [snap(node("a"), spot=held("rsv_s", range(8)))]
-    assert plan_preemption(request_, snaps, seed=0, top_n=3) == NoFit(
-        "spot and node-lease requests never preempt"
-    )
+    assert plan_preemption(request_, snaps) == NoFit("spot and node-lease requests never preempt")
 
 
 def test_fewest_victims_beats_better_score() -> None:
@@ -63,19 +61,17 @@ def test_fewest_victims_beats_better_score() -> None:
     b_plan = plan_node(req(), snaps[1], free_spot=True)
     assert not isinstance(a_plan, str) and not isinstance(b_plan, str)
     assert a_plan.score > b_plan.score
-    for seed in range(5):
-        assert picked(plan_preemption(req(), snaps, seed=seed, top_n=3)) == (["b"], ("rsv_3",))
+    assert picked(plan_preemption(req(), snaps)) == (["b"], ("rsv_3",))
 
 
-def test_pick_only_among_plans_tied_on_fewest_victims() -> None:
+def test_fewest_victims_then_the_best_score_no_random_pick() -> None:
     snaps = [
         snap(node("a"), busy=range(6), spot={**held("rsv_1", (6,)), **held("rsv_2", (7,))}),
         snap(node("b"), spot=held("rsv_3", range(8))),
         snap(node("c"), busy=(0,), spot=held("rsv_4", range(1, 8))),
     ]
-    picks = [picked(plan_preemption(req(2), snaps, seed=s, top_n=3)) for s in range(6)]
-    # c (fuller) ranks before b; a needs two victims and is never picked.
-    assert picks == [(["c"], ("rsv_4",)), (["b"], ("rsv_3",))] * 3
+    # c (fuller) beats b on score; a needs two victims and is never picked.
+    assert picked(plan_preemption(req(2), snaps)) == (["c"], ("rsv_4",))
 
 
 def test_best_score_among_equal_victims() -> None:
@@ -83,7 +79,7 @@ def test_best_score_among_equal_victims() -> None:
         snap(node("a"), spot=held("rsv_1", range(8))),
         snap(node("b"), busy=(0, 1), spot=held("rsv_2", range(2, 8))),
     ]
-    assert picked(plan_preemption(req(4), snaps, seed=0, top_n=1)) == (["b"], ("rsv_2",))
+    assert picked(plan_preemption(req(4), snaps)) == (["b"], ("rsv_2",))
 
 
 ATOM_CASES = [
@@ -127,7 +123,7 @@ def test_preemption_atom_pick(
     atoms: tuple[int, ...],
     victims: tuple[str, ...],
 ) -> None:
-    result = plan_preemption(req(gpus), [snap(node("a"), busy, spot)], seed=0, top_n=1)
+    result = plan_preemption(req(gpus), [snap(node("a"), busy, spot)])
     assert isinstance(result, Plan), case
     assert result.members[0].atoms == atoms, case
     assert result.victims == victims, case
@@ -135,8 +131,8 @@ def test_preemption_atom_pick(
 
 def test_quarantined_spot_atoms_are_not_freed() -> None:
     snaps = [snap(node("a", sick=(0,)), busy=range(4, 8), spot=held("rsv_a", range(4)))]
-    assert isinstance(plan_preemption(req(3), snaps, seed=0, top_n=1), Plan)
-    assert plan_preemption(req(4), snaps, seed=0, top_n=1) == NoFit(
+    assert isinstance(plan_preemption(req(3), snaps), Plan)
+    assert plan_preemption(req(4), snaps) == NoFit(
         "no node fits (1 nodes): 1 × fits: 0 of 4 gpu free"
     )
 
@@ -144,7 +140,7 @@ def test_quarantined_spot_atoms_are_not_freed() -> None:
 def test_nvlink_all_prefers_the_group_with_fewest_victims() -> None:
     spot = {**held("rsv_a", (0,)), **held("rsv_b", (1,)), **held("rsv_c", (4, 5, 6))}
     snaps = [snap(node("a", groups=2), spot=spot)]
-    result = plan_preemption(req(4, topology="nvlink-all"), snaps, seed=0, top_n=1)
+    result = plan_preemption(req(4, topology="nvlink-all"), snaps)
     assert isinstance(result, Plan)
     assert result.members[0].atoms == (4, 5, 6, 7)
     assert result.victims == ("rsv_c",)
@@ -152,7 +148,7 @@ def test_nvlink_all_prefers_the_group_with_fewest_victims() -> None:
 
 def test_zero_victim_plans_are_returned_so_the_caller_can_tell() -> None:
     snaps = [snap(node("a"), busy=range(8)), snap(node("b"), busy=range(4))]
-    result = plan_preemption(req(), snaps, seed=0, top_n=3)
+    result = plan_preemption(req(), snaps)
     assert picked(result) == (["b"], ())
     assert result == place(req(), snaps, seed=0, top_n=1)
 
@@ -166,11 +162,9 @@ def test_no_fit_reads_like_normal_placement() -> None:
     assert normal == NoFit(
         "no node fits (2 nodes): 1 × fits: 0 of 4 gpu free, 1 × fits: 1 of 4 gpu free"
     )
-    assert plan_preemption(req(), snaps, seed=0, top_n=3) == normal
+    assert plan_preemption(req(), snaps) == normal
     gang_req = req(8, gang_size=2, topology_key="fabric.domain")
-    assert plan_preemption(gang_req, snaps, seed=0, top_n=3) == place(
-        gang_req, snaps, seed=0, top_n=3
-    )
+    assert plan_preemption(gang_req, snaps) == place(gang_req, snaps, seed=0, top_n=3)
 
 
 def test_max_plans_bounds_the_comparison_in_node_name_order() -> None:
@@ -179,8 +173,8 @@ def test_max_plans_bounds_the_comparison_in_node_name_order() -> None:
         snap(node("b"), spot={**held("rsv_3", range(4)), **held("rsv_4", range(4, 8))}),
         snap(node("c"), spot=held("rsv_5", range(8))),
     ]
-    assert picked(plan_preemption(req(6), snaps, seed=0, top_n=1)) == (["c"], ("rsv_5",))
-    assert picked(plan_preemption(req(6), snaps, seed=0, top_n=1, max_plans=2)) == (
+    assert picked(plan_preemption(req(6), snaps)) == (["c"], ("rsv_5",))
+    assert picked(plan_preemption(req(6), snaps, max_plans=2)) == (
         ["a"],
         ("rsv_1", "rsv_2"),
     )
@@ -204,10 +198,10 @@ def test_gang_preemption_across_several_nodes() -> None:
     assert place(request, snaps, seed=0, top_n=3) == NoFit(
         "no gang of 2 nodes fits in one fabric.domain (at most 0 nodes fit together)"
     )
-    result = plan_preemption(request, snaps, seed=0, top_n=3)
+    result = plan_preemption(request, snaps)
     assert picked(result) == (["b1", "b2"], ("rsv_g",))
     assert isinstance(result, Plan) and result.group == "c1.2"
-    three = plan_preemption(req(8, gang_size=3, topology_key=key), snaps, seed=0, top_n=3)
+    three = plan_preemption(req(8, gang_size=3, topology_key=key), snaps)
     assert picked(three) == (["b1", "b2", "b3"], ("rsv_g", "rsv_x", "rsv_y"))
 
 
@@ -219,8 +213,4 @@ def test_gang_preemption_fewest_victims_across_groups() -> None:
         snap(node("b2", fabric="c1.2")),
     ]
     request = req(4, gang_size=2, topology_key="fabric.domain")
-    for seed in range(4):
-        assert picked(plan_preemption(request, snaps, seed=seed, top_n=3)) == (
-            ["b1", "b2"],
-            ("rsv_3",),
-        )
+    assert picked(plan_preemption(request, snaps)) == (["b1", "b2"], ("rsv_3",))

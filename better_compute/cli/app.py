@@ -95,11 +95,15 @@ def ctx() -> Ctx:
     return open_ctx(G.db, now(), G.principal)
 
 
-def emit(as_json: bool, doc: JsonValue, human_view: RenderableType | str | None = None) -> None:
+HumanView = RenderableType | str | Callable[[], RenderableType | str] | None
+
+
+def emit(as_json: bool, doc: JsonValue, human_view: HumanView = None) -> None:
+    """One JSON document on stdout, or the view for people (built only when it is shown)."""
     if as_json or G.json:
         sys.stdout.write(js.dumps(doc) + "\n")
     elif human_view is not None:
-        out.print(human_view)
+        out.print(human_view() if callable(human_view) else human_view)
 
 
 @contextmanager

@@ -108,7 +108,7 @@ def reserve(
         key,
     )
     r = booking.reserve(ctx(), args)
-    emit(as_json, js.reservation(r), human.reservation(r))
+    emit(as_json, js.reservation(r), lambda: human.reservation(r))
 
 
 @app.command()
@@ -151,7 +151,7 @@ def preview(
     lines = booking.explain(c, args) if explain else []
     if explain:
         doc["explain"] = [{"subject": s, "verdict": v} for s, v in lines]
-    emit(as_json, doc, human.preview(p))
+    emit(as_json, doc, lambda: human.preview(p))
     if explain and not (as_json or G.json):
         for subject, verdict in lines:
             out.print(f"  {subject}: {verdict}")
@@ -165,7 +165,7 @@ RsvArg = Annotated[str, typer.Argument(help="The reservation id (rsv_…).")]
 def get(rsv: RsvArg, as_json: JsonFlag = False) -> None:
     """One reservation."""
     r = booking.get(ctx(), rsv)
-    emit(as_json, js.reservation(r), human.reservation(r))
+    emit(as_json, js.reservation(r), lambda: human.reservation(r))
 
 
 @app.command("list")
@@ -183,7 +183,7 @@ def list_(
     if ids and not (as_json or G.json):
         sys.stdout.write("".join(f"{r.id}\n" for r in rows))
         return
-    emit(as_json, [js.reservation(r) for r in rows], human.reservations(rows))
+    emit(as_json, [js.reservation(r) for r in rows], lambda: human.reservations(rows))
 
 
 @app.command()
@@ -191,7 +191,7 @@ def list_(
 def cancel(rsv: RsvArg, as_json: JsonFlag = False) -> None:
     """Withdraw a pending or placed reservation; its quota is refunded."""
     r = booking.cancel(ctx(), rsv)
-    emit(as_json, js.reservation(r), human.reservation(r))
+    emit(as_json, js.reservation(r), lambda: human.reservation(r))
 
 
 @app.command()
@@ -203,7 +203,7 @@ def extend(
 ) -> None:
     """Move the end later on every node, or on none (CONFLICT on a collision)."""
     r = booking.extend(ctx(), rsv, parse_duration(by))
-    emit(as_json, js.reservation(r), human.reservation(r))
+    emit(as_json, js.reservation(r), lambda: human.reservation(r))
 
 
 @app.command()
@@ -211,4 +211,4 @@ def extend(
 def release(rsv: RsvArg, as_json: JsonFlag = False) -> None:
     """Give the GPUs back now."""
     r = booking.release(ctx(), rsv)
-    emit(as_json, js.reservation(r), human.reservation(r))
+    emit(as_json, js.reservation(r), lambda: human.reservation(r))

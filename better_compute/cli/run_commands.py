@@ -91,7 +91,7 @@ def timeline(
     start = parse_time(from_, c.now) if from_ is not None else None
     end = parse_time(to, c.now) if to is not None else None
     t = views.timeline(c, pool, tenant, start, end, step)
-    emit(as_json, js.timeline(t), timeline_chart(t, width=min(out.width, 100)))
+    emit(as_json, js.timeline(t), lambda: timeline_chart(t, width=min(out.width, 100)))
 
 
 @app.command()
@@ -108,7 +108,7 @@ def events(
 ) -> None:
     """The append-only event log."""
     rows = views.events(ctx(), tenant, reservation, since)
-    emit(as_json, [js.event(e) for e in rows], human.events(rows))
+    emit(as_json, [js.event(e) for e in rows], lambda: human.events(rows))
 
 
 # ---------------------------------------------------------------- usage, meters, policies
@@ -151,7 +151,7 @@ def usage(
     start = parse_time(from_, c.now) if from_ is not None else None
     end = parse_time(to, c.now) if to is not None else None
     rows = accounting.usage(c, tenant, start, end, dead_letter)
-    emit(as_json, [js.usage(u) for u in rows], human.usage(rows, dead_letter))
+    emit(as_json, [js.usage(u) for u in rows], lambda: human.usage(rows, dead_letter))
 
 
 policy_app = typer.Typer(help="What a principal may reserve for a tenant.", no_args_is_help=True)
@@ -172,7 +172,7 @@ def policy_set(
 ) -> None:
     """Set (replace) a principal's policy in a tenant."""
     pol = accounting.policy_set(ctx(), tenant, principal, max_gpus, spot_only, deny)
-    emit(as_json, js.policy(pol), human.policies([pol]))
+    emit(as_json, js.policy(pol), lambda: human.policies([pol]))
 
 
 @policy_app.command("list")
@@ -183,7 +183,7 @@ def policy_list(
 ) -> None:
     """Policies, by tenant and principal."""
     rows = accounting.policy_list(ctx(), tenant)
-    emit(as_json, [js.policy(p) for p in rows], human.policies(rows))
+    emit(as_json, [js.policy(p) for p in rows], lambda: human.policies(rows))
 
 
 @policy_app.command("delete")

@@ -131,7 +131,7 @@ def pool_create(
 def pool_list(as_json: JsonFlag = False) -> None:
     """Every pool with its rollup now."""
     rows = views.pools(ctx())
-    emit(as_json, [js.pool(r) for r in rows], human.pools(rows))
+    emit(as_json, [js.pool(r) for r in rows], lambda: human.pools(rows))
 
 
 @pool_app.command("show")
@@ -139,7 +139,7 @@ def pool_list(as_json: JsonFlag = False) -> None:
 def pool_show(pool: str, as_json: JsonFlag = False) -> None:
     """One pool's rollup now: allocatable, inUse, reserved, free."""
     r = views.pool(ctx(), pool)
-    emit(as_json, js.pool(r), human.pools([r]))
+    emit(as_json, js.pool(r), lambda: human.pools([r]))
 
 
 @pool_app.command("set")
@@ -200,7 +200,7 @@ def node_list(
 ) -> None:
     """Nodes, with labels (fabric.domain derived) and state."""
     rows = setup.node_list(ctx(), pool)
-    emit(as_json, [js.node(n) for n in rows], human.nodes(rows))
+    emit(as_json, [js.node(n) for n in rows], lambda: human.nodes(rows))
 
 
 @node_app.command("show")
@@ -214,7 +214,7 @@ def node_show(node: str, as_json: JsonFlag = False) -> None:
         {"from": m.window.start, "until": m.window.end, "reason": m.reason} for m in d.maintenance
     ]
     doc["desiredState"] = [js.assignment(a) for a in d.desired]  # type: ignore[arg-type]
-    emit(as_json, doc, human.nodes([d.node]))
+    emit(as_json, doc, lambda: human.nodes([d.node]))
     if not (as_json or G.json):
         for m in d.maintenance:
             out.print(f"maintenance {iso(m.window.start)} → {iso(m.window.end)} {m.reason or ''}")
@@ -230,7 +230,7 @@ def node_label(
 ) -> None:
     """Set or remove operator labels (rack, zone, …)."""
     n = setup.node_label(ctx(), node, labels)
-    emit(as_json, js.node(n), human.nodes([n]))
+    emit(as_json, js.node(n), lambda: human.nodes([n]))
 
 
 @node_app.command("report-bound")
@@ -238,7 +238,7 @@ def node_label(
 def node_report_bound(node: str, rsv: str, as_json: JsonFlag = False) -> None:
     """What a node agent calls once it has bound its devices for a reservation."""
     r = ticking.report_bound(ctx(), node, rsv)
-    emit(as_json, js.reservation(r), human.reservation(r))
+    emit(as_json, js.reservation(r), lambda: human.reservation(r))
 
 
 tenant_app = typer.Typer(help="Tenants: who reservations belong to.", no_args_is_help=True)

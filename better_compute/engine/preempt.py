@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from better_compute.engine.gang import no_gang_fits, rank_gangs
-from better_compute.engine.place import no_node_fits, plan_nodes, seeded_pick, single_plan
+from better_compute.engine.place import no_node_fits, plan_nodes, single_plan
 from better_compute.model import NodeSnapshot, NoFit, Plan, Request
 
 NEVER_PREEMPTS = "spot and node-lease requests never preempt"
@@ -24,15 +24,13 @@ def plan_preemption(
     request: Request,
     snapshots: Sequence[NodeSnapshot],
     *,
-    seed: int,
-    top_n: int,
     max_plans: int = 64,
 ) -> Plan | NoFit:
-    """The plan preempting the fewest spot reservations, then the best score.
+    """The plan preempting the fewest spot reservations, then the best score, then the name.
 
     At most `max_plans` plans are compared: the first ones in node-name order (gangs: group-name
-    order), taken before ranking so the cost stays bounded on large pools. The seeded topN pick runs
-    only among plans tied on the fewest victims, so a better score never buys an extra victim.
+    order), taken before ranking so the cost stays bounded on large pools. There is no random
+    topN pick here: taking a worse plan would preempt more than needed or waste a node.
     """
     if request.spot or request.node_lease:
         return NoFit(NEVER_PREEMPTS)
@@ -45,10 +43,7 @@ def plan_preemption(
     compared = plans[: max(1, max_plans)]
     if not compared:
         return _normal_no_fit(request, snapshots)
-    ranked = sorted(compared, key=lambda p: (len(p.victims), -p.score, _name(p, gang=gang)))
-    fewest = len(ranked[0].victims)
-    tied = [plan for plan in ranked if len(plan.victims) == fewest]
-    return seeded_pick(tied, seed=seed, top_n=top_n)
+    return min(compared, key=lambda p: (len(p.victims), -p.score, _name(p, gang=gang)))
 
 
 def _normal_no_fit(request: Request, snapshots: Sequence[NodeSnapshot]) -> NoFit:

@@ -55,7 +55,9 @@ def usage(
     with ctx.db.read() as conn:
         if tenant is not None:
             repo.require_tenant(conn, tenant)
-        sql = "SELECT u.* FROM usage u WHERE "
+        # The reservation's end caps an open window: a tick may not have closed it yet.
+        sql = "SELECT u.*, r.during_end FROM usage u JOIN reservations r ON r.id = u.reservation_id"
+        sql += " WHERE "
         sql += "NOT EXISTS" if dead_letter else "EXISTS"
         sql += " (SELECT 1 FROM meters m WHERE m.name = u.meter)"
         args: list[object] = []
@@ -72,7 +74,8 @@ def usage(
     windows = []
     for r in rows:
         lo = max(r["start"], start) if start is not None else r["start"]
-        hi_raw = r["end"] if r["end"] is not None else max(ctx.now, r["start"])
+        open_until = max(r["start"], min(ctx.now, r["during_end"] or ctx.now))
+        hi_raw = r["end"] if r["end"] is not None else open_until
         hi = min(hi_raw, end) if end is not None else hi_raw
         quantity = round(r["gpus"] * max(0, hi - lo) / HOUR_MS, 6)
         windows.append(

@@ -28,6 +28,7 @@ from better_compute.service.admission import Draft, check_policy, check_quota
 from better_compute.service.context import Ctx
 from better_compute.service.preemption import try_preempt
 from better_compute.storage import repo
+from better_compute.timeparse import MAX_MS, iso
 
 MAX_GANG = 64
 
@@ -104,17 +105,19 @@ def _same_request(old: str, new: str) -> bool:
 
 
 def _charge(ctx: Ctx, args: ReserveArgs, pool_id: str) -> int:
-    """GPUs times the gang size; a node lease without --gpus is charged its largest possible node
-    until it is placed, then what it actually leased."""
+    """GPUs times the gang size. A node lease holds whole machines whatever --gpus says (that is
+    only a minimum node size): until placed it is charged the pool's largest node per member, then
+    exactly the GPUs it leased."""
     size = args.gang or 1
-    if args.gpus is not None:
+    if not args.node_lease:
+        assert args.gpus is not None  # validate() guarantees it
         return args.gpus * size
     row = ctx.db.conn.execute(
         "SELECT COALESCE(MAX(n), 0) FROM (SELECT COUNT(*) AS n FROM atoms a JOIN nodes d"
         " ON d.name = a.node_id WHERE d.pool_id = ? GROUP BY a.node_id)",
         (pool_id,),
     ).fetchone()
-    return int(row[0]) * size
+    return max(int(row[0]), args.gpus or 0) * size
 
 
 def _draft(args: ReserveArgs, pool_id: str, charge: int) -> Draft:
@@ -196,8 +199,20 @@ def record_outcome(ctx: Ctx, rsv: Reservation, previous: Reservation | None = No
         )
 
 
+def check_horizon(ctx: Ctx, args: ReserveArgs) -> None:
+    """Every instant must be printable: the latest end (after a spot notice) stays in year 9999."""
+    latest_end = (
+        max(args.start or ctx.now, ctx.now) + ctx.settings.spot_notice_ms + args.duration_ms
+    )
+    if latest_end > MAX_MS:
+        raise InvalidInput(
+            f"that window would end after {iso(MAX_MS)}; use an earlier --start or --for"
+        )
+
+
 def reserve(ctx: Ctx, args: ReserveArgs) -> Reservation:
     validate(args)
+    check_horizon(ctx, args)
     with ctx.db.write() as conn:
         pool = repo.find_pool(conn, args.pool)
         repo.require_tenant(conn, args.tenant)
@@ -243,6 +258,7 @@ class Preview:
 
 def preview(ctx: Ctx, args: ReserveArgs) -> Preview:
     validate(args)
+    check_horizon(ctx, args)
     with ctx.db.read() as conn:
         pool = repo.find_pool(conn, args.pool)
         repo.require_tenant(conn, args.tenant)
@@ -260,9 +276,7 @@ def preview(ctx: Ctx, args: ReserveArgs) -> Preview:
             deadline = max(args.start or ctx.now, ctx.now + ctx.settings.spot_notice_ms)
             late = Window(deadline, deadline + args.duration_ms)
             snaps = repo.snapshots(conn, pool["id"], late)
-            option = plan_preemption(
-                draft.request(late), snaps, seed=ctx.seed("preview"), top_n=ctx.settings.top_n
-            )
+            option = plan_preemption(draft.request(late), snaps)
             if isinstance(option, Plan) and option.victims:
                 preemptible = (len(option.victims), deadline)
         return Preview(False, (), outcome.reason, preemptible, window)
@@ -298,7 +312,8 @@ def list_reservations(
     allowed = {s.value for s in State}
     for name in state_names:
         if name not in allowed:
-            raise InvalidInput(f"--state {name!r} is not a state; use one of {', '.join(allowed)}")
+            names = ", ".join(s.value for s in State)
+            raise InvalidInput(f"--state {name!r} is not a state; use one of {names}")
     with ctx.db.read() as conn:
         clauses, args = ["1"], []  # type: tuple[list[str], list[object]]
         if tenant is not None:
@@ -366,6 +381,8 @@ def extend(ctx: Ctx, rsv_id: str, by_ms: int) -> Reservation:
             )
         assert rsv.during is not None
         old_end, new_end = rsv.during.end, rsv.during.end + by_ms
+        if new_end > MAX_MS:
+            raise InvalidInput(f"that would end after {iso(MAX_MS)}; extend by less")
         if new_end <= ctx.now:
             raise Conflict(f"cannot extend {rsv.id}: its window has already ended")
         extra = Window(old_end, new_end)

@@ -56,7 +56,7 @@ def commit(ctx: Ctx, rsv: Reservation, chosen: Plan, window: Window) -> Reservat
                 repo.insert_allocation(conn, rsv, member.node_id, member.atoms, window)
             )
     charge = rsv.quota_charge
-    if rsv.node_lease and rsv.gpus is None:
+    if rsv.node_lease:  # whole machines: charged exactly what was leased
         charge = sum(len(m.atoms) for m in chosen.members)
     return replace(
         rsv,

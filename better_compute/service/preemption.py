@@ -49,8 +49,6 @@ def try_preempt(ctx: Ctx, rsv: Reservation) -> Reservation | None:
     option = plan_preemption(
         rsv.request(window),
         snaps,
-        seed=ctx.seed(rsv.id, "preempt", deadline),
-        top_n=ctx.settings.top_n,
     )
     if not isinstance(option, Plan) or not option.victims:
         return None

@@ -113,8 +113,13 @@ def test_the_principal_variable_is_who_acts(run: Cli) -> None:
         "reserve", "--tenant", "acme", "--gpus", "2", "--for", "1h", "--key", "s", env=as_bob
     )
     assert small["state"] == "placed"
-    run.ok("config", "set", "placement.topN", "2", env=as_bob)
+    run.ok("node", "cordon", "west-07", "--reason", "psu", env=as_bob)
     assert run.ok("events")[-1]["data"]["by"] == "bob"
+    # the rules that bind principals are admin's to change
+    err = run.fails(6, "config", "set", "placement.topN", "2", env=as_bob)
+    assert "only admin" in err["message"]
+    err = run.fails(6, "policy", "set", "--tenant", "acme", "--principal", "bob", env=as_bob)
+    assert "only admin" in err["message"]
 
 
 # ---------------------------------------------------------------- output discipline

@@ -138,12 +138,11 @@ def test_policy_set_errors(run: Cli, args: list[str], code: int) -> None:
 
 
 def test_policy_changes_are_events_with_who(run: Cli) -> None:
-    run.ok(
-        "--as", "ops", "policy", "set", "--tenant", "acme", "--principal", "bob", "--max-gpus", "8"
-    )
+    run.ok("policy", "set", "--tenant", "acme", "--principal", "bob", "--max-gpus", "8")
+    run.fails(6, "--as", "ops", "policy", "delete", "--tenant", "acme", "--principal", "bob")
     run.ok("policy", "delete", "--tenant", "acme", "--principal", "bob")
     events = run.ok("events", "--tenant", "acme")
     types = [e["type"] for e in events]
     assert types[-2:] == ["policy.set", "policy.deleted"]
     assert events[-2]["data"]["principal"] == "bob" and events[-2]["data"]["maxGpus"] == 8
-    assert events[-2]["data"]["by"] == "ops" and events[-1]["data"]["by"] == "admin"
+    assert events[-2]["data"]["by"] == "admin" and events[-1]["data"]["by"] == "admin"

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from better_compute.errors import Conflict, InvalidInput, NotFound
 from better_compute.inventory import MAX_INT
+from better_compute.service.admission import require_admin
 from better_compute.service.context import Ctx
 from better_compute.storage import repo
 
@@ -105,6 +106,7 @@ class Policy:
 def policy_set(
     ctx: Ctx, tenant: str, principal: str, max_gpus: int | None, spot_only: bool, deny: bool
 ) -> Policy:
+    require_admin(ctx.principal, "set policies")
     if max_gpus is not None and not 0 <= max_gpus <= MAX_INT:
         raise InvalidInput(f"--max-gpus must be from 0 to {MAX_INT}, got {max_gpus}")
     if not principal.strip():
@@ -148,6 +150,7 @@ def policy_list(ctx: Ctx, tenant: str | None) -> list[Policy]:
 
 
 def policy_delete(ctx: Ctx, tenant: str, principal: str) -> None:
+    require_admin(ctx.principal, "delete policies")
     with ctx.db.write() as conn:
         gone = conn.execute(
             "DELETE FROM policies WHERE tenant_id = ? AND principal = ?", (tenant, principal)

@@ -33,9 +33,18 @@ class Draft:
         }
 
 
+ADMIN = "admin"
+
+
+def require_admin(principal: str, what: str) -> None:
+    """The rules that bind principals (policies, quotas, settings) are changed by admin only."""
+    if principal != ADMIN:
+        raise Forbidden(f"only admin may {what}; you are acting as {principal!r} (see --as)")
+
+
 def check_policy(conn: Conn, principal: str, draft: Draft) -> None:
     """`admin` is never refused; in a tenant with policies, a principal without one is."""
-    if principal == "admin":
+    if principal == ADMIN:
         return
     rows = list(
         conn.execute(

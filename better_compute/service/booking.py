@@ -217,6 +217,8 @@ def reserve(ctx: Ctx, args: ReserveArgs) -> Reservation:
         pool = repo.find_pool(conn, args.pool)
         repo.require_tenant(conn, args.tenant)
         params = _params(args, pool["id"])
+        charge = _charge(ctx, args, pool["id"])
+        check_policy(conn, ctx.principal, _draft(args, pool["id"], charge))
         if args.key is not None:
             existing = repo.reservation_by_key(conn, args.tenant, args.key)
             if existing is not None:
@@ -227,8 +229,6 @@ def reserve(ctx: Ctx, args: ReserveArgs) -> Reservation:
                         " use a new --key for a new request"
                     )
                 return rsv
-        charge = _charge(ctx, args, pool["id"])
-        check_policy(conn, ctx.principal, _draft(args, pool["id"], charge))
         check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
         rsv_id, seq = repo.next_id(conn, "rsv"), repo.next_seq(conn, "reservations")
         rsv = _new_reservation(ctx, args, pool["id"], charge, rsv_id, seq)
@@ -341,10 +341,19 @@ def finish(ctx: Ctx, rsv: Reservation, reason: ReleaseReason, at: int) -> Reserv
     repo.end_bookings(conn, rsv.id, at)
     metering.close_windows(conn, rsv.id, at)
     done = states.released(rsv, reason)
-    if done.during is not None and done.during.end > at:
-        done = replace(done, during=Window(done.during.start, max(done.during.start, at)))
+    if done.during is not None and done.during.start >= at:
+        done = replace(done, during=None)  # released before it began: it held no time at all
+    elif done.during is not None and done.during.end > at:
+        done = replace(done, during=Window(done.during.start, at))
     repo.save_reservation(conn, done)
-    ctx.event("reservation.released", rsv.tenant_id, rsv.id, {"reason": reason.value}, at=at)
+    data: dict[str, JsonValue] = {"reason": reason.value}
+    if reason == ReleaseReason.PREEMPTED and rsv.preempted_by is not None:
+        by = conn.execute(
+            "SELECT tenant_id FROM reservations WHERE id = ?", (rsv.preempted_by,)
+        ).fetchone()
+        if by is not None and by[0] == rsv.tenant_id:  # never name another tenant's reservation
+            data["by"] = rsv.preempted_by
+    ctx.event("reservation.released", rsv.tenant_id, rsv.id, data, at=at)
     return done
 
 

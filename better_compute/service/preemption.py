@@ -66,7 +66,7 @@ def _give_notice(ctx: Ctx, victim: Reservation, by: Reservation, deadline: int) 
     if not victim.spot or victim.state not in LIVE_STATES or victim.during is None:
         raise _Abort(victim.id)
     message, by_data = notice(victim, by)
-    if victim.during.start < deadline:
+    if victim.state != State.PLACED or victim.during.start < deadline:
         # Started, or starts before the deadline: cut back to end at it, released then by tick.
         repo.end_bookings(conn, victim.id, deadline)
         cut = replace(

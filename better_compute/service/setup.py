@@ -19,6 +19,7 @@ from better_compute.inventory import (
 )
 from better_compute.model import Atom, JsonValue, Maintenance, Node, Window
 from better_compute.service import ticking
+from better_compute.service.admission import require_admin
 from better_compute.service.context import Ctx
 from better_compute.storage import repo
 from better_compute.storage.db import Database, create_database
@@ -256,6 +257,7 @@ def tenant_list(ctx: Ctx) -> list[str]:
 
 
 def quota_set(ctx: Ctx, tenant: str, pool_ref: str | None, gpus: int) -> None:
+    require_admin(ctx.principal, "set quotas")
     if not 0 <= gpus <= MAX_INT:
         raise InvalidInput(f"--gpus must be from 0 to {MAX_INT}, got {gpus}")
     with ctx.db.write() as conn:
@@ -318,6 +320,7 @@ def config_get(ctx: Ctx, key: str | None) -> dict[str, JsonValue]:
 
 
 def config_set(ctx: Ctx, key: str, value: str) -> dict[str, JsonValue]:
+    require_admin(ctx.principal, "change settings")
     if key not in repo.SETTING_KEYS:
         raise InvalidInput(f"no setting {key!r}; settings: {', '.join(sorted(repo.SETTING_KEYS))}")
     if key in BOOL_KEYS:

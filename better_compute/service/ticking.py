@@ -127,7 +127,7 @@ def repair_one(ctx: Ctx, rsv: Reservation) -> Reservation:
                 rsv.tenant_id,
                 rsv.id,
                 {
-                    "from": left,
+                    "from": [n for n in left if n not in kept(outcome)],
                     "nodeIds": [a.node_id for a in outcome.allocations],
                     "start": window.start,
                     "end": window.end,
@@ -156,6 +156,10 @@ def repair_one(ctx: Ctx, rsv: Reservation) -> Reservation:
             },
         )
         return waiting
+
+
+def kept(rsv: Reservation) -> set[JsonValue]:
+    return {a.node_id for a in rsv.allocations}
 
 
 def repair(ctx: Ctx, rsv_id: str | None) -> list[Event]:

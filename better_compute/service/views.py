@@ -27,26 +27,36 @@ class Rollup:
     allocatable: int
     in_use: int
     reserved: int
-
-    @property
-    def free(self) -> int:
-        return self.allocatable - self.in_use
+    free: int
 
 
-def _allocatable(nodes: list[Node]) -> int:
-    """Healthy GPUs on schedulable nodes."""
-    return sum(sum(1 for a in n.atoms if a.healthy) for n in nodes if n.schedulable)
+def allocatable_atoms(
+    conn: Conn, pool_id: str, nodes: list[Node], now: int
+) -> set[tuple[str, int]]:
+    """Healthy GPUs on schedulable nodes that are not under a maintenance window now."""
+    blocked = {m.node_id for m in repo.maintenance_overlapping(conn, pool_id, Window(now, now + 1))}
+    return {
+        (n.name, a.index)
+        for n in nodes
+        if n.schedulable and n.name not in blocked
+        for a in n.atoms
+        if a.healthy
+    }
 
 
 def rollup(conn: Conn, row: sqlite3.Row, now: int) -> Rollup:
     pool_id = row["id"]
     nodes = repo.load_nodes(conn, pool_id)
-    in_use = conn.execute(
-        "SELECT COUNT(*) FROM (SELECT DISTINCT node_id, atom FROM bookings b"
-        " JOIN reservations r ON r.id = b.reservation_id"
-        " WHERE b.pool_id = ? AND b.start <= ? AND b.end > ? AND r.state != 'released')",
-        (pool_id, now, now),
-    ).fetchone()[0]
+    usable = allocatable_atoms(conn, pool_id, nodes, now)
+    busy = {
+        (str(n), int(a))
+        for n, a in conn.execute(
+            "SELECT DISTINCT node_id, atom FROM bookings b"
+            " JOIN reservations r ON r.id = b.reservation_id"
+            " WHERE b.pool_id = ? AND b.start <= ? AND b.end > ? AND r.state != 'released'",
+            (pool_id, now, now),
+        )
+    }
     # `b.end > now` (implied by start > now) keeps released history out of the index range; the
     # in-use check runs once per distinct atom, not once per future booking.
     reserved = conn.execute(
@@ -63,9 +73,11 @@ def rollup(conn: Conn, row: sqlite3.Row, now: int) -> Rollup:
         labels=repo.pool_labels(row),
         nodes=len(nodes),
         gpus=sum(len(n.atoms) for n in nodes),
-        allocatable=_allocatable(nodes),
-        in_use=int(in_use),
+        allocatable=len(usable),
+        in_use=len(busy),
         reserved=int(reserved),
+        # Busy GPUs outside allocatable (cordoned, quarantined) are not taken from free twice.
+        free=len(usable - busy),
     )
 
 
@@ -163,7 +175,8 @@ def timeline(
         if tenant is not None:
             repo.require_tenant(conn, tenant)
         # Only the allocatable count: a full rollup would also count every future booking.
-        allocatable = _allocatable(repo.load_nodes(conn, row["id"]))
+        nodes = repo.load_nodes(conn, row["id"])
+        allocatable = len(allocatable_atoms(conn, row["id"], nodes, ctx.now))
         spans = _spans(conn, row["id"], Window(first, last), tenant)
     buckets = []
     for i in range(count):

@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.rule import Rule
 
+from better_compute.errors import Conflict, InvalidInput
 from better_compute.inventory import Inventory, parse_inventory
 
 _H100 = {"count": 8, "model": "h100", "nvlinkGroups": 2}
@@ -157,7 +158,17 @@ def _run(console: Console, db: Path, now: str, line: str) -> None:
 
 
 def run_tour(console: Console, keep: Path | None) -> None:
-    """Run the tour on a fresh demo database: in a temporary folder unless `keep` names a file."""
+    """Run the tour on a fresh demo database: in a temporary folder unless `keep` names a file.
+
+    A kept file must be new: the tour never replaces a database or any other file.
+    """
+    if keep is not None:
+        if keep.is_file():
+            raise Conflict(f"--keep {str(keep)!r} already exists; name a new file for the demo")
+        if keep.exists() or keep.is_symlink():
+            raise InvalidInput(f"--keep {str(keep)!r} is not a new file; name one for the demo")
+        if not keep.parent.is_dir():
+            raise InvalidInput(f"--keep {str(keep)!r}: folder {str(keep.parent)!r} does not exist")
     with tempfile.TemporaryDirectory(prefix="better-compute-demo-") as tmp:
         db = keep if keep is not None else Path(tmp) / "demo.db"
         _run(console, db, DEMO_NOW, "init --demo --force")

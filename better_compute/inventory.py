@@ -16,7 +16,7 @@ from better_compute.errors import InvalidInput
 from better_compute.model import FABRIC_DOMAIN
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
-MODEL_RE = re.compile(r"[a-z0-9][a-z0-9._-]*")
+MODEL_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 MAX_GPUS = 64
 MAX_INT = 2**31 - 1  # cap on cliques and quotas: far above any fleet, far below SQLite's limit
 
@@ -219,8 +219,12 @@ def load_inventory_text(text: str) -> Inventory:
         raise InvalidInput(
             f"inventory is not valid JSON: line {e.lineno} column {e.colno}: {e.msg}"
         ) from None
-    except (ValueError, RecursionError) as e:  # e.g. an integer of thousands of digits
-        raise InvalidInput(f"inventory is not valid JSON: {e}") from None
+    except ValueError:  # an integer of thousands of digits: Python refuses to read it
+        raise InvalidInput(
+            "inventory is not valid JSON: a number has thousands of digits"
+        ) from None
+    except RecursionError:
+        raise InvalidInput("inventory is not valid JSON: it is nested too deeply") from None
     return parse_inventory(doc)
 
 

@@ -100,7 +100,7 @@ def test_an_older_schema_with_rows_migrates_forward(tmp_path: Path) -> None:
     db.close()
     # Re-running migration 1 on existing tables must fail loudly, never half-apply: the
     # transaction rolls back and the version stays, so the file is still usable afterwards.
-    with pytest.raises(sqlite3.OperationalError):
+    with pytest.raises(Unavailable, match="cannot be used: table meta already exists"):
         open_database(path)
     check = sqlite3.connect(path)
     assert check.execute("SELECT id FROM tenants").fetchall() == [("acme",)]

@@ -17,7 +17,7 @@ from rich.console import Console, RenderableType
 from rich.progress import Progress
 
 from better_compute import clock
-from better_compute.errors import BetterComputeError, InvalidInput
+from better_compute.errors import BetterComputeError, InvalidInput, Unavailable
 from better_compute.model import JsonValue, Window
 from better_compute.render import json as js
 from better_compute.service.context import Ctx, open_ctx
@@ -72,8 +72,8 @@ def handled(fn: F) -> F:
             return fn(*args, **kwargs)
         except BetterComputeError as exc:
             _fail(exc, as_json)
-        except sqlite3.DatabaseError as exc:
-            _fail(BetterComputeError(f"database error: {exc}"), as_json)
+        except sqlite3.DatabaseError as exc:  # a damaged or unreadable file, not a bug of ours
+            _fail(Unavailable(f"database {G.db!r} cannot be used: {exc}"), as_json)
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
         except Exception as exc:  # the one place a bug becomes a message instead of a traceback
@@ -92,6 +92,8 @@ def now() -> int:
 
 
 def ctx() -> Ctx:
+    if not G.principal.strip():
+        raise InvalidInput("--as (or BETTER_COMPUTE_PRINCIPAL) must name who is acting, e.g. admin")
     return open_ctx(G.db, now(), G.principal)
 
 

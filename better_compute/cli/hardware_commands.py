@@ -84,7 +84,7 @@ def node_mark_reachable(node: str, as_json: JsonFlag = False) -> None:
     emit(as_json, js.node(n), f"{node} marked reachable")
 
 
-device_app = typer.Typer(help="GPU health: quarantine and restore.", no_args_is_help=True)
+device_app = typer.Typer(no_args_is_help=False, help="GPU health: quarantine and restore.")
 app.add_typer(device_app, name="device")
 
 

@@ -20,6 +20,7 @@ from better_compute.cli.app import (
     now,
     out,
 )
+from better_compute.errors import InvalidInput
 from better_compute.render import human
 from better_compute.render import json as js
 from better_compute.service import booking
@@ -55,6 +56,8 @@ def _reserve_args(
 ) -> ReserveArgs:
     at = now()
     models = tuple(sorted({m.strip() for m in model.split(",") if m.strip()})) if model else ()
+    if model is not None and not models:
+        raise InvalidInput("--model needs a model or a comma-separated list, such as h100,a100")
     return ReserveArgs(
         tenant=tenant,
         pool=pool,

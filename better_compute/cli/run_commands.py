@@ -36,12 +36,12 @@ def tick(
     as_json: JsonFlag = False,
 ) -> None:
     """Advance the lifecycle at now (or at every step to --until); prints what changed."""
+    step_ms = parse_duration(step)  # checked even without --until: a typo is never ignored
     c = ctx()
     if until is None:
         changes = ticking.tick(c)
     else:
         end = parse_time(until, c.now)
-        step_ms = parse_duration(step)
         if end < c.now:
             raise InvalidInput("--until must not be before --now")
         if (end - c.now) // step_ms > 1_000_000:
@@ -114,7 +114,7 @@ def events(
 # ---------------------------------------------------------------- usage, meters, policies
 
 meter_app = typer.Typer(
-    help="Billing meters; usage for a missing meter is dead-lettered.", no_args_is_help=True
+    no_args_is_help=False, help="Billing meters; usage for a missing meter is dead-lettered."
 )
 app.add_typer(meter_app, name="meter")
 
@@ -154,7 +154,7 @@ def usage(
     emit(as_json, [js.usage(u) for u in rows], lambda: human.usage(rows, dead_letter))
 
 
-policy_app = typer.Typer(help="What a principal may reserve for a tenant.", no_args_is_help=True)
+policy_app = typer.Typer(no_args_is_help=False, help="What a principal may reserve for a tenant.")
 app.add_typer(policy_app, name="policy")
 
 

@@ -69,7 +69,7 @@ def demo(
 
 
 inventory_app = typer.Typer(
-    help="The inventory as JSON: import (upsert) and export.", no_args_is_help=True
+    no_args_is_help=False, help="The inventory as JSON: import (upsert) and export."
 )
 app.add_typer(inventory_app, name="inventory")
 
@@ -83,13 +83,16 @@ def inventory_import(
     as_json: JsonFlag = False,
 ) -> None:
     """Upsert pools, nodes and tenants from a file: all of it, or nothing when any part is bad."""
-    if str(file) == "-":
-        text = sys.stdin.read()
-    else:
-        try:
-            text = file.read_text()
-        except OSError as exc:
-            raise InvalidInput(f"cannot read {file}: {exc.strerror}") from None
+    try:
+        raw = sys.stdin.buffer.read() if str(file) == "-" else file.read_bytes()
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {str(file)!r}: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(
+            f"inventory {str(file)!r} is not UTF-8 text (byte {exc.start}); save it as UTF-8 JSON"
+        ) from None
     inv = load_inventory_text(text)
     c = ctx()
     with progress_bar(as_json, "importing nodes") as advance:
@@ -109,7 +112,7 @@ def inventory_export(as_json: JsonFlag = False) -> None:
     sys.stdout.write(jsonlib.dumps(doc, indent=None if (as_json or G.json) else 2) + "\n")
 
 
-pool_app = typer.Typer(help="Pools of nodes.", no_args_is_help=True)
+pool_app = typer.Typer(no_args_is_help=False, help="Pools of nodes.")
 app.add_typer(pool_app, name="pool")
 
 
@@ -165,7 +168,7 @@ def pool_set(
 
 
 node_app = typer.Typer(
-    help="Nodes: add, inspect, label, cordon, reachability, agents.", no_args_is_help=True
+    no_args_is_help=False, help="Nodes: add, inspect, label, cordon, reachability, agents."
 )
 app.add_typer(node_app, name="node")
 
@@ -241,7 +244,7 @@ def node_report_bound(node: str, rsv: str, as_json: JsonFlag = False) -> None:
     emit(as_json, js.reservation(r), lambda: human.reservation(r))
 
 
-tenant_app = typer.Typer(help="Tenants: who reservations belong to.", no_args_is_help=True)
+tenant_app = typer.Typer(no_args_is_help=False, help="Tenants: who reservations belong to.")
 app.add_typer(tenant_app, name="tenant")
 
 
@@ -261,7 +264,7 @@ def tenant_list(as_json: JsonFlag = False) -> None:
     emit(as_json, [{"id": t} for t in ids], "\n".join(ids) or "no tenants")
 
 
-quota_app = typer.Typer(help="Quotas: GPUs a tenant may hold at once.", no_args_is_help=True)
+quota_app = typer.Typer(no_args_is_help=False, help="Quotas: GPUs a tenant may hold at once.")
 app.add_typer(quota_app, name="quota")
 
 
@@ -304,7 +307,7 @@ def quota_show(tenant: TenantOpt, as_json: JsonFlag = False) -> None:
     emit(as_json, _quota_doc(tenant, lines), text)
 
 
-config_app = typer.Typer(help="Engine settings.", no_args_is_help=True)
+config_app = typer.Typer(no_args_is_help=False, help="Engine settings.")
 app.add_typer(config_app, name="config")
 
 

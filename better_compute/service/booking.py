@@ -10,6 +10,7 @@ from better_compute.engine.gang import gang_candidates
 from better_compute.engine.place import plan_node
 from better_compute.engine.preempt import plan_preemption
 from better_compute.errors import Conflict, InvalidInput
+from better_compute.inventory import MODEL_RE
 from better_compute.lifecycle import states
 from better_compute.lifecycle.tick import retry_window
 from better_compute.model import (
@@ -60,6 +61,11 @@ def validate(args: ReserveArgs) -> None:
         raise InvalidInput(f"--gpus must be from 1 to 64, got {args.gpus}")
     if args.gang is not None and not 2 <= args.gang <= MAX_GANG:
         raise InvalidInput(f"--gang must be from 2 to {MAX_GANG} nodes, got {args.gang}")
+    if args.topology_key is not None and not args.topology_key.strip():
+        raise InvalidInput("--topology-key must name a label, such as fabric.domain or rack")
+    for model in args.models:
+        if not MODEL_RE.fullmatch(model):
+            raise InvalidInput(f"--model {model[:40]!r} is not a model name (lowercase, like h100)")
     if args.topology_key is not None and args.gang is None:
         raise InvalidInput("--topology-key applies only to a gang; add --gang SIZE")
     if args.topology not in (None, NVLINK_ALL):

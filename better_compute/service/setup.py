@@ -60,8 +60,15 @@ def _name(value: str, what: str) -> str:
 # ---------------------------------------------------------------- pools
 
 
+def _pool_name(name: str) -> str:
+    """`--pool` takes an id or a name, so a name may not look like an id."""
+    if name.startswith("pool_"):
+        raise InvalidInput(f"pool name {name!r} may not start with pool_ (that is how ids look)")
+    return _name(name, "pool name")
+
+
 def pool_create(ctx: Ctx, name: str, labels: Labels) -> str:
-    _name(name, "pool name")
+    _pool_name(name)
     with ctx.db.write() as conn:
         if conn.execute("SELECT 1 FROM pools WHERE name = ?", (name,)).fetchone():
             raise Conflict(f"pool {name!r} already exists")
@@ -97,9 +104,17 @@ def parse_fabric(text: str | None) -> tuple[str | None, int | None]:
     if text is None:
         return None, None
     cluster, sep, clique = text.rpartition(".")
-    if not sep or not cluster or not clique.isdigit():
-        raise InvalidInput(f"--fabric {text!r} must look like CLUSTER.CLIQUE, such as c1.3")
+    if not sep or not cluster or not _digits(clique) or int(clique) > MAX_INT:
+        raise InvalidInput(
+            f"--fabric {text!r} must look like CLUSTER.CLIQUE with a clique from 0 to {MAX_INT},"
+            " such as c1.3"
+        )
     return _name(cluster, "fabric cluster"), int(clique)
+
+
+def _digits(text: str) -> bool:
+    """ASCII digits only: str.isdigit() also takes '²' and other scripts' digits."""
+    return text.isascii() and text.isdigit() and len(text) <= 100
 
 
 def node_spec(
@@ -160,6 +175,8 @@ def node_label(ctx: Ctx, name: str, pairs: Sequence[str]) -> Node:
         labels = dict(node.labels)
         for pair in pairs:
             if pair.endswith("-") and "=" not in pair:
+                if not pair[:-1]:
+                    raise InvalidInput("label removal needs a key, such as rack-")
                 labels.pop(pair[:-1], None)
             else:
                 labels.update(parse_labels([pair]))
@@ -225,7 +242,7 @@ def node_uncordon(ctx: Ctx, name: str) -> Node:
 
 def device_health(ctx: Ctx, ref: str, healthy: bool, reason: str | None) -> Node:
     node_name, sep, index_text = ref.rpartition(":")
-    if not sep or not index_text.isdigit():
+    if not sep or not _digits(index_text):
         raise InvalidInput(f"device {ref!r} must look like NODE:INDEX, such as node-01:3")
     index = int(index_text)
     with ctx.db.write() as conn:
@@ -295,14 +312,16 @@ def quota_show(ctx: Ctx, tenant: str) -> list[QuotaLine]:
 # ---------------------------------------------------------------- settings
 
 BOOL_KEYS = {"binding.autoBind"}
-MINIMUMS = {
-    "capacity.spotNoticeMs": 0,
-    "placement.topN": 1,
-    "placement.maxAttempts": 1,
-    "pending.retryMs": 1000,
-    "repair.leadMs": 0,
-    "timeline.maxBuckets": 1,
-    "db.busyTimeoutMs": 0,
+DAY_MS = 86_400_000
+#: (least, most) for each integer setting: the most keeps every derived instant printable.
+RANGES = {
+    "capacity.spotNoticeMs": (0, 7 * DAY_MS),
+    "placement.topN": (1, 1000),
+    "placement.maxAttempts": (1, 100),
+    "pending.retryMs": (1000, DAY_MS),
+    "repair.leadMs": (0, 30 * DAY_MS),
+    "timeline.maxBuckets": (1, 100_000),
+    "db.busyTimeoutMs": (0, 3_600_000),
 }
 
 
@@ -326,8 +345,12 @@ def config_set(ctx: Ctx, key: str, value: str) -> dict[str, JsonValue]:
     if key in BOOL_KEYS:
         if value not in ("true", "false"):
             raise InvalidInput(f"{key} must be true or false, got {value!r}")
-    elif not value.isdigit() or int(value) < MINIMUMS[key]:
-        raise InvalidInput(f"{key} must be an integer of at least {MINIMUMS[key]}, got {value!r}")
+    else:
+        least, most = RANGES[key]
+        if not (value.isascii() and value.isdigit() and len(value) <= 18) or not (
+            least <= int(value) <= most
+        ):
+            raise InvalidInput(f"{key} must be an integer from {least} to {most}, got {value!r}")
     with ctx.db.write() as conn:
         repo.set_config(conn, key, value if key in BOOL_KEYS else str(int(value)))
         ctx.event("config.set", None, None, {"key": key, "value": value, "by": ctx.principal})
@@ -361,6 +384,7 @@ def inventory_import(
     total = sum(len(p.nodes) for p in inv.pools)
     with ctx.db.write() as conn:
         for pool in inv.pools:
+            _pool_name(pool.name)
             row = conn.execute("SELECT id FROM pools WHERE name = ?", (pool.name,)).fetchone()
             if row is None:
                 pool_id = repo.insert_pool(conn, pool.name, pool.labels)

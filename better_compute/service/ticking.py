@@ -227,14 +227,14 @@ def report_bound(ctx: Ctx, node: str, rsv_id: str) -> Reservation:
     with ctx.db.write() as conn:
         repo.get_node(conn, node)
         rsv = repo.get_reservation(conn, rsv_id)
-        alloc = next((a for a in rsv.allocations if a.node_id == node), None)
-        if alloc is None:
-            raise NotFound(f"reservation {rsv_id} has no allocation on node {node}")
         if rsv.state not in (State.BINDING, State.ACTIVE):
             raise Conflict(
                 f"cannot report {rsv_id} bound on {node}: it is {rsv.state}; nodes bind once"
                 " `tick` has moved it to binding"
             )
+        alloc = next((a for a in rsv.allocations if a.node_id == node), None)
+        if alloc is None:
+            raise NotFound(f"reservation {rsv_id} has no allocation on node {node}")
         repo.set_bound(conn, alloc.id)
         activate_if_bound(ctx, rsv_id)
         return repo.get_reservation(conn, rsv_id)

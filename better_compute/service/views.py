@@ -11,6 +11,7 @@ from better_compute.model import Event, Node, Window
 from better_compute.service.context import Ctx
 from better_compute.storage import repo
 from better_compute.storage.repo import Conn
+from better_compute.timeparse import MAX_MS, iso
 
 HOUR_MS = 3_600_000
 MINUTE_MS = 60_000
@@ -161,6 +162,8 @@ def timeline(
     last = end if end is not None else first + 24 * HOUR_MS
     if last <= first:
         raise InvalidInput("--to must be after --from")
+    if last > MAX_MS:
+        raise InvalidInput(f"a timeline ends by {iso(MAX_MS)}; give an earlier --from or --to")
     if last - first > MAX_SPAN_MS:
         raise InvalidInput("a timeline spans at most 7 days; narrow --from/--to")
     step = step_minutes * MINUTE_MS

@@ -30,11 +30,16 @@ def _read_header(path: Path) -> bytes:
     return os.pread(_HEADER_FDS[key], 100, 0)
 
 
+def _require_path(path: str) -> None:
+    if not path.strip():
+        raise InvalidInput("--db (or BETTER_COMPUTE_DB) is empty; name a database file")
+
+
 def _header_kind(path: Path) -> str:
     """'missing', 'empty', 'ours' or 'foreign', from the header: never opened as a DB."""
     if not path.exists():
         return "missing"
-    if path.is_dir():
+    if not path.is_file():  # a folder, a FIFO (would block), a device (never to be replaced)
         return "foreign"
     header = _read_header(path)
     if len(header) == 0:
@@ -152,39 +157,67 @@ def _statements(script: str) -> list[str]:
 
 def open_database(path: str, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> Database:
     """Open an initialised database, migrating it forward; foreign files are refused untouched."""
+    _require_path(path)
     file = Path(path)
     kind = _header_kind(file)
     if kind in ("missing", "empty"):
-        raise Unavailable(f"no better-compute database at {path}; run `better-compute init` first")
+        raise Unavailable(
+            f"no better-compute database at {path!r}; run `better-compute init` first"
+        )
     if kind == "foreign":
-        raise InvalidInput(f"{path} is not a better-compute database; choose another --db")
+        raise InvalidInput(f"{path!r} is not a better-compute database; choose another --db")
     db = Database(file, busy_timeout_ms)
     try:
         _configure(db)
         _migrate(db)
-    except sqlite3.OperationalError as exc:
+        db.conn.execute("SELECT value FROM meta WHERE key = 'db_id'").fetchone()
+    except sqlite3.DatabaseError as exc:
         db.close()
-        if _is_locked(exc):
-            raise Unavailable(f"database {path} stayed locked past the busy timeout") from None
-        raise
+        if isinstance(exc, sqlite3.OperationalError) and _is_locked(exc):
+            raise Unavailable(f"database {path!r} stayed locked past the busy timeout") from None
+        raise Unavailable(f"database {path!r} cannot be used: {exc}") from None
     return db
+
+
+def _wait_for_writers(file: Path) -> None:
+    """Replace a database only once no one is writing to it (else UNAVAILABLE, nothing removed)."""
+    old = open_database(str(file))
+    try:
+        row = old.conn.execute("SELECT value FROM config WHERE key = 'db.busyTimeoutMs'").fetchone()
+        if row is not None:  # wait as long as the database's own setting says
+            old.set_busy_timeout(int(row[0]))
+        with old.write():
+            pass
+    finally:
+        old.close()
 
 
 def create_database(path: str, *, force: bool, seed_text: str) -> Database:
     """Create a fresh database. An existing one needs --force; a foreign file is never replaced."""
+    _require_path(path)
     file = Path(path)
     kind = _header_kind(file)
     if kind == "foreign":
-        raise InvalidInput(f"{path} exists and is not a better-compute database; not replacing it")
+        raise InvalidInput(
+            f"{path!r} exists and is not a better-compute database; not replacing it"
+        )
     if kind == "ours" and not force:
-        raise Conflict(f"{path} already holds a better-compute database; add --force to replace it")
-    if file.parent and not file.parent.exists():
-        raise InvalidInput(f"folder {file.parent} does not exist")
+        raise Conflict(
+            f"{path!r} already holds a better-compute database; add --force to replace it"
+        )
+    if not file.parent.is_dir():
+        raise InvalidInput(f"cannot create {path!r}: folder {str(file.parent)!r} does not exist")
+    if kind == "ours":
+        _wait_for_writers(file)
     for suffix in ("", "-wal", "-shm"):
         sidecar = Path(str(file) + suffix)
         if sidecar.exists():
             os.remove(sidecar)
-    db = Database(file, DEFAULT_BUSY_TIMEOUT_MS)
+    try:
+        db = Database(file, DEFAULT_BUSY_TIMEOUT_MS)
+        db.conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    except sqlite3.DatabaseError as exc:
+        raise InvalidInput(f"cannot create {path!r}: {exc}") from None
     db.conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
     _configure(db)
     _migrate(db)

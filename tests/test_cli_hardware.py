@@ -273,7 +273,7 @@ def test_preview_explain_has_a_line_per_node(cli: Cli) -> None:
     assert doc["fits"] is True
     lines = {line["subject"]: line["verdict"] for line in doc["explain"]}
     assert sorted(lines) == [f"west-0{i}" for i in range(1, 8)]
-    assert lines["west-01"].startswith("taken")
+    assert lines["west-01"].startswith("best")
     assert lines["west-03"].startswith("refused")
     assert cli.ok("list") == []  # books nothing
 
@@ -293,7 +293,7 @@ def test_preview_explain_for_a_gang_walks_groups_and_nodes(cli: Cli) -> None:
     subjects = [line["subject"] for line in doc["explain"]]
     assert "fabric.domain=c1.1" in subjects and "fabric.domain=c1.2" in subjects
     verdicts = {line["subject"]: line["verdict"] for line in doc["explain"]}
-    assert verdicts["fabric.domain=c1.1"].startswith("4 nodes fit: taken")
+    assert verdicts["fabric.domain=c1.1"].startswith("4 nodes fit: best")
     assert verdicts["fabric.domain=c1.2"] == "only 3 of 4 nodes fit"
     assert sorted(c["node"] for c in doc["candidates"]) == [f"west-0{i}" for i in range(1, 5)]
 

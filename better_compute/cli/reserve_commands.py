@@ -158,6 +158,7 @@ def preview(
     if explain and not (as_json or G.json):
         for subject, verdict in lines:
             out.print(f"  {subject}: {verdict}")
+        out.print("  (reserve takes one of the best placement.topN, by a seed from its id)")
 
 
 RsvArg = Annotated[str, typer.Argument(help="The reservation id (rsv_…).")]

@@ -24,15 +24,20 @@ def atom_ranges(indices: Sequence[int]) -> str:
 
 
 def explain(
-    request: Request, snapshots: Sequence[NodeSnapshot], *, seed: int = 0, top_n: int = 1
+    request: Request,
+    snapshots: Sequence[NodeSnapshot],
+    *,
+    seed: int = 0,
+    top_n: int = 1,
+    picked_label: str = "taken",
 ) -> list[tuple[str, str]]:
     """Node by node (group by group for a gang), why each candidate was taken or refused.
 
-    Pass the seed and topN placement uses so "taken" names the plan preview picks; the defaults
-    mark the best-ranked plan.
+    Pass the seed and topN placement uses so `picked_label` names the plan placement picks; the
+    defaults mark the best-ranked plan (a preview, which has no seed yet, calls it "best").
     """
     if request.gang_size is not None:
-        return _explain_gang(request, snapshots, seed=seed, top_n=top_n)
+        return _explain_gang(request, snapshots, seed=seed, top_n=top_n, label=picked_label)
     fits, refused = plan_nodes(request, snapshots)
     ranked = rank_single(fits)
     picked = seeded_pick(ranked, seed=seed, top_n=top_n) if ranked else None
@@ -41,7 +46,7 @@ def explain(
         member = plan.members[0]
         atoms = atom_ranges(member.atoms)
         if plan == picked:
-            verdict = f"taken: atoms {atoms}, score {member.score}"
+            verdict = f"{picked_label}: atoms {atoms}, score {member.score}"
         else:
             verdict = f"candidate #{rank}, score {member.score}, atoms {atoms}"
         lines.append((member.node_id, verdict))
@@ -49,7 +54,7 @@ def explain(
 
 
 def _explain_gang(
-    request: Request, snapshots: Sequence[NodeSnapshot], *, seed: int, top_n: int
+    request: Request, snapshots: Sequence[NodeSnapshot], *, seed: int, top_n: int, label: str
 ) -> list[tuple[str, str]]:
     size = gang_size(request)
     key = request.topology_key
@@ -68,13 +73,14 @@ def _explain_gang(
             lines.append((subject, f"only {count} of {size} nodes fit"))
             continue
         rank, plan = by_group[value]
-        lines.append((subject, f"{count} nodes fit: {_gang_verdict(rank, plan, picked)}"))
+        verdict = _gang_verdict(rank, plan, picked, label)
+        lines.append((subject, f"{count} nodes fit: {verdict}"))
     nodes = [(name, f"refused: {reason}") for name, reason in refused]
     nodes += [(snap.node.name, f"refused: no {key} label") for snap, _ in unlabeled]
     return lines + sorted(nodes)
 
 
-def _gang_verdict(rank: int, plan: Plan, picked: Plan | None) -> str:
+def _gang_verdict(rank: int, plan: Plan, picked: Plan | None, label: str) -> str:
     members = ", ".join(m.node_id for m in plan.members)
-    status = "taken" if plan == picked else f"candidate #{rank}"
+    status = label if plan == picked else f"candidate #{rank}"
     return f"{status}, summed score {plan.score}, members {members}"

@@ -438,4 +438,7 @@ def explain(ctx: Ctx, args: ReserveArgs) -> list[tuple[str, str]]:
             ctx, args, pool["id"], _charge(ctx, args, pool["id"]), "preview", 0
         )
         window = retry_window(draft, ctx.now)
-        return explain_plan(draft.request(window), repo.snapshots(conn, pool["id"], window))
+        # reserve picks among the best placement.topN with a seed from its id, unknown here.
+        return explain_plan(
+            draft.request(window), repo.snapshots(conn, pool["id"], window), picked_label="best"
+        )

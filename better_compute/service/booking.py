@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from dataclasses import dataclass, replace
 
 from better_compute.engine.explain import explain as explain_plan
@@ -216,15 +217,22 @@ def check_horizon(ctx: Ctx, args: ReserveArgs) -> None:
         )
 
 
+def _admit(ctx: Ctx, args: ReserveArgs) -> tuple[sqlite3.Row, int]:
+    """What reserve and preview both check first: the pool, the tenant, the policy; the charge."""
+    conn = ctx.db.conn
+    pool = repo.find_pool(conn, args.pool)
+    repo.require_tenant(conn, args.tenant)
+    charge = _charge(ctx, args, pool["id"])
+    check_policy(conn, ctx.principal, _draft(args, pool["id"], charge))
+    return pool, charge
+
+
 def reserve(ctx: Ctx, args: ReserveArgs) -> Reservation:
     validate(args)
     check_horizon(ctx, args)
     with ctx.db.write() as conn:
-        pool = repo.find_pool(conn, args.pool)
-        repo.require_tenant(conn, args.tenant)
+        pool, charge = _admit(ctx, args)
         params = _params(args, pool["id"])
-        charge = _charge(ctx, args, pool["id"])
-        check_policy(conn, ctx.principal, _draft(args, pool["id"], charge))
         if args.key is not None:
             existing = repo.reservation_by_key(conn, args.tenant, args.key)
             if existing is not None:
@@ -266,10 +274,7 @@ def preview(ctx: Ctx, args: ReserveArgs) -> Preview:
     validate(args)
     check_horizon(ctx, args)
     with ctx.db.read() as conn:
-        pool = repo.find_pool(conn, args.pool)
-        repo.require_tenant(conn, args.tenant)
-        charge = _charge(ctx, args, pool["id"])
-        check_policy(conn, ctx.principal, _draft(args, pool["id"], charge))
+        pool, charge = _admit(ctx, args)
         check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
         # Preview takes no id: a draft named "preview" plans exactly as the real request would.
         draft = _new_reservation(ctx, args, pool["id"], charge, "preview", 0)

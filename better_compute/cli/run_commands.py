@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from typing import Annotated
 
 import typer
 
 from better_compute.cli.app import (
+    G,
     JsonFlag,
     PoolOpt,
     TenantFilter,
@@ -19,6 +22,7 @@ from better_compute.cli.app import (
     progress_bar,
 )
 from better_compute.errors import InvalidInput
+from better_compute.model import Event
 from better_compute.render import human
 from better_compute.render import json as js
 from better_compute.render.chart import timeline_chart
@@ -104,10 +108,25 @@ def events(
     since: Annotated[
         int | None, typer.Option("--since", help="Only events after this seq.")
     ] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", help="Keep printing new events (JSON Lines with --json).")
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """The append-only event log."""
-    rows = views.events(ctx(), tenant, reservation, since)
+    """The append-only event log; --follow watches it."""
+    c = ctx()
+    if follow:
+        lines = as_json or G.json
+
+        def show(event: Event) -> None:
+            text = js.dumps(js.event(event)) if lines else human.event_line(event)
+            sys.stdout.write(text + "\n")
+            sys.stdout.flush()  # each event is out as soon as it is committed
+
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends a watch, it is not an error
+            views.follow_events(c, tenant, reservation, since, show)
+        return
+    rows = views.events(c, tenant, reservation, since)
     emit(as_json, [js.event(e) for e in rows], lambda: human.events(rows))
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from better_compute.errors import InvalidInput
@@ -201,6 +203,26 @@ def _spans(
         (pool_id, window.start, window.end, tenant),
     )
     return [(str(n), int(a), int(s), int(e)) for n, a, s, e in rows]
+
+
+def follow_events(
+    ctx: Ctx,
+    tenant: str | None,
+    reservation: str | None,
+    since: int | None,
+    on_event: Callable[[Event], None],
+    poll_seconds: float = 0.5,
+) -> None:
+    """Hand over each matching event as it is committed, until interrupted (`events --follow`).
+
+    A fresh read transaction per poll sees every commit; the sequence number is the cursor.
+    """
+    cursor = since
+    while True:
+        for event in events(ctx, tenant, reservation, cursor):
+            on_event(event)
+            cursor = event.seq
+        time.sleep(poll_seconds)
 
 
 def events(ctx: Ctx, tenant: str | None, reservation: str | None, since: int | None) -> list[Event]:

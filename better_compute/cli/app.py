@@ -72,6 +72,11 @@ def handled(fn: F) -> F:
             return fn(*args, **kwargs)
         except BetterComputeError as exc:
             _fail(exc, as_json)
+        except (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError) as exc:
+            _fail(
+                BetterComputeError(f"{type(exc).__name__}: {exc} (a bug; please report it)"),
+                as_json,
+            )
         except sqlite3.DatabaseError as exc:  # a damaged or unreadable file, not a bug of ours
             _fail(Unavailable(f"database {G.db!r} cannot be used: {exc}"), as_json)
         except (typer.Exit, typer.Abort, KeyboardInterrupt):

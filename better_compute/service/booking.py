@@ -227,22 +227,35 @@ def _admit(ctx: Ctx, args: ReserveArgs) -> tuple[sqlite3.Row, int]:
     return pool, charge
 
 
+def _replay(ctx: Ctx, args: ReserveArgs) -> Reservation | None:
+    """A key already used by the tenant: the same request returns its reservation as it is (even
+    if a policy or the pools changed since), other parameters are a CONFLICT (PRODUCT.md §7)."""
+    if args.key is None:
+        return None
+    conn = ctx.db.conn
+    repo.require_tenant(conn, args.tenant)
+    existing = repo.reservation_by_key(conn, args.tenant, args.key)
+    if existing is None:
+        return None
+    rsv, old_params = existing
+    pool_id = repo.find_pool(conn, args.pool)["id"] if args.pool is not None else rsv.pool_id
+    if not _same_request(old_params, _params(args, pool_id)):
+        raise Conflict(
+            f"key {args.key!r} was used by {rsv.id} with other parameters;"
+            " use a new --key for a new request"
+        )
+    return rsv
+
+
 def reserve(ctx: Ctx, args: ReserveArgs) -> Reservation:
     validate(args)
     check_horizon(ctx, args)
     with ctx.db.write() as conn:
+        replay = _replay(ctx, args)
+        if replay is not None:
+            return replay
         pool, charge = _admit(ctx, args)
         params = _params(args, pool["id"])
-        if args.key is not None:
-            existing = repo.reservation_by_key(conn, args.tenant, args.key)
-            if existing is not None:
-                rsv, old_params = existing
-                if not _same_request(old_params, params):
-                    raise Conflict(
-                        f"key {args.key!r} was used by {rsv.id} with other parameters;"
-                        " use a new --key for a new request"
-                    )
-                return rsv
         check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
         rsv_id, seq = repo.next_id(conn, "rsv"), repo.next_seq(conn, "reservations")
         rsv = _new_reservation(ctx, args, pool["id"], charge, rsv_id, seq)

@@ -17,7 +17,7 @@ from better_compute.inventory import (
     InventoryTenant,
     nvlink_group_of,
 )
-from better_compute.model import Atom, JsonValue, Maintenance, Node, Window
+from better_compute.model import FABRIC_DOMAIN, Atom, JsonValue, Maintenance, Node, Window
 from better_compute.service import ticking
 from better_compute.service.admission import require_admin
 from better_compute.service.context import Ctx
@@ -78,10 +78,17 @@ def pool_create(ctx: Ctx, name: str, labels: Labels) -> str:
 
 
 def pool_set_auto_bind(ctx: Ctx, ref: str, auto_bind: bool | None) -> None:
+    require_admin(ctx.principal, "change pool settings")
     with ctx.db.write() as conn:
         pool = repo.find_pool(conn, ref)
         value = None if auto_bind is None else int(auto_bind)
         conn.execute("UPDATE pools SET auto_bind = ? WHERE id = ?", (value, pool["id"]))
+        ctx.event(
+            "pool.updated",
+            None,
+            None,
+            {"poolId": pool["id"], "autoBind": auto_bind, "by": ctx.principal},
+        )
 
 
 # ---------------------------------------------------------------- nodes
@@ -281,6 +288,12 @@ def quota_set(ctx: Ctx, tenant: str, pool_ref: str | None, gpus: int) -> None:
         repo.require_tenant(conn, tenant)
         pool_id = repo.find_pool(conn, pool_ref)["id"] if pool_ref is not None else ""
         repo.set_quota(conn, tenant, pool_id, gpus)
+        ctx.event(
+            "quota.set",
+            tenant,
+            None,
+            {"poolId": pool_id or None, "gpus": gpus, "by": ctx.principal},
+        )
 
 
 @dataclass(frozen=True)
@@ -411,6 +424,36 @@ def inventory_import(
     return counts
 
 
+def _keep_what_bookings_rely_on(conn: Conn, node: InventoryNode, path: str) -> None:
+    """A node with live bookings keeps its GPUs' model, NVLink groups and fabric, and every label
+    a live gang on it was placed by: changing them would silently break those bookings."""
+    current = repo.get_node(conn, node.name)
+    wanted = {a.index: a for a in _atoms(node)}
+    for atom in current.atoms:
+        new = wanted.get(atom.index)
+        if new is None:
+            continue
+        if atom.model != new.model:
+            raise InvalidInput(
+                f"{path}.gpus.model: {node.name} holds live bookings on {atom.model}"
+            )
+        if atom.nvlink_group != new.nvlink_group:
+            raise InvalidInput(f"{path}.gpus.nvlinkGroups: {node.name} holds live bookings")
+        if (atom.fabric_cluster, atom.fabric_clique) != (new.fabric_cluster, new.fabric_clique):
+            raise InvalidInput(f"{path}.gpus.fabric: {node.name} holds live bookings")
+    keys = conn.execute(
+        "SELECT DISTINCT r.topology_key FROM reservations r JOIN allocations a"
+        " ON a.reservation_id = r.id WHERE a.node_id = ? AND a.released = 0"
+        " AND r.state IN ('placed', 'binding', 'active') AND r.topology_key IS NOT NULL"
+        " ORDER BY r.topology_key",
+        (node.name,),
+    )
+    labels = dict(node.labels)
+    for (key,) in keys:
+        if key != FABRIC_DOMAIN and current.label(key) != labels.get(key):
+            raise InvalidInput(f"{path}.labels.{key}: a live gang on {node.name} was placed by it")
+
+
 def _upsert_node(ctx: Ctx, conn: Conn, pool_id: str, node: InventoryNode, path: str) -> None:
     existing = conn.execute("SELECT pool_id FROM nodes WHERE name = ?", (node.name,)).fetchone()
     if existing is None:
@@ -427,6 +470,8 @@ def _upsert_node(ctx: Ctx, conn: Conn, pool_id: str, node: InventoryNode, path: 
             f"{path}.gpus.count: GPUs {lost} of {node.name} hold live bookings; keep at least"
             f" {max(lost) + 1} GPUs"
         )
+    if live:
+        _keep_what_bookings_rely_on(conn, node, path)
     conn.execute(
         "UPDATE nodes SET pool_id = ?, labels = ? WHERE name = ?",
         (pool_id, json.dumps(dict(node.labels), sort_keys=True), node.name),

@@ -91,7 +91,8 @@ class Database:
         try:
             yield self.conn
         finally:
-            self.conn.execute("COMMIT")
+            if self.conn.in_transaction:  # SQLite may have ended it already after an error
+                self.conn.execute("COMMIT")
 
     @contextmanager
     def savepoint(self, name: str) -> Iterator[None]:
@@ -179,17 +180,19 @@ def open_database(path: str, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> 
     return db
 
 
-def _wait_for_writers(file: Path) -> None:
-    """Replace a database only once no one is writing to it (else UNAVAILABLE, nothing removed)."""
+def _lock_out_writers(file: Path) -> Database:
+    """Take the old database's write lock (else UNAVAILABLE, nothing removed) and hold it while
+    its files are removed, so no writer commits into a file that is going away."""
     old = open_database(str(file))
     try:
         row = old.conn.execute("SELECT value FROM config WHERE key = 'db.busyTimeoutMs'").fetchone()
         if row is not None:  # wait as long as the database's own setting says
             old.set_busy_timeout(int(row[0]))
-        with old.write():
-            pass
-    finally:
+        old._begin("BEGIN IMMEDIATE")
+    except BaseException:
         old.close()
+        raise
+    return old
 
 
 def create_database(path: str, *, force: bool, seed_text: str) -> Database:
@@ -207,12 +210,15 @@ def create_database(path: str, *, force: bool, seed_text: str) -> Database:
         )
     if not file.parent.is_dir():
         raise InvalidInput(f"cannot create {path!r}: folder {str(file.parent)!r} does not exist")
-    if kind == "ours":
-        _wait_for_writers(file)
-    for suffix in ("", "-wal", "-shm"):
-        sidecar = Path(str(file) + suffix)
-        if sidecar.exists():
-            os.remove(sidecar)
+    old = _lock_out_writers(file) if kind == "ours" else None
+    try:
+        for suffix in ("", "-wal", "-shm"):
+            sidecar = Path(str(file) + suffix)
+            if sidecar.exists():
+                os.remove(sidecar)
+    finally:
+        if old is not None:
+            old.close()
     try:
         db = Database(file, DEFAULT_BUSY_TIMEOUT_MS)
         db.conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")

@@ -1,0 +1,85 @@
+"""Fixes from the final review: rules changed by admin only and logged, live bookings keep what
+they rely on through an inventory import, and a key replay returns the reservation as it is."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def test_pool_settings_are_admin_only_and_logged(run: Any) -> None:
+    err = run.fails(6, "--as", "bob", "pool", "set", "west", "--auto-bind", "off")
+    assert "only admin" in err["message"]
+    run.ok("pool", "set", "west", "--auto-bind", "off")
+    last = run.ok("events")[-1]
+    assert last["type"] == "pool.updated" and last["data"]["autoBind"] is False
+    assert last["data"]["by"] == "admin"
+
+
+def test_quota_changes_are_logged(run: Any) -> None:
+    run.ok("quota", "set", "--tenant", "acme", "--gpus", "100")
+    last = run.ok("events")[-1]
+    assert last["type"] == "quota.set" and last["tenantId"] == "acme"
+    assert last["data"] == {"poolId": None, "gpus": 100, "by": "admin"}
+
+
+def _import(run: Any, tmp_path: Path, doc: dict[str, Any]) -> tuple[int, Any, Any]:
+    path = tmp_path / "inv.json"
+    path.write_text(json.dumps(doc))
+    return run("inventory", "import", str(path))  # type: ignore[no-any-return]
+
+
+def test_import_never_changes_what_live_bookings_rely_on(run: Any, tmp_path: Path) -> None:
+    run.ok("config", "set", "placement.topN", "1")
+    run.ok(
+        "reserve",
+        "--tenant",
+        "acme",
+        "--gpus",
+        "8",
+        "--gang",
+        "2",
+        "--topology-key",
+        "rack",
+        "--for",
+        "2h",
+        "--key",
+        "g",
+    )
+    doc = run.ok("inventory", "export")
+    before = run.ok("inventory", "export")
+    node = doc["pools"][0]["nodes"][0]  # west-01 holds a member of the gang
+    node["gpus"]["model"] = "a100"
+    code, _, err = _import(run, tmp_path, doc)
+    assert code == 2 and "gpus.model" in json.loads(err)["error"]["message"]
+    doc = run.ok("inventory", "export")
+    doc["pools"][0]["nodes"][0]["labels"]["rack"] = "r9"
+    code, _, err = _import(run, tmp_path, doc)
+    assert code == 2 and "labels.rack" in json.loads(err)["error"]["message"]
+    assert run.ok("inventory", "export") == before  # nothing of either file was applied
+    doc = run.ok("inventory", "export")
+    doc["pools"][0]["nodes"][0]["labels"]["zone"] = "a"  # a label no booking relies on
+    code, _, err = _import(run, tmp_path, doc)
+    assert code == 0, err
+
+
+def test_a_key_replay_returns_the_reservation_even_after_a_policy_change(run: Any) -> None:
+    args = ("reserve", "--tenant", "acme", "--gpus", "2", "--for", "1h", "--key", "ci-7")
+    first = run.ok("--as", "bob", *args)
+    run.ok("policy", "set", "--tenant", "acme", "--principal", "bob", "--deny")
+    assert run.ok("--as", "bob", *args)["id"] == first["id"]  # a retry, not a new request
+    run.fails(
+        6,
+        "--as",
+        "bob",
+        "reserve",
+        "--tenant",
+        "acme",
+        "--gpus",
+        "2",
+        "--for",
+        "1h",
+        "--key",
+        "ci-8",
+    )

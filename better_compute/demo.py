@@ -15,6 +15,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.rule import Rule
+from rich.text import Text
 
 from better_compute.errors import Conflict, InvalidInput
 from better_compute.inventory import Inventory, parse_inventory
@@ -149,7 +150,10 @@ def _run(console: Console, db: Path, now: str, line: str) -> None:
     from better_compute.cli import app
 
     line = _resolve(db, line)
-    console.print(f"[bold cyan]$ better-compute --now {now} {line}[/]", highlight=False)
+    # soft_wrap: a long command wraps where the terminal wraps it, never inside an argument.
+    console.print(
+        f"[bold cyan]$ better-compute --now {now} {line}[/]", highlight=False, soft_wrap=True
+    )
     argv = ["--db", str(db), "--now", now, *shlex.split(line)]
     command = typer.main.get_command(app)
     # A failing step prints its error like the shell would; the tour goes on.
@@ -174,7 +178,8 @@ def run_tour(console: Console, keep: Path | None) -> None:
         _run(console, db, DEMO_NOW, "init --demo --force")
         for title, clock_time, line in TOUR:
             console.print()
-            console.print(Rule(title, align="left"))
+            console.print(Rule(style="dim"))
+            console.print(Text(title, style="bold"))  # wraps at any width, unlike a rule title
             _run(console, db, f"2026-09-28T{clock_time}:00Z", line)
         console.print()
         if keep is not None:

@@ -53,7 +53,12 @@ def node_cordon(
         )
         return
     n = setup.node_flag(c, node, "node.cordoned", reason, schedulable=0, cordon_reason=reason)
-    emit(as_json, js.node(n), f"{node} cordoned; `repair` moves future bookings off it now")
+    emit(
+        as_json,
+        js.node(n),
+        f"{node} cordoned: nothing new is placed there; run `repair` to move its future"
+        " bookings now (tick checks each one before it starts)",
+    )
 
 
 @node_app.command("uncordon")

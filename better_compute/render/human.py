@@ -76,7 +76,7 @@ def reservation(rsv: Reservation) -> RenderableType:
     grid.add_column()
     state = Text(rsv.state.value, style=STATE_STYLE[rsv.state.value])
     if rsv.release_reason:
-        state.append(f" ({rsv.release_reason.value})", style="dim")
+        state.append(f", reason: {rsv.release_reason.value}", style="dim")
     grid.add_row("reservation", rsv.id)
     grid.add_row("state", state)
     grid.add_row("tenant", rsv.tenant_id)
@@ -125,7 +125,10 @@ def preview(p: Preview) -> RenderableType:
         if p.preemptible is not None:
             count, at = p.preemptible
             lines.append(
-                Text(f"would fit from {iso(at)} by preempting {count} spot reservation(s)")
+                Text(
+                    f"would fit from {iso(at)} by preempting {count} spot"
+                    f" reservation{'' if count == 1 else 's'}"
+                )
             )
     return Group(*lines)
 
@@ -188,14 +191,24 @@ def events(rows: Sequence[Event]) -> RenderableType:
     return "\n".join(event_line(e) for e in rows) or "no events"
 
 
+#: Event data keys that hold instants: shown as UTC times to people (JSON keeps epoch ms).
+TIME_KEYS = frozenset({"at", "start", "end", "from", "to", "until", "nextAttemptAt"})
+
+
 def event_line(e: Event) -> str:
     who = f" {e.reservation_id}" if e.reservation_id else ""
-    return f"{iso(e.at)}  #{e.seq} {e.type}{who} {dumps(e.data)}"
+    data = {
+        k: iso(v) if k in TIME_KEYS and isinstance(v, int) and not isinstance(v, bool) else v
+        for k, v in e.data.items()
+    }
+    return f"{iso(e.at)}  #{e.seq} {e.type}{who} {dumps(data)}"
 
 
 def usage(rows: Sequence[UsageWindow], dead_letter: bool) -> RenderableType:
     title = "dead-lettered usage (no such meter)" if dead_letter else "usage"
-    table = table_of("meter", "tenant", title=title)
+    table = table_of(title=title)
+    table.add_column("meter", no_wrap=True)  # the exact name `meter create` needs
+    table.add_column("tenant")
     table.add_column("reservation", no_wrap=True)
     table.add_column("gpus")
     table.add_column("window (UTC)", no_wrap=True)

@@ -79,8 +79,7 @@ def rollup(conn: Conn, row: sqlite3.Row, now: int) -> Rollup:
         allocatable=len(usable),
         in_use=len(busy),
         reserved=int(reserved),
-        # Busy GPUs outside allocatable (cordoned, quarantined) are not taken from free twice.
-        free=len(usable - busy),
+        free=max(0, len(usable) - len(busy)),  # PRODUCT.md §4: free = allocatable − inUse
     )
 
 

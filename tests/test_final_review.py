@@ -83,3 +83,22 @@ def test_a_key_replay_returns_the_reservation_even_after_a_policy_change(run: An
         "--key",
         "ci-8",
     )
+
+
+def test_extend_is_refused_onto_a_cordoned_node_or_a_failed_gpu(run: Any) -> None:
+    run.ok("config", "set", "placement.topN", "1")
+    rsv = run.ok("reserve", "--tenant", "acme", "--gpus", "4", "--for", "1h", "--key", "x")
+    node = rsv["allocations"][0]["nodeId"]
+    run.ok("device", "quarantine", f"{node}:{rsv['allocations'][0]['atoms'][0]}", "--reason", "xid")
+    err = run.fails(4, "extend", rsv["id"], "--by", "1h")
+    assert "quarantined" in err["message"]
+    run.ok("device", "restore", f"{node}:{rsv['allocations'][0]['atoms'][0]}")
+    run.ok("node", "cordon", node)
+    err = run.fails(4, "extend", rsv["id"], "--by", "1h")
+    assert "cordoned" in err["message"]
+    assert run.ok("get", rsv["id"])["during"] == rsv["during"]  # nothing changed
+    run.ok("node", "uncordon", node)
+    assert (
+        run.ok("extend", rsv["id"], "--by", "1h")["during"]["end"]
+        == rsv["during"]["end"] + 3_600_000
+    )

@@ -442,6 +442,16 @@ def extend(ctx: Ctx, rsv_id: str, by_ms: int) -> Reservation:
                     f"cannot extend {rsv.id}: node {alloc.node_id} has maintenance in the extra"
                     " time; nothing was changed"
                 )
+            # More time is new capacity: a drained node or a failed GPU does not grant it.
+            node = repo.get_node(conn, alloc.node_id)
+            sick = [a.index for a in node.atoms if a.index in alloc.atoms and not a.healthy]
+            if not node.schedulable or not node.reachable or sick:
+                why = "is cordoned" if not node.schedulable else "is unreachable"
+                if node.schedulable and node.reachable:
+                    why = f"has quarantined GPUs {sick}"
+                raise Conflict(
+                    f"cannot extend {rsv.id}: node {alloc.node_id} {why}; nothing was changed"
+                )
         repo.move_bookings_end(conn, rsv.id, old_end, new_end)
         repo.save_reservation(conn, replace(rsv, during=Window(rsv.during.start, new_end)))
         ctx.event("reservation.extended", rsv.tenant_id, rsv.id, {"from": old_end, "to": new_end})

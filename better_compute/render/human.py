@@ -27,15 +27,14 @@ STATE_STYLE = {
 
 def table_of(*columns: str, **options: Any) -> Table:
     """Borderless tables with a bold header: borders would cost columns at 80 wide."""
-    return Table(
-        *columns,
-        box=None,
-        pad_edge=False,
-        padding=(0, 2, 0, 0),
-        header_style="bold underline",
-        title_justify="left",
-        **options,
-    )
+    style: dict[str, Any] = {
+        "box": None,
+        "pad_edge": False,
+        "padding": (0, 2, 0, 0),
+        "header_style": "bold underline",
+        "title_justify": "left",
+    }
+    return Table(*columns, **{**style, **options})
 
 
 def _window(rsv: Reservation) -> str:
@@ -206,19 +205,21 @@ def event_line(e: Event) -> str:
 
 def usage(rows: Sequence[UsageWindow], dead_letter: bool) -> RenderableType:
     title = "dead-lettered usage (no such meter)" if dead_letter else "usage"
-    table = table_of(title=title)
+    table = table_of(title=title, padding=(0, 1, 0, 0))  # seven columns: tighter gaps
     table.add_column("meter", no_wrap=True)  # the exact name `meter create` needs
     table.add_column("tenant")
     table.add_column("reservation", no_wrap=True)
+    table.add_column("node", no_wrap=True)
     table.add_column("gpus")
-    table.add_column("window (UTC)", no_wrap=True)
-    table.add_column("gpu-hours", justify="right")
+    table.add_column("window", no_wrap=True)
+    table.add_column("gpu-h", justify="right")
     totals: dict[tuple[str, str], float] = {}
     for u in rows:
         table.add_row(
             u.meter,
             u.tenant_id,
             u.reservation_id,
+            u.node_id,
             str(u.gpus),
             span(u.start, u.end),
             f"{u.quantity:.2f}",

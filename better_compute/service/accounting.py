@@ -41,6 +41,7 @@ class UsageWindow:
     tenant_id: str
     reservation_id: str
     allocation_id: str
+    node_id: str
     gpus: int
     start: int
     end: int | None
@@ -57,7 +58,9 @@ def usage(
         if tenant is not None:
             repo.require_tenant(conn, tenant)
         # The reservation's end caps an open window: a tick may not have closed it yet.
-        sql = "SELECT u.*, r.during_end FROM usage u JOIN reservations r ON r.id = u.reservation_id"
+        sql = "SELECT u.*, r.during_end, a.node_id FROM usage u"
+        sql += " JOIN reservations r ON r.id = u.reservation_id"
+        sql += " JOIN allocations a ON a.id = u.allocation_id"
         sql += " WHERE "
         sql += "NOT EXISTS" if dead_letter else "EXISTS"
         sql += " (SELECT 1 FROM meters m WHERE m.name = u.meter)"
@@ -85,6 +88,7 @@ def usage(
                 r["tenant_id"],
                 r["reservation_id"],
                 r["allocation_id"],
+                r["node_id"],
                 r["gpus"],
                 lo,
                 r["end"] if r["end"] is None or end is None else min(r["end"], end),

@@ -411,7 +411,12 @@ class Lifecycle(RuleBasedStateMachine):
     ) -> dict[str, frozenset[State]]:
         allowed = self.unchanged()
         for rid in targets:
-            if before[rid].state == State.PLACED and self.on_cordoned(before[rid]):
+            under_notice = before[rid].preempt_deadline is not None
+            if (
+                before[rid].state == State.PLACED
+                and self.on_cordoned(before[rid])
+                and not under_notice
+            ):
                 allowed[rid] = frozenset({State.PLACED, State.PENDING})
         return allowed
 
@@ -420,7 +425,9 @@ class Lifecycle(RuleBasedStateMachine):
     ) -> None:
         for rid, r in after.items():
             prior = before[rid]
-            if prior.state != State.PLACED or rid not in targets:
+            # A spot reservation under notice ends at its deadline: repair leaves it alone.
+            untouched = prior.state != State.PLACED or prior.preempt_deadline is not None
+            if untouched or rid not in targets:
                 assert r.allocations == prior.allocations, f"repair touched {rid}"
                 continue
             if not self.on_cordoned(prior):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A calendar window, a 4-node training run on one fabric, and a repaired booking.
+# A 3-node training run on one fabric, booked for tomorrow, and repaired when a GPU fails.
 # Run it in an empty folder: it makes its own database there.
 set -euo pipefail
 export BETTER_COMPUTE_DB=${BETTER_COMPUTE_DB:-example.db}
@@ -7,8 +7,8 @@ here=$(dirname "$0")
 
 better-compute init --force
 better-compute inventory import "$here/inventory.json"
-better-compute --json preview --tenant acme --pool west --gpus 8 --gang 4 --topology-key fabric.domain --for 3d
-run=$(better-compute --json reserve --tenant acme --pool west --gpus 8 --gang 4 \
+better-compute --json preview --tenant acme --pool west --gpus 8 --gang 3 --topology-key fabric.domain --for 3d
+run=$(better-compute --json reserve --tenant acme --pool west --gpus 8 --gang 3 \
       --topology-key fabric.domain --for 3d --start +1d --key pretrain-7 |
       python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
 better-compute get "$run"

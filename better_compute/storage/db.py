@@ -41,7 +41,10 @@ def _header_kind(path: Path) -> str:
         return "missing"
     if not path.is_file():  # a folder, a FIFO (would block), a device (never to be replaced)
         return "foreign"
-    header = _read_header(path)
+    try:
+        header = _read_header(path)
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {str(path)!r}: {exc.strerror}") from None
     if len(header) == 0:
         return "empty"
     if len(header) < 100 or not header.startswith(SQLITE_MAGIC):
@@ -64,7 +67,6 @@ class Database:
         self.conn.row_factory = sqlite3.Row
         self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         self.conn.execute("PRAGMA foreign_keys = ON")
-        self._depth = 0
 
     def set_busy_timeout(self, busy_timeout_ms: int) -> None:
         self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")

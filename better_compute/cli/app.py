@@ -159,9 +159,11 @@ def main() -> None:
     command = typer.main.get_command(app)
     try:
         code = command.main(args=argv, prog_name="better-compute", standalone_mode=False)
+    except typer.Exit as exc:  # Typer turns Ctrl-C into Exit(130); a write in progress rolls back
+        sys.exit(exc.exit_code)
     except typer.Abort:
-        sys.stderr.write("error: INTERNAL: aborted\n")
-        sys.exit(1)
+        sys.stderr.write("aborted\n")
+        sys.exit(130)
     except Exception as exc:
         # The parser's usage errors (unknown option, missing or malformed value) carry these two.
         message = getattr(exc, "format_message", None)

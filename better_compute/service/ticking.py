@@ -17,7 +17,7 @@ from better_compute.lifecycle.tick import (
     due_retries,
     other_groups,
 )
-from better_compute.model import LIVE_STATES, Event, JsonValue, Reservation, State, Window
+from better_compute.model import Event, JsonValue, Reservation, State
 from better_compute.service import booking, metering, placing
 from better_compute.service.context import Ctx
 from better_compute.storage import repo
@@ -238,7 +238,3 @@ def report_bound(ctx: Ctx, node: str, rsv_id: str) -> Reservation:
         repo.set_bound(conn, alloc.id)
         activate_if_bound(ctx, rsv_id)
         return repo.get_reservation(conn, rsv_id)
-
-
-def live_window(rsv: Reservation) -> Window | None:
-    return rsv.during if rsv.state in LIVE_STATES else None

@@ -81,10 +81,6 @@ def load_settings(conn: Conn) -> Settings:
     return Settings(**values)  # type: ignore[arg-type]
 
 
-def config_rows(conn: Conn) -> dict[str, str]:
-    return {str(k): str(v) for k, v in conn.execute("SELECT key, value FROM config ORDER BY key")}
-
-
 def set_config(conn: Conn, key: str, value: str) -> None:
     conn.execute("INSERT OR REPLACE INTO config(key, value) VALUES (?, ?)", (key, value))
 
@@ -541,16 +537,6 @@ def move_bookings_end(conn: Conn, rsv_id: str, old_end: int, new_end: int) -> No
     )
 
 
-def booked_atoms(conn: Conn, pool_id: str, window: Window) -> int:
-    """Distinct atoms of the pool with any booking overlapping the window (the timeline's count)."""
-    row = conn.execute(
-        "SELECT COUNT(*) FROM (SELECT DISTINCT node_id, atom FROM bookings"
-        " WHERE pool_id = ? AND end > ? AND start < ?)",
-        (pool_id, window.start, window.end),
-    ).fetchone()
-    return int(row[0])
-
-
 def booking_spans(conn: Conn, pool_id: str, window: Window) -> list[tuple[str, int, int, int]]:
     """(node, atom, start, end) of every booking overlapping a window, for the timeline."""
     rows = conn.execute(
@@ -559,18 +545,6 @@ def booking_spans(conn: Conn, pool_id: str, window: Window) -> list[tuple[str, i
         (pool_id, window.start, window.end),
     )
     return [(str(n), int(a), int(s), int(e)) for n, a, s, e in rows]
-
-
-def live_booking_count(conn: Conn, node: str, atom: int | None, since: int) -> int:
-    sql = (
-        "SELECT COUNT(*) FROM bookings b JOIN reservations r ON r.id = b.reservation_id"
-        " WHERE b.node_id = ? AND b.end > ? AND r.state != 'released'"
-    )
-    args: list[object] = [node, since]
-    if atom is not None:
-        sql += " AND b.atom = ?"
-        args.append(atom)
-    return int(conn.execute(sql, args).fetchone()[0])
 
 
 # ---------------------------------------------------------------- events

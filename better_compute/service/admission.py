@@ -69,6 +69,17 @@ def check_policy(conn: Conn, principal: str, draft: Draft) -> None:
         )
 
 
+def held_charge(conn: Conn, tenant: str, pool_id: str) -> int:
+    """GPUs a tenant holds now: every reservation not released; pool_id '' means every pool."""
+    sql = "SELECT COALESCE(SUM(quota_charge), 0) FROM reservations"
+    sql += " WHERE tenant_id = ? AND state != 'released'"
+    args: list[object] = [tenant]
+    if pool_id:
+        sql += " AND pool_id = ?"
+        args.append(pool_id)
+    return int(conn.execute(sql, args).fetchone()[0])
+
+
 def check_quota(conn: Conn, tenant: str, pool_id: str, pool_name: str, charge: int) -> None:
     """Every cap that applies (this pool's and the tenant-wide one) must hold the new charge."""
     caps = conn.execute(
@@ -77,13 +88,7 @@ def check_quota(conn: Conn, tenant: str, pool_id: str, pool_name: str, charge: i
         (tenant, pool_id),
     )
     for cap_pool, cap in caps:
-        sql = "SELECT COALESCE(SUM(quota_charge), 0) FROM reservations"
-        sql += " WHERE tenant_id = ? AND state != 'released'"
-        args: list[object] = [tenant]
-        if cap_pool:
-            sql += " AND pool_id = ?"
-            args.append(cap_pool)
-        held = int(conn.execute(sql, args).fetchone()[0])
+        held = held_charge(conn, tenant, cap_pool)
         if held + charge > cap:
             where = f"pool {pool_name}" if cap_pool else "all pools"
             raise QuotaExceeded(

@@ -19,7 +19,7 @@ from better_compute.inventory import (
 )
 from better_compute.model import FABRIC_DOMAIN, Atom, JsonValue, Maintenance, Node, Window
 from better_compute.service import ticking
-from better_compute.service.admission import require_admin
+from better_compute.service.admission import held_charge, require_admin
 from better_compute.service.context import Ctx
 from better_compute.storage import repo
 from better_compute.storage.db import Database, create_database
@@ -309,15 +309,10 @@ def quota_show(ctx: Ctx, tenant: str) -> list[QuotaLine]:
         repo.require_tenant(conn, tenant)
         lines = []
         for pool_id, cap in repo.quotas(conn, tenant):
-            sql = "SELECT COALESCE(SUM(quota_charge), 0) FROM reservations"
-            sql += " WHERE tenant_id = ? AND state != 'released'"
-            args: list[object] = [tenant]
             name = None
             if pool_id:
-                sql += " AND pool_id = ?"
-                args.append(pool_id)
                 name = conn.execute("SELECT name FROM pools WHERE id = ?", (pool_id,)).fetchone()[0]
-            held = int(conn.execute(sql, args).fetchone()[0])
+            held = held_charge(conn, tenant, pool_id)
             lines.append(QuotaLine(pool_id or None, name, cap, held))
         return lines
 

@@ -7,10 +7,17 @@ import time
 from better_compute.timeparse import parse_time
 
 
-def now_ms(override: str | None) -> int:
-    """Now in epoch ms: `override` (from --now or BETTER_COMPUTE_NOW) if given, else the clock.
+def real_ms() -> int:
+    """The system clock in epoch ms."""
+    return time.time_ns() // 1_000_000
 
-    The override is read relative to the real clock, so `--now +1h` means an hour from now.
+
+def now_ms(override: str | None, base: int | None = None) -> int:
+    """`override` (from --now or BETTER_COMPUTE_NOW) if given, else the clock.
+
+    A relative override (`+1h`) counts from `base` when given (a manual-clock ledger's own
+    instant), else from the real clock.
     """
-    real = time.time_ns() // 1_000_000
-    return real if override is None else parse_time(override, real)
+    if override is None:
+        return real_ms()
+    return parse_time(override, real_ms() if base is None else base)

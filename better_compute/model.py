@@ -235,6 +235,23 @@ class Event:
     tenant_id: str | None
     reservation_id: str | None
     data: dict[str, JsonValue]
+    #: Who caused it: a principal, or `system` for the lifecycle's own work (PRODUCT.md §7).
+    actor: str = "system"
+    #: The admin behind `--as` when an admin acted as someone.
+    acting_admin: str | None = None
+
+
+SYSTEM = "system"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is acting: resolved once per command (service/authz.py)."""
+
+    name: str
+    admin: bool
+    #: The admin behind `--as`, recorded on every event it causes; None when acting as oneself.
+    acting_admin: str | None = None
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ NOTICE = 2 * MIN
 
 class World:
     def __init__(self, path: Path, nodes: tuple[tuple[str, str], ...]) -> None:
-        self.db = setup.init(str(path), T0, force=True)
+        self.db = setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)
         self.now = T0
         doc = {
             "pools": [
@@ -51,7 +51,7 @@ class World:
         setup.config_set(self.ctx(), "placement.topN", "1")
 
     def ctx(self) -> Ctx:
-        return Ctx(self.db, self.now, "admin")
+        return Ctx(self.db, self.now)
 
     def reserve(
         self, gpus: int = 8, tenant: str = "acme", spot: bool = False, **kw: Any
@@ -218,13 +218,13 @@ def test_each_gpu_hour_is_billed_once_across_a_preempt_and_a_re_place(one_node: 
     w = one_node
     spot = w.reserve(8, tenant="globex", spot=True, duration_ms=90 * MIN)  # [T0, T0+1.5h)
     later = w.reserve(8, tenant="globex", spot=True, start=T0 + 2 * HOUR)  # [T0+2h, T0+3h)
-    ticking.tick_until(Ctx(w.db, T0, "admin"), T0 + HOUR, 30 * SEC)
+    ticking.tick_until(Ctx(w.db, T0), T0 + HOUR, 30 * SEC)
     w.now = T0 + HOUR
     urgent = w.reserve(8, duration_ms=2 * HOUR)  # from the deadline, T0+1h02m
     deadline = T0 + HOUR + NOTICE
     assert w.get(spot.id).during is not None
     assert w.get(later.id).state == State.PENDING
-    ticking.tick_until(Ctx(w.db, T0 + HOUR, "admin"), T0 + 6 * HOUR, 30 * SEC)
+    ticking.tick_until(Ctx(w.db, T0 + HOUR), T0 + 6 * HOUR, 30 * SEC)
     w.now = T0 + 6 * HOUR
     again = w.get(later.id)
     assert again.state == State.RELEASED and again.release_reason == ReleaseReason.EXPIRED

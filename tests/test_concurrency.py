@@ -92,7 +92,7 @@ def run_cli(
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     path = tmp_path / "shared.db"
-    db = setup.init(str(path), T0, force=True)
+    db = setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)
     setup.inventory_import(Ctx(db, T0), INVENTORY)
     db.close()
     return path
@@ -193,7 +193,7 @@ SERVICE_WORKER = textwrap.dedent(
         at = now + k * 60_000
         try:
             # One connection at a time, closed before the next open, as the CLI does.
-            ctx = open_ctx(path, at, "admin")
+            ctx = open_ctx(path, str(at), "admin", None)
         except BetterComputeError as exc:
             print(json.dumps({"error": exc.code, "exit": exc.exit_code}), flush=True)
             if exc.exit_code != 7:

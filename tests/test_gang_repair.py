@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from better_compute.errors import Conflict, Forbidden, InvalidInput, NotFound, QuotaExceeded
 from better_compute.inventory import parse_inventory
-from better_compute.model import LIVE_STATES, Event, Reservation, State, Window
+from better_compute.model import LIVE_STATES, Event, Principal, Reservation, State, Window
 from better_compute.service import accounting, booking, setup, ticking
 from better_compute.service.booking import ReserveArgs
 from better_compute.service.context import Ctx
@@ -57,7 +57,7 @@ NODE_NAMES = [n["name"] for n in NODES]
 
 class World:
     def __init__(self, path: Path) -> None:
-        self.db = setup.init(str(path), T0, force=True)
+        self.db = setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)
         self.now = T0
         doc = {
             "pools": [{"name": "p", "nodes": NODES}],
@@ -67,7 +67,7 @@ class World:
         setup.config_set(self.ctx(), "placement.topN", "1")
 
     def ctx(self, principal: str = "admin") -> Ctx:
-        return Ctx(self.db, self.now, principal)
+        return Ctx(self.db, self.now, Principal(principal, admin=principal == "admin"))
 
     def reserve(self, gpus: int | None = 4, principal: str = "admin", **kw: Any) -> Reservation:
         args = {"tenant": "acme", "pool": None, "gpus": gpus, "duration_ms": HOUR, **kw}

@@ -186,7 +186,7 @@ class Harness:
 
     @classmethod
     def create(cls, path: str) -> Harness:
-        db = setup.init(path, T0, force=True)
+        db = setup.init(path, T0, force=True, manual=True, admin="admin", group=None)
         setup.inventory_import(Ctx(db, T0), INVENTORY)
         return cls(db)
 

@@ -52,7 +52,7 @@ def _node(name: str) -> dict[str, Any]:
 
 class World:
     def __init__(self, path: Path, nodes: tuple[str, ...] = ("n1", "n2")) -> None:
-        self.db = setup.init(str(path), T0, force=True)
+        self.db = setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)
         self.now = T0
         doc = {
             "pools": [{"name": "p", "nodes": [_node(n) for n in nodes]}],
@@ -65,7 +65,7 @@ class World:
         setup.config_set(self.ctx(), "placement.topN", "1")
 
     def ctx(self) -> Ctx:
-        return Ctx(self.db, self.now, "admin")
+        return Ctx(self.db, self.now)
 
     def reserve(
         self, gpus: int | None = 8, tenant: str = "acme", spot: bool = False, **kw: Any

@@ -110,7 +110,14 @@ class Lifecycle(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.tmp = tempfile.TemporaryDirectory(prefix="bc-state-")
-        self.db: Database = setup.init(str(Path(self.tmp.name) / "bc.db"), T0, force=True)
+        self.db: Database = setup.init(
+            str(Path(self.tmp.name) / "bc.db"),
+            T0,
+            force=True,
+            manual=True,
+            admin="admin",
+            group=None,
+        )
         setup.inventory_import(Ctx(self.db, T0), INVENTORY)
         self.now = T0
         self.model: dict[str, Expect] = {}

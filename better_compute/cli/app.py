@@ -16,7 +16,7 @@ import typer
 from rich.console import Console, RenderableType
 from rich.progress import Progress
 
-from better_compute import clock
+from better_compute import identity
 from better_compute.errors import BetterComputeError, InvalidInput, Unavailable
 from better_compute.model import JsonValue, Window
 from better_compute.render import json as js
@@ -36,7 +36,7 @@ app = typer.Typer(
 class Globals:
     db: str = "better-compute.db"
     now_text: str | None = None
-    principal: str = "admin"
+    principal: str | None = None  # --as: None acts as the operating-system user
     json: bool = False
 
 
@@ -92,14 +92,19 @@ def handled(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def now() -> int:
-    return clock.now_ms(G.now_text)
+def me() -> str:
+    """Who runs this process, and who `--as` claims to be (checked against the admins)."""
+    if G.principal is not None and not G.principal.strip():
+        raise InvalidInput(
+            "--as (or BETTER_COMPUTE_PRINCIPAL) is empty: name the principal to act as, or leave"
+            " it out to act as yourself"
+        )
+    return identity.os_user()
 
 
 def ctx() -> Ctx:
-    if not G.principal.strip():
-        raise InvalidInput("--as (or BETTER_COMPUTE_PRINCIPAL) must name who is acting, e.g. admin")
-    return open_ctx(G.db, now(), G.principal)
+    """The ledger, the instant reads see, and the principal acting: resolved once per command."""
+    return open_ctx(G.db, G.now_text, me(), G.principal)
 
 
 HumanView = RenderableType | str | Callable[[], RenderableType | str] | None
@@ -122,6 +127,18 @@ def progress_bar(as_json: bool, what: str) -> Iterator[Callable[[int, int], None
         yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            text = version("better-compute")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            text = "0+unknown"
+        sys.stdout.write(f"better-compute {text}\n")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def main_options(
     db: Annotated[
@@ -136,9 +153,20 @@ def main_options(
         ),
     ] = None,
     as_: Annotated[
-        str, typer.Option("--as", envvar="BETTER_COMPUTE_PRINCIPAL", help="Who is acting.")
-    ] = "admin",
+        str | None,
+        typer.Option(
+            "--as",
+            envvar="BETTER_COMPUTE_PRINCIPAL",
+            help="Act as this principal (admins only); default: the operating-system user.",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON output for every command.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+        ),
+    ] = False,
 ) -> None:
     """better-compute: reserve GPUs now or later, as gangs or spot; tick moves the lifecycle."""
     G.db, G.now_text, G.principal, G.json = db, now_, as_, as_json

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from typing import Annotated
 
 import typer
@@ -17,7 +18,6 @@ from better_compute.cli.app import (
     ctx,
     emit,
     handled,
-    now,
     out,
 )
 from better_compute.errors import InvalidInput
@@ -54,7 +54,8 @@ def _reserve_args(
     node_lease: bool,
     key: str | None,
 ) -> ReserveArgs:
-    at = now()
+    if start is not None:
+        parse_time(start, 0)  # its form is checked before the ledger is opened
     models = tuple(sorted({m.strip() for m in model.split(",") if m.strip()})) if model else ()
     if model is not None and not models:
         raise InvalidInput("--model needs a model or a comma-separated list, such as h100,a100")
@@ -67,12 +68,16 @@ def _reserve_args(
         topology=topology,
         gang=gang,
         topology_key=topology_key,
-        start=parse_time(start, at) if start is not None else None,
         start_text=start.strip() if start is not None and is_relative(start) else None,
         spot=spot,
         node_lease=node_lease,
         key=key,
     )
+
+
+def _with_start(args: ReserveArgs, start: str | None, at: int) -> ReserveArgs:
+    """--start, read against the ledger's now (relative times count from it)."""
+    return args if start is None else replace(args, start=parse_time(start, at))
 
 
 @app.command()
@@ -110,7 +115,8 @@ def reserve(
         node_lease,
         key,
     )
-    r = booking.reserve(ctx(), args)
+    c = ctx()
+    r = booking.reserve(c, _with_start(args, start, c.now))
     emit(as_json, js.reservation(r), lambda: human.reservation(r))
 
 
@@ -149,6 +155,7 @@ def preview(
         None,
     )
     c = ctx()
+    args = _with_start(args, start, c.now)
     p = booking.preview(c, args)
     doc = js.preview(p)
     lines = booking.explain(c, args) if explain else []

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from better_compute import clock
 from better_compute.cli.app import (
     G,
     JsonFlag,
@@ -17,16 +18,16 @@ from better_compute.cli.app import (
     ctx,
     emit,
     handled,
-    now,
+    me,
     out,
     progress_bar,
 )
 from better_compute.errors import InvalidInput
 from better_compute.inventory import inventory_to_json, load_inventory_text
-from better_compute.model import JsonValue
+from better_compute.model import JsonValue, Principal
 from better_compute.render import human
 from better_compute.render import json as js
-from better_compute.service import setup, ticking, views
+from better_compute.service import admins, setup, ticking, views
 from better_compute.service.context import Ctx
 from better_compute.timeparse import iso
 
@@ -36,16 +37,24 @@ from better_compute.timeparse import iso
 def init(
     demo: Annotated[bool, typer.Option("--demo", help="Load the demo inventory too.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing database.")] = False,
+    group: Annotated[
+        str | None,
+        typer.Option("--group", help="Share the file read-write with this group (default 0600)."),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Create the database (and with --demo, a small inventory to try every command on)."""
+    """Create the database (and with --demo, a small inventory to try every command on).
+
+    Under --now (or BETTER_COMPUTE_NOW) the ledger runs on that manual clock; without, on the
+    real clock. You become its first admin."""
     from better_compute.demo import DEMO_INVENTORY
 
-    at = now()
-    db = setup.init(G.db, at, force)
+    admin = setup.init_admin(G.db, me(), G.principal, force)
+    at = clock.now_ms(G.now_text)
+    db = setup.init(G.db, at, force, manual=G.now_text is not None, admin=admin, group=group)
     counts: dict[str, int] = {}
     if demo:
-        counts = setup.inventory_import(Ctx(db, at, G.principal), DEMO_INVENTORY)
+        counts = setup.inventory_import(Ctx(db, at, Principal(admin, admin=True)), DEMO_INVENTORY)
     db.close()
     emit(
         as_json,
@@ -242,6 +251,38 @@ def node_report_bound(node: str, rsv: str, as_json: JsonFlag = False) -> None:
     """What a node agent calls once it has bound its devices for a reservation."""
     r = ticking.report_bound(ctx(), node, rsv)
     emit(as_json, js.reservation(r), lambda: human.reservation(r))
+
+
+admin_app = typer.Typer(
+    no_args_is_help=False, help="Admins: who may change the fleet and the rules, and use --as."
+)
+app.add_typer(admin_app, name="admin")
+PrincipalArg = Annotated[str, typer.Argument(help="A user name (the OS user who runs commands).")]
+
+
+def _show_admins(as_json: bool, names: list[str]) -> None:
+    emit(as_json, list[JsonValue](names), "\n".join(names))
+
+
+@admin_app.command("add")
+@handled
+def admin_add(principal: PrincipalArg, as_json: JsonFlag = False) -> None:
+    """Make a principal an admin (admins only)."""
+    _show_admins(as_json, admins.add(ctx(), principal))
+
+
+@admin_app.command("remove")
+@handled
+def admin_remove(principal: PrincipalArg, as_json: JsonFlag = False) -> None:
+    """Take admin away from a principal; the last admin stays (admins only)."""
+    _show_admins(as_json, admins.remove(ctx(), principal))
+
+
+@admin_app.command("list")
+@handled
+def admin_list(as_json: JsonFlag = False) -> None:
+    """Every admin (admins only)."""
+    _show_admins(as_json, admins.list_(ctx()))
 
 
 tenant_app = typer.Typer(no_args_is_help=False, help="Tenants: who reservations belong to.")

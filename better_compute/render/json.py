@@ -50,14 +50,18 @@ def reservation(rsv: Reservation) -> dict[str, JsonValue]:
 
 
 def event(ev: Event) -> dict[str, JsonValue]:
-    return {
+    doc: dict[str, JsonValue] = {
         "seq": ev.seq,
         "type": ev.type,
         "at": ev.at,
         "tenantId": ev.tenant_id,
         "reservationId": ev.reservation_id,
+        "actor": ev.actor,
         "data": ev.data,
     }
+    if ev.acting_admin is not None:
+        doc["actingAdmin"] = ev.acting_admin
+    return doc
 
 
 def candidate(plan: NodePlan) -> dict[str, JsonValue]:

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from better_compute.errors import Conflict, InvalidInput, NotFound
 from better_compute.inventory import MAX_INT
-from better_compute.service.admission import require_admin
+from better_compute.service import authz
+from better_compute.service.authz import require_admin
 from better_compute.service.context import Ctx
 from better_compute.storage import repo
 
@@ -16,12 +17,13 @@ METER_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
 
 
 def meter_create(ctx: Ctx, name: str) -> None:
+    require_admin(ctx.who, "create meters")
     if not METER_RE.fullmatch(name):
         raise InvalidInput(
             f"meter {name!r} must be lowercase letters, digits, '.', '_' or '-',"
             " like gpu.h100.hours"
         )
-    with ctx.db.write() as conn:
+    with ctx.write() as conn:
         if conn.execute("SELECT 1 FROM meters WHERE name = ?", (name,)).fetchone():
             raise Conflict(f"meter {name!r} already exists")
         conn.execute(
@@ -57,6 +59,8 @@ def usage(
     with ctx.db.read() as conn:
         if tenant is not None:
             repo.require_tenant(conn, tenant)
+            authz.require_tenant(conn, ctx.who, tenant)
+        seen = authz.visible_tenants(conn, ctx.who)
         # The reservation's end caps an open window: a tick may not have closed it yet.
         sql = "SELECT u.*, r.during_end, a.node_id FROM usage u"
         sql += " JOIN reservations r ON r.id = u.reservation_id"
@@ -68,6 +72,9 @@ def usage(
         if tenant is not None:
             sql += " AND u.tenant_id = ?"
             args.append(tenant)
+        elif seen is not None:
+            sql += f" AND u.tenant_id IN ({','.join('?' * len(seen))})"
+            args.extend(seen)
         if end is not None:
             sql += " AND u.start < ?"
             args.append(end)
@@ -110,12 +117,12 @@ class Policy:
 def policy_set(
     ctx: Ctx, tenant: str, principal: str, max_gpus: int | None, spot_only: bool, deny: bool
 ) -> Policy:
-    require_admin(ctx.principal, "set policies")
+    require_admin(ctx.who, "set policies")
     if max_gpus is not None and not 0 <= max_gpus <= MAX_INT:
         raise InvalidInput(f"--max-gpus must be from 0 to {MAX_INT}, got {max_gpus}")
     if not principal.strip():
         raise InvalidInput("--principal must not be empty")
-    with ctx.db.write() as conn:
+    with ctx.write() as conn:
         repo.require_tenant(conn, tenant)
         conn.execute(
             "INSERT OR REPLACE INTO policies(tenant_id, principal, max_gpus, spot_only, deny)"
@@ -154,8 +161,8 @@ def policy_list(ctx: Ctx, tenant: str | None) -> list[Policy]:
 
 
 def policy_delete(ctx: Ctx, tenant: str, principal: str) -> None:
-    require_admin(ctx.principal, "delete policies")
-    with ctx.db.write() as conn:
+    require_admin(ctx.who, "delete policies")
+    with ctx.write() as conn:
         gone = conn.execute(
             "DELETE FROM policies WHERE tenant_id = ? AND principal = ?", (tenant, principal)
         ).rowcount

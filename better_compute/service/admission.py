@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from better_compute.errors import Forbidden, QuotaExceeded
-from better_compute.model import JsonValue
+from better_compute.model import JsonValue, Principal
 from better_compute.storage.repo import Conn
 
 
@@ -33,19 +33,11 @@ class Draft:
         }
 
 
-ADMIN = "admin"
-
-
-def require_admin(principal: str, what: str) -> None:
-    """The rules that bind principals (policies, quotas, settings) are changed by admin only."""
-    if principal != ADMIN:
-        raise Forbidden(f"only admin may {what}; you are acting as {principal!r} (see --as)")
-
-
-def check_policy(conn: Conn, principal: str, draft: Draft) -> None:
-    """`admin` is never refused; in a tenant with policies, a principal without one is."""
-    if principal == ADMIN:
+def check_policy(conn: Conn, who: Principal, draft: Draft) -> None:
+    """An admin is never refused; in a tenant with policies, a principal without one is."""
+    if who.admin:
         return
+    name = who.name
     rows = list(
         conn.execute(
             "SELECT principal, max_gpus, spot_only, deny FROM policies WHERE tenant_id = ?",
@@ -54,17 +46,17 @@ def check_policy(conn: Conn, principal: str, draft: Draft) -> None:
     )
     if not rows:
         return
-    mine = next((r for r in rows if r["principal"] == principal), None)
-    who = f"principal {principal!r} in tenant {draft.tenant_id!r}"
+    mine = next((r for r in rows if r["principal"] == name), None)
+    whom = f"principal {name!r} in tenant {draft.tenant_id!r}"
     if mine is None:
-        raise Forbidden(f"{who} has no policy; ask an admin for `policy set`")
+        raise Forbidden(f"{whom} has no policy; ask an admin for `policy set`")
     if mine["deny"]:
-        raise Forbidden(f"policy deny: {who} may not reserve")
+        raise Forbidden(f"policy deny: {whom} may not reserve")
     if mine["spot_only"] and not draft.spot:
-        raise Forbidden(f"policy spot-only: {who} may reserve only with --spot")
+        raise Forbidden(f"policy spot-only: {whom} may reserve only with --spot")
     if mine["max_gpus"] is not None and draft.gpu_count > mine["max_gpus"]:
         raise Forbidden(
-            f"policy max-gpus {mine['max_gpus']}: {who} may not reserve {draft.gpu_count} GPUs"
+            f"policy max-gpus {mine['max_gpus']}: {whom} may not reserve {draft.gpu_count} GPUs"
             + (f" (a gang of {draft.gang_size})" if draft.gang_size > 1 else "")
         )
 

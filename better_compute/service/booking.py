@@ -25,7 +25,7 @@ from better_compute.model import (
     State,
     Window,
 )
-from better_compute.service import metering, placing
+from better_compute.service import authz, metering, placing
 from better_compute.service.admission import Draft, check_policy, check_quota
 from better_compute.service.context import Ctx
 from better_compute.service.preemption import try_preempt
@@ -223,7 +223,7 @@ def _admit(ctx: Ctx, args: ReserveArgs) -> tuple[sqlite3.Row, int]:
     pool = repo.find_pool(conn, args.pool)
     repo.require_tenant(conn, args.tenant)
     charge = _charge(ctx, args, pool["id"])
-    check_policy(conn, ctx.principal, _draft(args, pool["id"], charge))
+    check_policy(conn, ctx.who, _draft(args, pool["id"], charge))
     return pool, charge
 
 
@@ -250,7 +250,7 @@ def _replay(ctx: Ctx, args: ReserveArgs) -> Reservation | None:
 def reserve(ctx: Ctx, args: ReserveArgs) -> Reservation:
     validate(args)
     check_horizon(ctx, args)
-    with ctx.db.write() as conn:
+    with ctx.write() as conn:
         replay = _replay(ctx, args)
         if replay is not None:
             return replay
@@ -322,8 +322,15 @@ def _candidates(ctx: Ctx, draft: Reservation, window: Window) -> tuple[NodePlan,
 
 
 def get(ctx: Ctx, rsv_id: str) -> Reservation:
-    with ctx.db.read() as conn:
-        return repo.get_reservation(conn, rsv_id)
+    with ctx.db.read():
+        return mine(ctx, rsv_id)
+
+
+def mine(ctx: Ctx, rsv_id: str) -> Reservation:
+    """A reservation of a tenant this principal acts for; any other is NOT_FOUND (§6)."""
+    rsv = repo.get_reservation(ctx.db.conn, rsv_id)
+    authz.require_visible(ctx.db.conn, ctx.who, rsv.id, rsv.tenant_id)
+    return rsv
 
 
 def list_reservations(
@@ -342,8 +349,12 @@ def list_reservations(
         clauses, args = ["1"], []  # type: tuple[list[str], list[object]]
         if tenant is not None:
             repo.require_tenant(conn, tenant)
+            authz.require_tenant(conn, ctx.who, tenant)
             clauses.append("tenant_id = ?")
             args.append(tenant)
+        elif (seen := authz.visible_tenants(conn, ctx.who)) is not None:
+            clauses.append(f"tenant_id IN ({','.join('?' * len(seen))})")
+            args.extend(seen)
         if pool is not None:
             clauses.append("pool_id = ?")
             args.append(repo.find_pool(conn, pool)["id"])
@@ -377,15 +388,15 @@ def finish(ctx: Ctx, rsv: Reservation, reason: ReleaseReason, at: int) -> Reserv
         ).fetchone()
         if by is not None and by[0] == rsv.tenant_id:  # never name another tenant's reservation
             data["by"] = rsv.preempted_by
-    ctx.event("reservation.released", rsv.tenant_id, rsv.id, data, at=at)
+    ctx.event("reservation.released", rsv.tenant_id, rsv.id, data)
     return done
 
 
 def _end_now(ctx: Ctx, rsv_id: str, reason: ReleaseReason, hint: str) -> Reservation:
     allowed = states.CANCELLABLE if reason == ReleaseReason.CANCELLED else states.RELEASABLE
     verb = "cancel" if reason == ReleaseReason.CANCELLED else "release"
-    with ctx.db.write() as conn:
-        rsv = repo.get_reservation(conn, rsv_id)
+    with ctx.write() as conn:
+        rsv = mine(ctx, rsv_id)
         states.require(rsv, allowed, verb, hint)
         finish(ctx, rsv, reason, ctx.now)
         return repo.get_reservation(conn, rsv_id)
@@ -405,8 +416,8 @@ def extend(ctx: Ctx, rsv_id: str, by_ms: int) -> Reservation:
     """Move every member's end, or none: any collision on any member is a CONFLICT."""
     if by_ms <= 0:
         raise InvalidInput("--by must be a positive duration such as 30m or 2h")
-    with ctx.db.write() as conn:
-        rsv = repo.get_reservation(conn, rsv_id)
+    with ctx.write() as conn:
+        rsv = mine(ctx, rsv_id)
         states.require(rsv, states.EXTENDABLE, "extend")
         if rsv.preempt_deadline is not None:
             raise Conflict(

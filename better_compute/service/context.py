@@ -1,21 +1,54 @@
-"""What every use case runs with: the open database, the instant, who is acting, the settings."""
+"""What every use case runs with: the open database, the instant, who is acting, the settings.
+
+Time (PRODUCT.md §2). A ledger created under `--now` runs on that manual clock; one created on the
+real clock refuses `--now` for writes. Either way a write acts at an instant read *after* its write
+lock is held (a wait for the lock never comes out of anyone's notice), and never earlier than the
+latest instant the ledger has acted at: history only moves forward.
+"""
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
-from better_compute.model import JsonValue, Settings
-from better_compute.storage import repo
+from better_compute import clock
+from better_compute.errors import InvalidInput
+from better_compute.identity import owner_of
+from better_compute.model import SYSTEM, JsonValue, Principal, Settings
+from better_compute.service.authz import resolve
+from better_compute.storage import ledger, repo
 from better_compute.storage.db import Database, open_database
+
+NO_NOW_ON_REAL_CLOCK = (
+    "this ledger runs on the real clock, so commands that write take no --now (nor"
+    " BETTER_COMPUTE_NOW); reads such as get, list, preview and timeline may ask --now for any"
+    " time. A ledger made by `init --now TIME` runs on a manual clock instead"
+)
+
+#: The principal of work no person asked for (a tick's transitions), and of internal contexts.
+SYSTEM_PRINCIPAL = Principal(SYSTEM, admin=True)
 
 
 @dataclass
 class Ctx:
     db: Database
+    #: Reads see the ledger as of this instant; inside `write()`, the instant the write acts at.
     now: int
-    principal: str = "admin"
+    who: Principal = field(default=SYSTEM_PRINCIPAL)
+    #: An instant this command asked to act at: `--now`, or a step of `tick --until`.
+    asked: int | None = None
+    #: True when `asked` came from `--now`: a real-clock ledger refuses it for writes.
+    asked_by_flag: bool = False
+    #: True for the lifecycle's own work (tick, repair): its events' actor is `system`.
+    system: bool = False
+
+    @property
+    def principal(self) -> str:
+        return self.who.name
 
     @cached_property
     def settings(self) -> Settings:
@@ -24,15 +57,50 @@ class Ctx:
         with self.db.read() as conn:
             return repo.load_settings(conn)
 
+    def at(self, instant: int, *, system: bool | None = None) -> Ctx:
+        """The same command acting at another explicit instant (a step of `tick --until`)."""
+        return replace(
+            self,
+            now=instant,
+            asked=instant,
+            asked_by_flag=False,
+            system=self.system if system is None else system,
+        )
+
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, acting at the instant read once the lock is held."""
+        with self.db.write() as conn:
+            self.now = self._acting_instant(conn)
+            yield conn
+
+    def _acting_instant(self, conn: sqlite3.Connection) -> int:
+        state = ledger.clock_state(conn)
+        if state.mode == ledger.REAL:
+            if self.asked_by_flag:
+                raise InvalidInput(NO_NOW_ON_REAL_CLOCK)
+            wanted = clock.real_ms() if self.asked is None else self.asked
+        else:
+            wanted = self.now if self.asked is None else self.asked
+        instant = max(wanted, state.last_at)
+        ledger.advance_clock(conn, instant)
+        return instant
+
     def event(
         self,
         type_: str,
         tenant: str | None,
         rsv_id: str | None,
         data: dict[str, JsonValue],
-        at: int | None = None,
+        *,
+        system: bool = False,
     ) -> None:
-        repo.append_event(self.db.conn, type_, self.now if at is None else at, tenant, rsv_id, data)
+        """Append an event at `now`. Its actor is who caused it: `system` for the lifecycle's own
+        work, and for a notice to another tenant (`system=True`), which must not name it."""
+        who = SYSTEM_PRINCIPAL if self.system or system else self.who
+        repo.append_event(
+            self.db.conn, type_, self.now, tenant, rsv_id, data, who.name, who.acting_admin
+        )
 
     def seed(self, *parts: object) -> int:
         """The topN pick's seed: from the database and the request, never the process."""
@@ -40,8 +108,25 @@ class Ctx:
         return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8])
 
 
-def open_ctx(path: str, now: int, principal: str) -> Ctx:
+def open_ctx(path: str, now_text: str | None, me: str, as_name: str | None) -> Ctx:
+    """Open the ledger and resolve the instant reads see and the principal acting."""
     db = open_database(path)
-    ctx = Ctx(db, now, principal)
-    db.set_busy_timeout(ctx.settings.busy_timeout_ms)
+    try:
+        with db.read() as conn:
+            state = ledger.clock_state(conn)
+            who = resolve(conn, me, as_name, owner_of(path))
+            settings = repo.load_settings(conn)
+    except BaseException:
+        db.close()
+        raise
+    manual = state.mode == ledger.MANUAL
+    base = state.last_at if manual else None
+    asked = None if now_text is None else clock.now_ms(now_text, base)
+    if asked is not None:
+        now = asked
+    else:
+        now = state.last_at if manual else max(clock.real_ms(), state.last_at)
+    ctx = Ctx(db, now, who, asked=asked, asked_by_flag=asked is not None)
+    ctx.__dict__["settings"] = settings  # seeds the cached_property: one read, not two
+    db.set_busy_timeout(settings.busy_timeout_ms)
     return ctx

@@ -78,7 +78,11 @@ def _give_notice(ctx: Ctx, victim: Reservation, by: Reservation, deadline: int) 
         )
         repo.save_reservation(conn, cut)
         ctx.event(
-            "reservation.preempting", victim.tenant_id, victim.id, {"at": deadline, **by_data}
+            "reservation.preempting",
+            victim.tenant_id,
+            victim.id,
+            {"at": deadline, **by_data},
+            system=victim.tenant_id != by.tenant_id,
         )
         return
     # Not started by the deadline: it loses its bookings and waits again, keeping its quota.
@@ -94,4 +98,10 @@ def _give_notice(ctx: Ctx, victim: Reservation, by: Reservation, deadline: int) 
         start_checked=False,
     )
     repo.save_reservation(conn, requeued)
-    ctx.event("reservation.preempted", victim.tenant_id, victim.id, {"requeued": True, **by_data})
+    ctx.event(
+        "reservation.preempted",
+        victim.tenant_id,
+        victim.id,
+        {"requeued": True, **by_data},
+        system=victim.tenant_id != by.tenant_id,
+    )

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import grp
 import json
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from better_compute.errors import Conflict, InvalidInput, NotFound
+from better_compute.errors import Conflict, Forbidden, InvalidInput, NotFound
 from better_compute.inventory import (
     MAX_INT,
     MODEL_RE,
@@ -18,20 +21,60 @@ from better_compute.inventory import (
     nvlink_group_of,
 )
 from better_compute.model import FABRIC_DOMAIN, Atom, JsonValue, Maintenance, Node, Window
-from better_compute.service import ticking
-from better_compute.service.admission import held_charge, require_admin
-from better_compute.service.context import Ctx
-from better_compute.storage import repo
+from better_compute.service import authz, ticking
+from better_compute.service.admission import held_charge
+from better_compute.service.authz import require_admin
+from better_compute.service.context import Ctx, open_ctx
+from better_compute.storage import ledger, repo
 from better_compute.storage.db import Database, create_database
 from better_compute.storage.repo import Conn
 
 Labels = tuple[tuple[str, str], ...]
 
 
-def init(path: str, now: int, force: bool) -> Database:
+def init(
+    path: str, now: int, force: bool, *, manual: bool, admin: str, group: str | None
+) -> Database:
+    """Create the ledger: on a manual clock when `init` was given --now, else on the real one;
+    `admin` is its first admin. The file is private to its owner (0600), or shared read-write
+    with one group: on SQLite the file's permissions are the security boundary."""
+    gid = None if group is None else _group_id(group)
     # The database id is derived from the creating instant alone: replaying `init --now T` and the
     # same commands anywhere gives identical ids, and copies of one database keep the same id.
-    return create_database(path, force=force, seed_text=str(now))
+    db = create_database(path, force=force, seed_text=str(now))
+    if gid is not None:
+        os.chown(path, -1, gid)
+    os.chmod(path, 0o600 if gid is None else 0o660)
+    with db.write() as conn:
+        ledger.start_ledger(conn, ledger.MANUAL if manual else ledger.REAL, now, admin)
+    return db
+
+
+def init_admin(path: str, me: str, as_name: str | None, force: bool) -> str:
+    """Who `init` makes the first admin. Replacing a ledger is its admins' decision; on a new
+    ledger there is nobody yet whom `--as` could be checked against, so it is refused there."""
+    if force and Path(path).is_file() and Path(path).stat().st_size > 0:
+        old = open_ctx(path, None, me, as_name)
+        try:
+            require_admin(old.who, "replace the ledger (init --force)")
+            return old.who.name
+        finally:
+            old.db.close()
+    if as_name is not None and as_name != me:
+        raise Forbidden(
+            f"--as {as_name!r}: a new ledger has no admins yet to allow acting as someone else;"
+            f" `init` makes you ({me!r}) its first admin, then `admin add` others"
+        )
+    return me
+
+
+def _group_id(name: str) -> int:
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise InvalidInput(
+            f"--group {name!r} is not a group on this host (see `getent group`)"
+        ) from None
 
 
 def parse_labels(pairs: Sequence[str]) -> Labels:
@@ -68,8 +111,9 @@ def _pool_name(name: str) -> str:
 
 
 def pool_create(ctx: Ctx, name: str, labels: Labels) -> str:
+    require_admin(ctx.who, "create pools")
     _pool_name(name)
-    with ctx.db.write() as conn:
+    with ctx.write() as conn:
         if conn.execute("SELECT 1 FROM pools WHERE name = ?", (name,)).fetchone():
             raise Conflict(f"pool {name!r} already exists")
         pool_id = repo.insert_pool(conn, name, labels)
@@ -78,8 +122,8 @@ def pool_create(ctx: Ctx, name: str, labels: Labels) -> str:
 
 
 def pool_set_auto_bind(ctx: Ctx, ref: str, auto_bind: bool | None) -> None:
-    require_admin(ctx.principal, "change pool settings")
-    with ctx.db.write() as conn:
+    require_admin(ctx.who, "change pool settings")
+    with ctx.write() as conn:
         pool = repo.find_pool(conn, ref)
         value = None if auto_bind is None else int(auto_bind)
         conn.execute("UPDATE pools SET auto_bind = ? WHERE id = ?", (value, pool["id"]))
@@ -139,7 +183,8 @@ def node_spec(
 
 
 def node_add(ctx: Ctx, pool_ref: str | None, spec: InventoryNode) -> None:
-    with ctx.db.write() as conn:
+    require_admin(ctx.who, "add nodes")
+    with ctx.write() as conn:
         pool = repo.find_pool(conn, pool_ref)
         if conn.execute("SELECT 1 FROM nodes WHERE name = ?", (spec.name,)).fetchone():
             raise Conflict(f"node {spec.name!r} already exists; `node show {spec.name}`")
@@ -177,7 +222,8 @@ def node_show(ctx: Ctx, name: str) -> NodeDetail:
 
 def node_label(ctx: Ctx, name: str, pairs: Sequence[str]) -> Node:
     """Set labels (k=v) or remove them (k-), as kubectl label does."""
-    with ctx.db.write() as conn:
+    require_admin(ctx.who, "change nodes")
+    with ctx.write() as conn:
         node = repo.get_node(conn, name)
         labels = dict(node.labels)
         for pair in pairs:
@@ -196,7 +242,8 @@ def node_label(ctx: Ctx, name: str, pairs: Sequence[str]) -> Node:
 
 def node_flag(ctx: Ctx, name: str, event: str, reason: str | None, **columns: object) -> Node:
     """Cordon, uncordon, mark (un)reachable: one column change and an event with who and why."""
-    with ctx.db.write() as conn:
+    require_admin(ctx.who, "change nodes")
+    with ctx.write() as conn:
         repo.get_node(conn, name)
         repo.update_node(conn, name, **columns)
         data: dict[str, JsonValue] = {"nodeId": name, "by": ctx.principal}
@@ -207,9 +254,10 @@ def node_flag(ctx: Ctx, name: str, event: str, reason: str | None, **columns: ob
 
 
 def node_maintenance(ctx: Ctx, name: str, window: Window, reason: str | None) -> Maintenance:
+    require_admin(ctx.who, "change nodes")
     if window.end <= window.start:
         raise InvalidInput("--until must be after --from")
-    with ctx.db.write() as conn:
+    with ctx.write() as conn:
         repo.get_node(conn, name)
         mid = repo.insert_maintenance(conn, name, window, reason)
         data: dict[str, JsonValue] = {
@@ -234,7 +282,8 @@ def node_maintenance(ctx: Ctx, name: str, window: Window, reason: str | None) ->
 
 def node_uncordon(ctx: Ctx, name: str) -> Node:
     """Uncordon lifts the cordon and every maintenance window of the node."""
-    with ctx.db.write() as conn:
+    require_admin(ctx.who, "change nodes")
+    with ctx.write() as conn:
         repo.get_node(conn, name)
         repo.update_node(conn, name, schedulable=1, cordon_reason=None)
         removed = repo.delete_maintenance(conn, name)
@@ -252,7 +301,8 @@ def device_health(ctx: Ctx, ref: str, healthy: bool, reason: str | None) -> Node
     if not sep or not _digits(index_text):
         raise InvalidInput(f"device {ref!r} must look like NODE:INDEX, such as node-01:3")
     index = int(index_text)
-    with ctx.db.write() as conn:
+    require_admin(ctx.who, "change device health")
+    with ctx.write() as conn:
         node = repo.get_node(conn, node_name)
         if index >= len(node.atoms):
             raise NotFound(f"node {node_name} has GPUs 0 to {len(node.atoms) - 1}, not {index}")
@@ -268,11 +318,13 @@ def device_health(ctx: Ctx, ref: str, healthy: bool, reason: str | None) -> Node
 
 
 def tenant_create(ctx: Ctx, tenant: str) -> None:
+    require_admin(ctx.who, "create tenants")
     _name(tenant, "tenant id")
-    with ctx.db.write() as conn:
+    with ctx.write() as conn:
         if repo.tenant_exists(conn, tenant):
             raise Conflict(f"tenant {tenant!r} already exists")
         repo.insert_tenant(conn, tenant)
+        ctx.event("tenant.created", tenant, None, {"tenantId": tenant})
 
 
 def tenant_list(ctx: Ctx) -> list[str]:
@@ -281,10 +333,10 @@ def tenant_list(ctx: Ctx) -> list[str]:
 
 
 def quota_set(ctx: Ctx, tenant: str, pool_ref: str | None, gpus: int) -> None:
-    require_admin(ctx.principal, "set quotas")
+    require_admin(ctx.who, "set quotas")
     if not 0 <= gpus <= MAX_INT:
         raise InvalidInput(f"--gpus must be from 0 to {MAX_INT}, got {gpus}")
-    with ctx.db.write() as conn:
+    with ctx.write() as conn:
         repo.require_tenant(conn, tenant)
         pool_id = repo.find_pool(conn, pool_ref)["id"] if pool_ref is not None else ""
         repo.set_quota(conn, tenant, pool_id, gpus)
@@ -307,6 +359,7 @@ class QuotaLine:
 def quota_show(ctx: Ctx, tenant: str) -> list[QuotaLine]:
     with ctx.db.read() as conn:
         repo.require_tenant(conn, tenant)
+        authz.require_tenant(conn, ctx.who, tenant)
         lines = []
         for pool_id, cap in repo.quotas(conn, tenant):
             name = None
@@ -347,7 +400,7 @@ def config_get(ctx: Ctx, key: str | None) -> dict[str, JsonValue]:
 
 
 def config_set(ctx: Ctx, key: str, value: str) -> dict[str, JsonValue]:
-    require_admin(ctx.principal, "change settings")
+    require_admin(ctx.who, "change settings")
     if key not in repo.SETTING_KEYS:
         raise InvalidInput(f"no setting {key!r}; settings: {', '.join(sorted(repo.SETTING_KEYS))}")
     if key in BOOL_KEYS:
@@ -359,14 +412,14 @@ def config_set(ctx: Ctx, key: str, value: str) -> dict[str, JsonValue]:
             least <= int(value) <= most
         ):
             raise InvalidInput(f"{key} must be an integer from {least} to {most}, got {value!r}")
-    with ctx.db.write() as conn:
+    with ctx.write() as conn:
         repo.set_config(conn, key, value if key in BOOL_KEYS else str(int(value)))
         ctx.event("config.set", None, None, {"key": key, "value": value, "by": ctx.principal})
     return config_get(ctx_fresh(ctx), key)
 
 
 def ctx_fresh(ctx: Ctx) -> Ctx:
-    return Ctx(ctx.db, ctx.now, ctx.principal)
+    return Ctx(ctx.db, ctx.now, ctx.who)
 
 
 # ---------------------------------------------------------------- inventory
@@ -388,9 +441,10 @@ def inventory_import(
 
     `progress(done, total)` is told after each node, for a progress bar on large files.
     """
+    require_admin(ctx.who, "import an inventory")
     counts = {"pools": 0, "nodes": 0, "tenants": 0}
     total = sum(len(p.nodes) for p in inv.pools)
-    with ctx.db.write() as conn:
+    with ctx.write() as conn:
         for pool in inv.pools:
             _pool_name(pool.name)
             row = conn.execute("SELECT id FROM pools WHERE name = ?", (pool.name,)).fetchone()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from better_compute.errors import Conflict, NotFound
+from better_compute.errors import Conflict, InvalidInput, NotFound
 from better_compute.lifecycle import states
 from better_compute.lifecycle.tick import (
     RepairPoint,
@@ -19,13 +19,18 @@ from better_compute.lifecycle.tick import (
 )
 from better_compute.model import Event, JsonValue, Reservation, State
 from better_compute.service import booking, metering, placing
-from better_compute.service.context import Ctx
-from better_compute.storage import repo
+from better_compute.service.authz import require_admin
+from better_compute.service.context import NO_NOW_ON_REAL_CLOCK, Ctx
+from better_compute.storage import ledger, repo
 
 
 def tick(ctx: Ctx) -> list[Event]:
-    """One tick at ctx.now, in one transaction; returns the events it wrote (what changed)."""
-    with ctx.db.write() as conn:
+    """One tick, in one transaction; returns the events it wrote (what changed).
+
+    Anyone may tick (cron): it only does what is due. Its events' actor is `system`.
+    """
+    ctx.system = True
+    with ctx.write() as conn:
         first = _last_seq(ctx)
         _release_due(ctx)
         _retry_pending(ctx)
@@ -38,13 +43,23 @@ def tick(ctx: Ctx) -> list[Event]:
 def tick_until(
     ctx: Ctx, until: int, step_ms: int, progress: Callable[[int, int], None] | None = None
 ) -> list[Event]:
-    """The same as running tick at every step from now to `until` (both included)."""
+    """The same as running tick at every step from now to `until` (both included).
+
+    On a real-clock ledger this moves the ledger's time ahead of the clock for good, so it is
+    an admin's decision; on a manual clock it is how time passes.
+    """
+    with ctx.db.read() as conn:
+        real = ledger.clock_state(conn).mode == ledger.REAL
+    if real:
+        if ctx.asked_by_flag:
+            raise InvalidInput(NO_NOW_ON_REAL_CLOCK)
+        require_admin(ctx.who, "tick ahead of the real clock (tick --until)")
     instants = list(range(ctx.now, until + 1, step_ms))
     if instants[-1] != until:
         instants.append(until)
     changes: list[Event] = []
     for done, instant in enumerate(instants, start=1):
-        changes.extend(tick(Ctx(ctx.db, instant, ctx.principal)))
+        changes.extend(tick(ctx.at(instant)))
         if progress is not None:
             progress(done, len(instants))
     return changes
@@ -163,11 +178,15 @@ def kept(rsv: Reservation) -> set[JsonValue]:
 
 
 def repair(ctx: Ctx, rsv_id: str | None) -> list[Event]:
-    """`repair [RSV]`: check one or every placed reservation now, whatever their start."""
-    with ctx.db.write() as conn:
+    """`repair [RSV]`: check one or every placed reservation now, whatever their start.
+
+    Open to anyone, like tick: its events' actor is `system`. One reservation must be visible.
+    """
+    ctx.system = True
+    with ctx.write() as conn:
         first = _last_seq(ctx)
         if rsv_id is not None:
-            rsv = repo.get_reservation(conn, rsv_id)
+            rsv = booking.mine(ctx, rsv_id)
             states.require(rsv, frozenset({State.PLACED}), "repair")
             targets = [rsv]
         else:
@@ -224,7 +243,7 @@ def activate_if_bound(ctx: Ctx, rsv_id: str) -> None:
 
 def report_bound(ctx: Ctx, node: str, rsv_id: str) -> Reservation:
     """What a node agent calls once it has bound its devices for a reservation."""
-    with ctx.db.write() as conn:
+    with ctx.write() as conn:
         repo.get_node(conn, node)
         rsv = repo.get_reservation(conn, rsv_id)
         if rsv.state not in (State.BINDING, State.ACTIVE):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from better_compute.errors import InvalidInput
 from better_compute.model import Event, Node, Window
+from better_compute.service import authz
 from better_compute.service.context import Ctx
 from better_compute.storage import repo
 from better_compute.storage.repo import Conn
@@ -178,6 +179,7 @@ def timeline(
         row = repo.find_pool(conn, pool_ref)
         if tenant is not None:
             repo.require_tenant(conn, tenant)
+            authz.require_tenant(conn, ctx.who, tenant)
         # Only the allocatable count: a full rollup would also count every future booking.
         nodes = repo.load_nodes(conn, row["id"])
         allocatable = len(allocatable_atoms(conn, row["id"], nodes, ctx.now))
@@ -228,8 +230,16 @@ def events(ctx: Ctx, tenant: str | None, reservation: str | None, since: int | N
     with ctx.db.read() as conn:
         if tenant is not None:
             repo.require_tenant(conn, tenant)
+            authz.require_tenant(conn, ctx.who, tenant)
         if reservation is not None:
-            repo.get_reservation(conn, reservation)
+            rsv = repo.get_reservation(conn, reservation)
+            authz.require_visible(conn, ctx.who, rsv.id, rsv.tenant_id)
         if since is not None:  # seqs are positive SQLite integers: clamp so any --since works
             since = max(0, min(since, 2**63 - 1))
-        return repo.events(conn, tenant=tenant, reservation=reservation, since=since)
+        return repo.events(
+            conn,
+            tenant=tenant,
+            reservation=reservation,
+            since=since,
+            tenants=authz.visible_tenants(conn, ctx.who),
+        )

@@ -557,17 +557,29 @@ def append_event(
     tenant: str | None,
     rsv_id: str | None,
     data: dict[str, JsonValue],
+    actor: str,
+    acting_admin: str | None,
 ) -> None:
     conn.execute(
-        "INSERT INTO events(type, at, tenant_id, reservation_id, data) VALUES (?, ?, ?, ?, ?)",
-        (type_, at, tenant, rsv_id, json.dumps(data, sort_keys=True)),
+        "INSERT INTO events(type, at, tenant_id, reservation_id, data, actor, acting_admin)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (type_, at, tenant, rsv_id, json.dumps(data, sort_keys=True), actor, acting_admin),
     )
 
 
 def events(
-    conn: Conn, *, tenant: str | None, reservation: str | None, since: int | None
+    conn: Conn,
+    *,
+    tenant: str | None,
+    reservation: str | None,
+    since: int | None,
+    tenants: Sequence[str] | None = None,
 ) -> list[Event]:
+    """Events in seq order; `tenants` (when given) limits them to those tenants' and the fleet's."""
     clauses, args = ["1"], []  # type: tuple[list[str], list[object]]
+    if tenants is not None:
+        clauses.append(f"(tenant_id IS NULL OR tenant_id IN ({','.join('?' * len(tenants))}))")
+        args.extend(tenants)
     if tenant is not None:
         clauses.append("tenant_id = ?")
         args.append(tenant)
@@ -580,7 +592,14 @@ def events(
     rows = conn.execute(f"SELECT * FROM events WHERE {' AND '.join(clauses)} ORDER BY seq", args)
     return [
         Event(
-            r["seq"], r["type"], r["at"], r["tenant_id"], r["reservation_id"], json.loads(r["data"])
+            r["seq"],
+            r["type"],
+            r["at"],
+            r["tenant_id"],
+            r["reservation_id"],
+            json.loads(r["data"]),
+            r["actor"],
+            r["acting_admin"],
         )
         for r in rows
     ]

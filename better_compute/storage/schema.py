@@ -163,8 +163,30 @@ CREATE TABLE policies (
 );
 """
 
+MIGRATION_2 = """
+-- Who caused each event (PRODUCT.md §7): the principal, or 'system' for what tick does; and the
+-- admin behind an `--as`. Rows written before this migration get the best answer the log holds.
+ALTER TABLE events ADD COLUMN actor TEXT NOT NULL DEFAULT 'system';
+ALTER TABLE events ADD COLUMN acting_admin TEXT;
+UPDATE events SET actor = COALESCE(
+  (SELECT r.principal FROM reservations r WHERE r.id = events.reservation_id),
+  'system') WHERE type = 'reservation.created';
+UPDATE events SET actor = json_extract(data, '$.by')
+  WHERE reservation_id IS NULL AND json_type(data, '$.by') = 'text';
+-- Principals who may change the fleet and the rules, and act as others (--as).
+CREATE TABLE admins (
+  principal TEXT PRIMARY KEY,
+  added_at INTEGER NOT NULL,
+  added_by TEXT NOT NULL
+);
+-- The ledger's clock (PRODUCT.md §2): 'manual' when created under --now, else 'real'; and the
+-- latest instant it has acted at, which no write may go behind. Older ledgers: the real clock.
+INSERT OR IGNORE INTO meta(key, value) VALUES ('clock', 'real');
+INSERT OR IGNORE INTO meta(key, value) SELECT 'last_at', COALESCE(MAX(at), 0) FROM events;
+"""
+
 #: Append-only. Index i holds the SQL that brings user_version i to i + 1.
-MIGRATIONS: tuple[str, ...] = (MIGRATION_1,)
+MIGRATIONS: tuple[str, ...] = (MIGRATION_1, MIGRATION_2)
 
 SCHEMA_VERSION = len(MIGRATIONS)
 

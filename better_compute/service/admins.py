@@ -1,0 +1,46 @@
+"""The admin list (PRODUCT.md §3, §6): who may change the fleet and the rules, and use `--as`."""
+
+from __future__ import annotations
+
+from better_compute.errors import Conflict, InvalidInput, NotFound
+from better_compute.service.authz import require_admin
+from better_compute.service.context import Ctx
+from better_compute.storage import ledger
+
+WHAT = "add or remove admins"
+
+
+def _principal_name(name: str) -> str:
+    if not name.strip() or len(name) > 256 or not name.isprintable():
+        raise InvalidInput(f"{name[:40]!r} is not a principal: give a user (or role) name")
+    return name
+
+
+def add(ctx: Ctx, name: str) -> list[str]:
+    require_admin(ctx.who, WHAT)
+    _principal_name(name)
+    with ctx.write() as conn:
+        if not ledger.add_admin(conn, name, ctx.now, ctx.principal):
+            raise Conflict(f"{name!r} is already an admin")
+        ctx.event("admin.added", None, None, {"principal": name})
+        return ledger.admins(conn)
+
+
+def remove(ctx: Ctx, name: str) -> list[str]:
+    """The last admin stays: a ledger nobody may administer could only be replaced by hand."""
+    require_admin(ctx.who, WHAT)
+    with ctx.write() as conn:
+        current = ledger.admins(conn)
+        if name not in current:
+            raise NotFound(f"{name!r} is not an admin; admins: {', '.join(current)}")
+        if current == [name]:
+            raise Conflict(f"{name!r} is the last admin; add another before removing it")
+        ledger.remove_admin(conn, name)
+        ctx.event("admin.removed", None, None, {"principal": name})
+        return ledger.admins(conn)
+
+
+def list_(ctx: Ctx) -> list[str]:
+    require_admin(ctx.who, "list admins")
+    with ctx.db.read() as conn:
+        return ledger.admins(conn)

@@ -1,0 +1,75 @@
+"""The ledger's own facts: its clock (PRODUCT.md §2), its admins, and who may act for a tenant (§6).
+
+Kept apart from repo.py because these rows are about the ledger as a whole, not the fleet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from better_compute.storage.repo import Conn
+
+MANUAL = "manual"
+REAL = "real"
+
+
+@dataclass(frozen=True)
+class ClockState:
+    """`mode`: 'manual' (created under --now) or 'real'; `last_at`: the latest instant acted at."""
+
+    mode: str
+    last_at: int
+
+
+def clock_state(conn: Conn) -> ClockState:
+    rows = dict(conn.execute("SELECT key, value FROM meta WHERE key IN ('clock', 'last_at')"))
+    return ClockState(str(rows.get("clock", REAL)), int(rows.get("last_at", 0)))
+
+
+def advance_clock(conn: Conn, at: int) -> None:
+    """Move the high-water mark forward; never back (a lagging writer acts at the mark instead)."""
+    conn.execute(
+        "UPDATE meta SET value = ? WHERE key = 'last_at' AND CAST(value AS INTEGER) < ?", (at, at)
+    )
+
+
+def start_ledger(conn: Conn, mode: str, at: int, admin: str) -> None:
+    """What `init` records besides the schema: the clock, the instant, and the first admin."""
+    conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('clock', ?)", (mode,))
+    conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('last_at', ?)", (str(at),))
+    add_admin(conn, admin, at, admin)
+
+
+def admins(conn: Conn) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT principal FROM admins ORDER BY principal")]
+
+
+def add_admin(conn: Conn, principal: str, at: int, by: str) -> bool:
+    """True when the principal was not an admin yet."""
+    cur = conn.execute(
+        "INSERT OR IGNORE INTO admins(principal, added_at, added_by) VALUES (?, ?, ?)",
+        (principal, at, by),
+    )
+    return cur.rowcount > 0
+
+
+def remove_admin(conn: Conn, principal: str) -> bool:
+    return conn.execute("DELETE FROM admins WHERE principal = ?", (principal,)).rowcount > 0
+
+
+#: Tenants a principal may act for: those with no policies, and those where a policy names it
+#: without denying it (a denied principal does not act for the tenant at all).
+_ACTS_FOR = """
+SELECT id FROM tenants t
+WHERE NOT EXISTS (SELECT 1 FROM policies p WHERE p.tenant_id = t.id)
+   OR EXISTS (SELECT 1 FROM policies p WHERE p.tenant_id = t.id AND p.principal = ? AND p.deny = 0)
+"""
+
+
+def tenants_for(conn: Conn, principal: str) -> list[str]:
+    return [r[0] for r in conn.execute(_ACTS_FOR + " ORDER BY t.seq", (principal,))]
+
+
+def acts_for(conn: Conn, principal: str, tenant: str) -> bool:
+    row = conn.execute(f"SELECT 1 FROM ({_ACTS_FOR}) WHERE id = ?", (principal, tenant))
+    return row.fetchone() is not None

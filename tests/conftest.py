@@ -22,6 +22,7 @@ from hypothesis import settings
 from typer.testing import CliRunner, Result
 
 from better_compute.cli import app
+from better_compute.identity import os_user
 
 # CI replays a fixed set of examples (derandomized) so a landing never hinges on a lucky draw;
 # locally hypothesis explores new examples on every run and keeps the failures it finds.
@@ -126,8 +127,16 @@ class Cli:
         return doc["error"]
 
 
+#: Who runs the tests: `init` makes this operating-system user the ledger's first admin.
+ME = os_user()
+
+
 def init_db(path: Path, *extra: str, now: str = NOW) -> Path:
+    """A ledger on a manual clock at `now`; besides its creator, the principal `admin` is an
+    admin, so `--as admin` acts with an admin's rights in every test."""
     result = invoke(["--db", str(path), "--now", now, "init", *extra])
+    assert result.exit_code == 0, result.stderr
+    result = invoke(["--db", str(path), "admin", "add", "admin"])
     assert result.exit_code == 0, result.stderr
     return path
 

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import HOUR, MIN, NOW_MS, Cli, invoke
+from conftest import HOUR, ME, MIN, NOW_MS, Cli, at, invoke
 
 # ---------------------------------------------------------------- --now
 
@@ -31,16 +31,41 @@ def test_now_absolute_forms(run: Cli, text: str, expected: int) -> None:
     ("text", "offset"),
     [("now", 0), ("+2h", 2 * HOUR), ("+90m", 90 * MIN), ("+1d12h", 36 * HOUR), ("-30m", -30 * MIN)],
 )
-def test_now_relative_forms_follow_the_clock(run: Cli, text: str, offset: int) -> None:
+def test_now_relative_forms_count_from_a_manual_ledgers_own_time(
+    run: Cli, text: str, offset: int
+) -> None:
+    # The ledger was made at NOW under a pinned clock; a write never acts earlier than it.
+    assert run.ok("tick", now=text)["now"] == NOW_MS + max(0, offset)
+
+
+@pytest.mark.parametrize(
+    ("text", "offset"),
+    [("now", 0), ("+2h", 2 * HOUR), ("+1d12h", 36 * HOUR), ("-30m", -30 * MIN)],
+)
+def test_on_a_real_clock_reads_ask_relative_to_the_clock(
+    db_dir: Path, text: str, offset: int
+) -> None:
+    cli = Cli(db_dir / "real.db")
+    cli.ok("init", now=None)
+    cli.ok("pool", "create", "p", now=None)
     before = time.time_ns() // 1_000_000
-    got = run.ok("tick", now=text)["now"]
+    got = cli.ok("timeline", "--step", "60", now=text)["buckets"]
     after = time.time_ns() // 1_000_000
-    assert before + offset <= got <= after + offset
+    # --from defaults to the start of the hour that --now falls in
+    hour = 3_600_000
+    assert (before + offset) // hour * hour <= got[0]["start"] <= (after + offset) // hour * hour
 
 
-def test_without_now_the_clock_is_used(run: Cli) -> None:
+def test_without_now_a_manual_ledger_stays_at_its_own_time(run: Cli) -> None:
+    run.ok("tick", now=at(HOUR))
+    assert run.ok("tick", now=None)["now"] == NOW_MS + HOUR
+
+
+def test_without_now_a_real_ledger_uses_the_clock(db_dir: Path) -> None:
+    cli = Cli(db_dir / "real.db")
+    cli.ok("init", now=None)
     before = time.time_ns() // 1_000_000
-    got = run.ok("tick", now=None)["now"]
+    got = cli.ok("tick", now=None)["now"]
     assert before <= got <= time.time_ns() // 1_000_000
 
 
@@ -85,9 +110,9 @@ def test_environment_variables_stand_in_for_the_global_options(demo_db: Path) ->
     rsv = json.loads(result.stdout)
     assert rsv["createdAt"] == NOW_MS + HOUR
     # the flags win over the variables
-    result = invoke(["--now", str(NOW_MS), "--json", "tick"], env=env)
-    assert json.loads(result.stdout)["now"] == NOW_MS
-    assert Cli(demo_db).ok("get", rsv["id"]) == rsv
+    result = invoke(["--now", str(NOW_MS + 90 * MIN), "--json", "tick"], env=env)
+    assert json.loads(result.stdout)["now"] == NOW_MS + 90 * MIN
+    assert Cli(demo_db).ok("get", rsv["id"])["state"] == "active"
 
 
 def test_the_db_variable_is_used_and_a_missing_one_is_unavailable(db_dir: Path) -> None:
@@ -113,13 +138,15 @@ def test_the_principal_variable_is_who_acts(run: Cli) -> None:
         "reserve", "--tenant", "acme", "--gpus", "2", "--for", "1h", "--key", "s", env=as_bob
     )
     assert small["state"] == "placed"
-    run.ok("node", "cordon", "west-07", "--reason", "psu", env=as_bob)
-    assert run.ok("events")[-1]["data"]["by"] == "bob"
-    # the rules that bind principals are admin's to change
+    assert run.ok("events")[-1]["actor"] == "bob"
+    assert run.ok("events")[-1]["actingAdmin"] == ME  # the admin behind the variable
+    # the fleet and the rules that bind principals are an admin's to change
+    err = run.fails(6, "node", "cordon", "west-07", "--reason", "psu", env=as_bob)
+    assert "only an admin" in err["message"]
     err = run.fails(6, "config", "set", "placement.topN", "2", env=as_bob)
-    assert "only admin" in err["message"]
+    assert "only an admin" in err["message"]
     err = run.fails(6, "policy", "set", "--tenant", "acme", "--principal", "bob", env=as_bob)
-    assert "only admin" in err["message"]
+    assert "only an admin" in err["message"]
 
 
 # ---------------------------------------------------------------- output discipline

@@ -9,12 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import DAY, HOUR, MIN, NOW_MS, Cli, at
+from conftest import DAY, HOUR, ME, MIN, NOW_MS, Cli, at
 
 
 @pytest.fixture
 def cli(run: Cli) -> Cli:
+    """Operators `ops` and `billing` are admins: fleet changes and meters are admin-only."""
     run.ok("config", "set", "placement.topN", "1")
+    run.ok("admin", "add", "ops")
+    run.ok("admin", "add", "billing")
     return run
 
 
@@ -47,14 +50,14 @@ def test_cordon_with_reason_records_who_and_why(cli: Cli) -> None:
     doc = cli.ok("node", "uncordon", "west-01")
     assert doc["schedulable"] is True and doc["cordonReason"] is None
     ev = last_event(cli, "node.uncordoned")
-    assert ev["data"]["by"] == "admin" and ev["data"]["nodeId"] == "west-01"
+    assert ev["data"]["by"] == ME and ev["data"]["nodeId"] == "west-01"
     assert allocatable(cli) == before
 
 
 def test_cordon_without_reason_and_human_output(cli: Cli) -> None:
     code, text, _ = cli("node", "cordon", "west-02", json=False)
     assert code == 0 and "west-02 cordoned" in text
-    assert last_event(cli, "node.cordoned")["data"] == {"nodeId": "west-02", "by": "admin"}
+    assert last_event(cli, "node.cordoned")["data"] == {"nodeId": "west-02", "by": ME}
     code, text, _ = cli("node", "uncordon", "west-02", json=False)
     assert code == 0 and "uncordoned" in text
 
@@ -160,7 +163,7 @@ def test_mark_unreachable_and_reachable(cli: Cli) -> None:
     assert rsv["allocations"][0]["nodeId"] == "west-02"  # never placed on an unreachable node
     doc = cli.ok("node", "mark-reachable", "west-01")
     assert doc["reachable"] is True
-    assert last_event(cli, "node.reachable")["data"] == {"nodeId": "west-01", "by": "admin"}
+    assert last_event(cli, "node.reachable")["data"] == {"nodeId": "west-01", "by": ME}
 
 
 def test_a_reservation_starting_now_is_checked_at_its_start_before_it_binds(cli: Cli) -> None:
@@ -195,7 +198,7 @@ def test_device_quarantine_and_restore(cli: Cli) -> None:
     assert last_event(cli, "device.restored")["data"] == {
         "nodeId": "west-01",
         "index": 3,
-        "by": "admin",
+        "by": ME,
     }
     assert allocatable(cli) == before
 
@@ -308,7 +311,7 @@ def test_meter_create_and_list(cli: Cli) -> None:
     }
     cli.ok("meter", "create", "gpu.h100.spot.hours")
     assert cli.ok("meter", "list") == [{"name": "gpu.h100.hours"}, {"name": "gpu.h100.spot.hours"}]
-    assert last_event(cli, "meter.created")["data"]["by"] == "admin"
+    assert last_event(cli, "meter.created")["data"]["by"] == ME
     assert cli.fails(4, "meter", "create", "gpu.h100.hours")["code"] == "CONFLICT"
     for bad in ("GPU.H100.hours", "gpu h100", "", ".hours", "gpu/h100"):
         assert cli.fails(2, "meter", "create", bad)["code"] == "INVALID_INPUT"

@@ -237,7 +237,7 @@ def test_the_event_log_has_every_transition_in_order(solo: Cli) -> None:
     seqs = [e["seq"] for e in events]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
     for e in events:
-        assert list(e) == ["seq", "type", "at", "tenantId", "reservationId", "data"]
+        assert list(e) == ["seq", "type", "at", "tenantId", "reservationId", "actor", "data"]
         assert (e["tenantId"], e["reservationId"]) == ("acme", rsv["id"])
     assert events[1]["data"] == {
         "nodeIds": ["n1"],
@@ -254,7 +254,7 @@ def test_events_filters(solo: Cli) -> None:
     assert seqs == sorted(seqs)
     mine = solo.ok("events", "--tenant", "acme")
     assert mine and {e["tenantId"] for e in mine} == {"acme"}
-    assert {e["reservationId"] for e in mine} == {a["id"]}
+    assert {e["reservationId"] for e in mine} == {a["id"]}, mine
     theirs = solo.ok("events", "--reservation", b["id"])
     assert [e["type"] for e in theirs] == ["reservation.created", "reservation.placed"]
     cut = mine[0]["seq"]

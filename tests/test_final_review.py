@@ -7,21 +7,23 @@ import json
 from pathlib import Path
 from typing import Any
 
+from conftest import ME
+
 
 def test_pool_settings_are_admin_only_and_logged(run: Any) -> None:
     err = run.fails(6, "--as", "bob", "pool", "set", "west", "--auto-bind", "off")
-    assert "only admin" in err["message"]
+    assert "only an admin" in err["message"]
     run.ok("pool", "set", "west", "--auto-bind", "off")
     last = run.ok("events")[-1]
     assert last["type"] == "pool.updated" and last["data"]["autoBind"] is False
-    assert last["data"]["by"] == "admin"
+    assert last["data"]["by"] == ME
 
 
 def test_quota_changes_are_logged(run: Any) -> None:
     run.ok("quota", "set", "--tenant", "acme", "--gpus", "100")
     last = run.ok("events")[-1]
     assert last["type"] == "quota.set" and last["tenantId"] == "acme"
-    assert last["data"] == {"poolId": None, "gpus": 100, "by": "admin"}
+    assert last["data"] == {"poolId": None, "gpus": 100, "by": ME}
 
 
 def _import(run: Any, tmp_path: Path, doc: dict[str, Any]) -> tuple[int, Any, Any]:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import Cli
+from conftest import ME, Cli
 
 FORBIDDEN = 6
 
@@ -145,4 +145,4 @@ def test_policy_changes_are_events_with_who(run: Cli) -> None:
     types = [e["type"] for e in events]
     assert types[-2:] == ["policy.set", "policy.deleted"]
     assert events[-2]["data"]["principal"] == "bob" and events[-2]["data"]["maxGpus"] == 8
-    assert events[-2]["data"]["by"] == "admin" and events[-1]["data"]["by"] == "admin"
+    assert events[-2]["data"]["by"] == ME and events[-1]["data"]["by"] == ME

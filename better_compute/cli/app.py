@@ -21,6 +21,7 @@ from better_compute.errors import BetterComputeError, InvalidInput, Unavailable
 from better_compute.model import JsonValue, Window
 from better_compute.render import json as js
 from better_compute.service.context import Ctx, open_ctx
+from better_compute.storage.db import read_only_refusal
 from better_compute.timeparse import parse_time
 
 app = typer.Typer(
@@ -78,6 +79,8 @@ def handled(fn: F) -> F:
                 as_json,
             )
         except sqlite3.DatabaseError as exc:  # a damaged or unreadable file, not a bug of ours
+            if "readonly" in str(exc).lower():
+                _fail(read_only_refusal(G.db), as_json)
             _fail(Unavailable(f"database {G.db!r} cannot be used: {exc}"), as_json)
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise

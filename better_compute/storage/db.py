@@ -5,11 +5,12 @@ from __future__ import annotations
 import hashlib
 import os
 import sqlite3
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from better_compute.errors import Conflict, InvalidInput, Unavailable
+from better_compute.errors import Conflict, Forbidden, InvalidInput, Unavailable
 from better_compute.storage.schema import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -61,6 +62,9 @@ def _is_locked(exc: sqlite3.OperationalError) -> bool:
 class Database:
     """One connection in autocommit mode; transactions are explicit."""
 
+    #: True for a snapshot opened by a user who may only read the file (see _open_snapshot).
+    read_only = False
+
     def __init__(self, path: Path, busy_timeout_ms: int) -> None:
         self.path = path
         self.conn = sqlite3.connect(str(path), isolation_level=None, timeout=busy_timeout_ms / 1000)
@@ -77,6 +81,8 @@ class Database:
     @contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
         """BEGIN IMMEDIATE: take the write lock up front so writers queue, not deadlock."""
+        if self.read_only:
+            raise read_only_refusal(self.path)
         self._begin("BEGIN IMMEDIATE")
         try:
             yield self.conn
@@ -112,6 +118,8 @@ class Database:
         try:
             self.conn.execute(statement)
         except sqlite3.OperationalError as exc:
+            if _read_only(exc):
+                raise read_only_refusal(self.path) from None
             if _is_locked(exc):
                 raise Unavailable(
                     f"database {self.path} stayed locked past the busy timeout; try again"
@@ -176,9 +184,54 @@ def open_database(path: str, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> 
         db.conn.execute("SELECT value FROM meta WHERE key = 'db_id'").fetchone()
     except sqlite3.DatabaseError as exc:
         db.close()
+        if _read_only(exc) and _checkpointed(file):
+            return _open_snapshot(file)
         if isinstance(exc, sqlite3.OperationalError) and _is_locked(exc):
             raise Unavailable(f"database {path!r} stayed locked past the busy timeout") from None
         raise Unavailable(f"database {path!r} cannot be used: {exc}") from None
+    return db
+
+
+def _read_only(exc: sqlite3.DatabaseError) -> bool:
+    return "readonly" in str(exc).lower()
+
+
+def read_only_refusal(path: Path | str) -> Forbidden:
+    """On SQLite the file's permissions are the boundary: a reader may not write."""
+    return Forbidden(
+        f"database {str(path)!r} is read-only for you (its file permissions): reads work,"
+        " changes need write access to the file and its folder"
+    )
+
+
+def _checkpointed(file: Path) -> bool:
+    """No write-ahead log holds committed pages: the main file alone is the whole ledger."""
+    wal = Path(str(file) + "-wal")
+    return not wal.exists() or wal.stat().st_size == 0
+
+
+def _open_snapshot(file: Path) -> Database:
+    """For a user who may read the file but not write beside it (SQLite's WAL index, `-shm`,
+    cannot be created): read the main file as it stands, which is whole when no writer has it
+    open. A writer that checkpoints during the read can make the read fail; it never corrupts
+    anything, and the command says to try again. Writes are refused by Database._begin."""
+    db = Database.__new__(Database)
+    db.path = file
+    uri = "file:" + urllib.parse.quote(str(file.resolve())) + "?mode=ro&immutable=1"
+    db.conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+    db.conn.row_factory = sqlite3.Row
+    db.read_only = True
+    try:
+        version = int(db.conn.execute("PRAGMA user_version").fetchone()[0])
+        if version != SCHEMA_VERSION:
+            raise Unavailable(
+                f"database {str(file)!r} needs a migration that only a user who may write it can"
+                " run; ask its owner to run any command once"
+            )
+        db.conn.execute("SELECT value FROM meta WHERE key = 'db_id'").fetchone()
+    except sqlite3.DatabaseError as exc:
+        db.close()
+        raise Unavailable(f"database {str(file)!r} cannot be used: {exc}") from None
     return db
 
 

@@ -1,0 +1,418 @@
+"""Issue 7: time that cannot be rewound, identity that is not a flag (PRODUCT.md §2, §3, §6, §7).
+
+Each test reproduces a defect found under attack and fails on the code before the fix. Who runs a
+command is the operating-system user; tests stand in another user by replacing
+`identity.os_user`, and one test runs the real CLI as another uid when it can.
+"""
+
+from __future__ import annotations
+
+import gc
+import grp
+import json
+import os
+import sqlite3
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import DAY, HOUR, ME, NOW_MS, Cli, at, init_db
+
+from better_compute import identity
+from better_compute.cli import main
+
+ENTRY = [sys.executable, "-c", "from better_compute.cli import main; main()"]
+
+
+def be(monkeypatch: pytest.MonkeyPatch, user: str) -> None:
+    """From now on the process runs as `user`, as far as better-compute can tell."""
+    monkeypatch.setattr(identity, "os_user", lambda: user)
+
+
+def real_ledger(db_dir: Path) -> Cli:
+    """A ledger on the real clock: one pool of two 8-GPU nodes, tenants acme and globex."""
+    cli = Cli(db_dir / "real.db")
+    cli.ok("init", now=None)
+    cli.ok("pool", "create", "p", now=None)
+    for node in ("n1", "n2"):
+        cli.ok("node", "add", node, "--pool", "p", "--gpus", "8", "--model", "h100", now=None)
+    for tenant in ("acme", "globex"):
+        cli.ok("tenant", "create", tenant, now=None)
+    return cli
+
+
+def usage_hours(cli: Cli, **kw: Any) -> float:
+    return round(sum(w["quantity"] for w in cli.ok("usage", **kw)), 6)
+
+
+# ---------------------------------------------------------------- two clocks
+
+
+def test_a_real_clock_ledger_refuses_now_on_every_write(db_dir: Path) -> None:
+    cli = real_ledger(db_dir)
+    rsv = cli.ok("reserve", "--tenant", "acme", "--gpus", "8", "--for", "7d", now=None)
+    cli.ok("meter", "create", "gpu.h100.hours", now=None)
+    cli.ok("tick", now=None)
+    for args in (
+        ("tick",),
+        ("release", rsv["id"]),
+        ("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h"),
+        ("node", "cordon", "n2"),
+    ):
+        err = cli.fails(2, *args, now="+8d")
+        assert "real clock" in err["message"] and "--now" in err["message"]
+    # a stale BETTER_COMPUTE_NOW in a cron line is the same flag
+    err = cli.fails(2, "tick", now=None, env={"BETTER_COMPUTE_NOW": "+8d"})
+    assert err["code"] == "INVALID_INPUT"
+    # nothing was released or billed ahead of time
+    assert cli.ok("get", rsv["id"], now=None)["state"] == "active"
+    assert usage_hours(cli, now=None) < 1
+    # reads may still ask "as of" any time
+    assert cli.ok("get", rsv["id"], now="+8d")["id"] == rsv["id"]
+    cli.ok("timeline", "--step", "60", now="+8d")
+    cli.ok("preview", "--tenant", "acme", "--gpus", "8", "--for", "1h", now="+8d")
+
+
+def test_a_backdated_now_cannot_erase_history(run: Cli) -> None:
+    run.ok("meter", "create", "gpu.h100.hours")
+    rsv = run.ok("reserve", "--tenant", "acme", "--gpus", "8", "--for", "1d")
+    run.ok("tick")
+    run.ok("tick", now=at(6 * HOUR))
+    assert usage_hours(run, now=at(6 * HOUR)) == 48.0
+    done = run.ok("release", rsv["id"], now=str(NOW_MS))  # "its start": the ledger is at +6h
+    assert done["during"] == {"start": NOW_MS, "end": NOW_MS + 6 * HOUR}
+    assert usage_hours(run, now=at(7 * HOUR)) == 48.0
+    released = [e for e in run.ok("events") if e["type"] == "reservation.released"]
+    assert released[-1]["at"] == NOW_MS + 6 * HOUR
+
+
+def test_a_write_never_acts_before_the_latest_instant(run: Cli) -> None:
+    run.ok("tick", now=at(2 * HOUR))
+    late = run.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", now=at(HOUR))
+    assert late["createdAt"] == NOW_MS + 2 * HOUR
+    ats = [e["at"] for e in run.ok("events")]
+    assert ats == sorted(ats)
+
+
+def test_a_future_tick_on_a_manual_ledger_is_how_time_passes(run: Cli) -> None:
+    run.ok("meter", "create", "gpu.h100.hours")
+    rsv = run.ok("reserve", "--tenant", "acme", "--gpus", "8", "--gang", "2", "--for", "7d")
+    run.ok("tick")
+    run.ok("tick", now=at(8 * DAY))
+    done = run.ok("get", rsv["id"])
+    assert done["state"] == "released" and done["releaseReason"] == "expired"
+    assert done["during"]["end"] == NOW_MS + 7 * DAY
+    # bookings do not outlive the reservation: the pool is wholly free again
+    assert run.ok("pool", "show", "west")["inUse"] == 0
+    assert usage_hours(run) == 16 * 7 * 24
+
+
+def test_tick_until_on_a_real_clock_is_an_admins_decision(
+    db_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cli = real_ledger(db_dir)
+    be(monkeypatch, "mallory")
+    err = cli.fails(6, "tick", "--until", "+1d", "--step", "1h", now=None)
+    assert "only an admin" in err["message"]
+    cli.ok("tick", now=None)  # plain tick stays open to anyone (cron)
+
+
+def test_the_instant_is_read_once_the_write_lock_is_held(db_dir: Path) -> None:
+    """A wait for the lock never comes out of a spot victim's notice."""
+    cli = real_ledger(db_dir)
+    cli.ok("config", "set", "capacity.spotNoticeMs", "30000", now=None)
+    cli.ok("node", "cordon", "n2", now=None)
+    spot = cli.ok("reserve", "--tenant", "globex", "--gpus", "8", "--for", "1h", "--spot", now=None)
+    cli.ok("tick", now=None)
+    holder = sqlite3.connect(str(cli.db), isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    env = {**os.environ, "BETTER_COMPUTE_DB": str(cli.db)}
+    env.pop("BETTER_COMPUTE_NOW", None)
+    args = ["--json", "reserve", "--tenant", "acme", "--gpus", "8", "--for", "1h"]
+    proc = subprocess.Popen([*ENTRY, *args], env=env, stdout=subprocess.PIPE, text=True)
+    time.sleep(2.0)
+    released_at = time.time_ns() // 1_000_000
+    holder.execute("COMMIT")
+    holder.close()
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    notices = [
+        e
+        for e in cli.ok("events", "--reservation", spot["id"], now=None)
+        if e["type"] == "reservation.preempting"
+    ]
+    assert len(notices) == 1
+    assert notices[0]["at"] >= released_at  # acted after the wait, not before it
+    assert notices[0]["data"]["at"] - notices[0]["at"] == 30_000  # the whole notice
+
+
+# ---------------------------------------------------------------- identity
+
+
+def test_as_is_believed_only_from_an_admin(run: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    rsv = run.ok("reserve", "--tenant", "acme", "--gpus", "4", "--for", "1h")
+    be(monkeypatch, "mallory")
+    for args in (
+        ("release", rsv["id"]),
+        ("list",),
+        ("init", "--force"),
+        ("admin", "add", "mallory"),
+    ):
+        err = run.fails(6, "--as", "admin", *args)
+        assert "only an admin may act as another principal" in err["message"]
+        assert "mallory" in err["message"]
+    err = run.fails(6, "list", env={"BETTER_COMPUTE_PRINCIPAL": ME})
+    assert err["code"] == "FORBIDDEN"
+    assert run.ok("--as", "mallory", "list", now=None) is not None  # oneself is no claim
+    be(monkeypatch, ME)
+    assert run.ok("get", rsv["id"])["state"] == "placed"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("node", "cordon", "west-01"),
+        ("node", "uncordon", "west-01"),
+        ("node", "mark-unreachable", "west-01"),
+        ("node", "label", "west-01", "rack=r9"),
+        ("node", "cordon", "west-01", "--from", "+1h", "--until", "+2h"),
+        ("node", "add", "west-99", "--pool", "west", "--gpus", "8", "--model", "h100"),
+        ("device", "quarantine", "west-01:0", "--reason", "xid-79"),
+        ("device", "restore", "west-01:0"),
+        ("pool", "create", "east"),
+        ("pool", "set", "west", "--auto-bind", "off"),
+        ("tenant", "create", "initech"),
+        ("quota", "set", "--tenant", "acme", "--gpus", "1000"),
+        ("policy", "set", "--tenant", "acme", "--principal", "mallory"),
+        ("config", "set", "placement.topN", "1"),
+        ("meter", "create", "gpu.h100.hours"),
+        ("admin", "add", "mallory"),
+        ("admin", "list"),
+        ("init", "--force"),
+    ],
+)
+def test_fleet_and_rule_changes_are_admin_only(
+    run: Cli, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...]
+) -> None:
+    before = run.ok("events")
+    be(monkeypatch, "mallory")
+    err = run.fails(6, *args)
+    assert "only an admin" in err["message"] and "mallory" in err["message"]
+    be(monkeypatch, ME)
+    assert run.ok("events") == before  # nothing was written
+
+
+def test_inventory_import_is_admin_only(
+    run: Cli, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    inv = tmp_path / "inv.json"
+    inv.write_text(json.dumps({"pools": [], "tenants": [{"id": "acme", "quota": {"gpus": 999}}]}))
+    be(monkeypatch, "mallory")
+    assert run.fails(6, "inventory", "import", str(inv))["code"] == "FORBIDDEN"
+    be(monkeypatch, ME)
+    run.ok("inventory", "import", str(inv))
+    last = run.ok("events")[-1]
+    assert last["type"] == "inventory.imported" and last["actor"] == ME
+
+
+def test_init_force_by_a_non_admin_leaves_the_ledger(
+    run: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rsv = run.ok("reserve", "--tenant", "acme", "--gpus", "4", "--for", "1h")
+    be(monkeypatch, "mallory")
+    run.fails(6, "init", "--force")
+    be(monkeypatch, ME)
+    assert run.ok("get", rsv["id"])["id"] == rsv["id"]
+
+
+def test_a_principal_acts_only_for_tenants_it_may(
+    run: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """acme has policies naming alice; globex has none (open to anyone)."""
+    run.ok("policy", "set", "--tenant", "acme", "--principal", "alice", "--max-gpus", "16")
+    mine = run.ok("--as", "alice", "reserve", "--tenant", "acme", "--gpus", "4", "--for", "1d")
+    theirs = run.ok("reserve", "--tenant", "globex", "--gpus", "4", "--for", "1d")
+    run.ok("tick")
+    run.ok("tick", now=at(HOUR))
+    be(monkeypatch, "mallory")
+    for verb in (("get",), ("cancel",), ("release",), ("extend", "--by", "1h")):
+        err = run.fails(3, verb[0], mine["id"], *verb[1:], now=at(HOUR))
+        assert err["code"] == "NOT_FOUND" and "acme" not in err["message"]
+    assert run.fails(3, "repair", mine["id"])["code"] == "NOT_FOUND"
+    assert run.fails(3, "events", "--reservation", mine["id"])["code"] == "NOT_FOUND"
+    for args in (("list",), ("events",), ("usage",)):
+        rows = run.ok(*args, now=at(HOUR))
+        assert all(r.get("tenantId") in (None, "globex") for r in rows), rows
+    assert mine["id"] not in json.dumps(run.ok("events"))
+    assert {r["id"] for r in run.ok("list")} == {theirs["id"]}
+    for args in (
+        ("list", "--tenant", "acme"),
+        ("events", "--tenant", "acme"),
+        ("usage", "--tenant", "acme"),
+        ("timeline", "--tenant", "acme"),
+        ("quota", "show", "--tenant", "acme"),
+    ):
+        assert run.fails(6, *args)["code"] == "FORBIDDEN"
+    # an open tenant is anyone's to act for
+    assert run.ok("release", theirs["id"], now=at(HOUR))["state"] == "released"
+    # alice, named by a policy, acts for acme
+    be(monkeypatch, "alice")
+    assert run.ok("extend", mine["id"], "--by", "1h", now=at(HOUR))["id"] == mine["id"]
+    # a denied principal does not act for the tenant at all
+    be(monkeypatch, ME)
+    run.ok("policy", "set", "--tenant", "acme", "--principal", "alice", "--deny")
+    be(monkeypatch, "alice")
+    assert run.fails(3, "get", mine["id"])["code"] == "NOT_FOUND"
+
+
+def test_admins_are_managed_by_admins(run: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert run.ok("admin", "list") == sorted(["admin", ME])
+    assert run.ok("admin", "add", "ops") == sorted(["admin", ME, "ops"])
+    assert run.fails(4, "admin", "add", "ops")["code"] == "CONFLICT"
+    be(monkeypatch, "ops")
+    run.ok("node", "cordon", "west-01")  # ops is an admin now
+    assert run.ok("--as", "carol", "list") == []  # and may act as others
+    be(monkeypatch, ME)
+    run.ok("admin", "remove", "ops")
+    be(monkeypatch, "ops")
+    assert run.fails(6, "node", "uncordon", "west-01")["code"] == "FORBIDDEN"
+    be(monkeypatch, ME)
+    assert run.fails(3, "admin", "remove", "ops")["code"] == "NOT_FOUND"
+    run.ok("admin", "remove", "admin")
+    err = run.fails(4, "admin", "remove", ME)
+    assert "last admin" in err["message"]
+    types = [e["type"] for e in run.ok("events") if e["type"].startswith("admin.")]
+    assert types == ["admin.added", "admin.added", "admin.removed", "admin.removed"]
+
+
+def test_init_makes_its_user_the_first_admin_and_refuses_as(db_dir: Path) -> None:
+    cli = Cli(db_dir / "new.db")
+    err = cli.fails(6, "--as", "someone", "init")
+    assert "first admin" in err["message"]
+    assert not (db_dir / "new.db").exists()
+    cli.ok("init")
+    assert cli.ok("admin", "list") == [ME]
+
+
+# ---------------------------------------------------------------- actor on events
+
+
+def test_every_event_says_who_caused_it(run: Cli) -> None:
+    run.ok("policy", "set", "--tenant", "acme", "--principal", "bob", "--max-gpus", "64")
+    run.ok("--as", "bob", "reserve", "--tenant", "acme", "--gpus", "8", "--for", "1h")
+    run.ok("reserve", "--tenant", "acme", "--gpus", "8", "--for", "1h")
+    run.ok("--as", "bob", "tick")
+    events = run.ok("events")
+    created = [e for e in events if e["type"] == "reservation.created"]
+    assert created[0]["actor"] == "bob" and created[0]["actingAdmin"] == ME
+    assert created[1]["actor"] == ME and "actingAdmin" not in created[1]
+    ticked = [e for e in events if e["type"] in ("reservation.binding", "reservation.active")]
+    assert ticked and all(e["actor"] == "system" and "actingAdmin" not in e for e in ticked)
+    policy = [e for e in events if e["type"] == "policy.set"][0]
+    assert policy["actor"] == ME
+
+
+def test_a_notice_to_another_tenant_names_neither_reservation_nor_actor(run: Cli) -> None:
+    run.ok("config", "set", "capacity.spotNoticeMs", "60000")
+    for node in ("west-02", "west-03", "west-04", "west-05", "west-06", "west-07"):
+        run.ok("node", "cordon", node)
+    spot = run.ok("reserve", "--tenant", "globex", "--gpus", "8", "--for", "2h", "--spot")
+    run.ok("tick")
+    run.ok("--as", "admin", "reserve", "--tenant", "acme", "--gpus", "8", "--for", "1h")
+    notice = [
+        e
+        for e in run.ok("events", "--reservation", spot["id"])
+        if e["type"] == "reservation.preempting"
+    ]
+    assert len(notice) == 1 and notice[0]["actor"] == "system"
+    assert "actingAdmin" not in notice[0] and "by" not in notice[0]["data"]
+
+
+# ---------------------------------------------------------------- the file
+
+
+def test_the_ledger_file_is_private_or_shared_with_one_group(db_dir: Path) -> None:
+    private = Cli(db_dir / "private.db")
+    private.ok("init")
+    assert stat.S_IMODE(os.stat(private.db).st_mode) == 0o600
+    group = Cli(db_dir / "team.db")
+    gid = os.getgid()
+    name = grp.getgrgid(gid).gr_name
+    group.ok("init", "--group", name)
+    info = os.stat(group.db)
+    assert stat.S_IMODE(info.st_mode) == 0o660 and info.st_gid == gid
+    err = Cli(db_dir / "bad.db").fails(2, "init", "--group", "no-such-group-xyz")
+    assert "no-such-group-xyz" in err["message"]
+
+
+def test_version(run: Cli) -> None:
+    code, out, _ = run("--version", json=False, now=None)
+    assert code == 0 and out.startswith("better-compute ") and out.count("\n") == 1
+
+
+def _run_as(uid: int, args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    """Run the CLI in a forked child that has become `uid`: the interpreter and the package are
+    already loaded, so the child needs no access to where Python is installed."""
+    outs = [os.pipe(), os.pipe()]
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 99
+        try:
+            os.setgid(uid)
+            os.setuid(uid)
+            os.dup2(outs[0][1], 1)
+            os.dup2(outs[1][1], 2)
+            sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+            sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+            os.environ.update(env)
+            sys.argv = ["better-compute", *args]
+            main()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    texts = []
+    for read_end, write_end in outs:
+        os.close(write_end)
+    for read_end, _ in outs:
+        with open(read_end, closefd=True) as stream:
+            texts.append(stream.read())
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), texts[0], texts[1]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a command as another user")
+def test_another_os_user_is_who_it_is_and_may_read_a_readable_ledger(db_dir: Path) -> None:
+    """The real thing: a process running as `nobody` is `nobody`, whatever $USER says, and a
+    user who may only read the file can still run the reads."""
+    folder = db_dir / "shared"
+    folder.mkdir()
+    db = init_db(folder / "team.db", "--demo")
+    cli = Cli(db)
+    rsv = cli.ok("reserve", "--tenant", "acme", "--gpus", "2", "--for", "1h")
+    cli.ok("tick")
+    gc.collect()  # close this process's connections: SQLite removes -wal and -shm at the last
+    for path in (db_dir, folder):
+        os.chmod(path, 0o755)
+    for path in folder.iterdir():
+        os.chmod(path, 0o644)
+    env = {"USER": ME, "LOGNAME": ME, "BETTER_COMPUTE_DB": str(db)}
+    nobody = 65534
+
+    code, out, err = _run_as(nobody, ["--json", "get", rsv["id"]], env)
+    assert code == 0, err
+    assert json.loads(out)["id"] == rsv["id"]
+    code, out, err = _run_as(nobody, ["--json", "pool", "show", "west"], env)
+    assert code == 0, err
+    code, out, err = _run_as(nobody, ["--json", "--as", ME, "list"], env)
+    assert code == 6 and "nobody" in err, err
+    code, out, err = _run_as(nobody, ["--json", "node", "cordon", "west-01"], env)
+    assert code == 6 and "nobody" in err, err  # refused by the rules before the file says no
+    code, out, err = _run_as(nobody, ["--json", "tick"], env)  # open to anyone, but not the file
+    assert code == 6 and "read-only for you" in err, err

@@ -416,3 +416,53 @@ def test_another_os_user_is_who_it_is_and_may_read_a_readable_ledger(db_dir: Pat
     assert code == 6 and "nobody" in err, err  # refused by the rules before the file says no
     code, out, err = _run_as(nobody, ["--json", "tick"], env)  # open to anyone, but not the file
     assert code == 6 and "read-only for you" in err, err
+
+
+# ---------------------------------------------------------------- migration
+
+
+def test_a_version_1_ledger_with_rows_migrates_to_actors_admins_and_a_real_clock(
+    db_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ledger from before issue 7: actors come from the log, its file's owner is its admin."""
+    from better_compute.storage.db import _statements
+    from better_compute.storage.schema import APPLICATION_ID, MIGRATIONS
+
+    path = db_dir / "v1.db"
+    conn = sqlite3.connect(str(path), isolation_level=None)
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("BEGIN")
+    for statement in _statements(MIGRATIONS[0]):
+        conn.execute(statement)
+    conn.execute("PRAGMA user_version = 1")
+    conn.execute("INSERT INTO meta(key, value) VALUES ('db_id', 'abc')")
+    conn.execute("INSERT INTO tenants(id, seq) VALUES ('acme', 1)")
+    conn.execute("INSERT INTO pools(id, name, seq) VALUES ('pool_x', 'p', 1)")
+    conn.execute(
+        "INSERT INTO reservations(id, seq, tenant_id, pool_id, principal, state, duration_ms,"
+        " quota_charge, params, created_at) VALUES"
+        " ('rsv_a', 1, 'acme', 'pool_x', 'carol', 'pending', 3600000, 1, '{}', ?)",
+        (NOW_MS,),
+    )
+    conn.execute(
+        "INSERT INTO events(type, at, tenant_id, reservation_id, data) VALUES"
+        " ('quota.set', ?, 'acme', NULL, '{\"by\": \"admin\", \"gpus\": 4}'),"
+        " ('reservation.created', ?, 'acme', 'rsv_a', '{}'),"
+        " ('reservation.pending', ?, 'acme', 'rsv_a', '{}')",
+        (NOW_MS, NOW_MS + 1, NOW_MS + 2),
+    )
+    conn.execute("COMMIT")
+    conn.close()
+    cli = Cli(path)
+    events = cli.ok("events", now=None)
+    assert [e["actor"] for e in events] == ["admin", "carol", "system"]
+    # the real clock, at the latest instant the old log shows or later
+    assert cli.fails(2, "tick")["code"] == "INVALID_INPUT"
+    assert cli.ok("tick", now=None)["now"] >= NOW_MS + 2
+    # its file's owner administers it until an admin is named
+    assert cli.ok("admin", "list", now=None) == []
+    be(monkeypatch, "mallory")
+    assert cli.fails(6, "admin", "add", "mallory", now=None)["code"] == "FORBIDDEN"
+    be(monkeypatch, ME)
+    assert cli.ok("admin", "add", ME, now=None) == [ME]

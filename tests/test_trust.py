@@ -312,7 +312,7 @@ def test_every_event_says_who_caused_it(run: Cli) -> None:
     assert created[1]["actor"] == ME and "actingAdmin" not in created[1]
     ticked = [e for e in events if e["type"] in ("reservation.binding", "reservation.active")]
     assert ticked and all(e["actor"] == "system" and "actingAdmin" not in e for e in ticked)
-    policy = [e for e in events if e["type"] == "policy.set"][0]
+    policy = next(e for e in events if e["type"] == "policy.set")
     assert policy["actor"] == ME
 
 
@@ -378,7 +378,7 @@ def _run_as(uid: int, args: list[str], env: dict[str, str]) -> tuple[int, str, s
             sys.stderr.flush()
             os._exit(code)
     texts = []
-    for read_end, write_end in outs:
+    for _, write_end in outs:
         os.close(write_end)
     for read_end, _ in outs:
         with open(read_end, closefd=True) as stream:

@@ -453,7 +453,8 @@ def extend(ctx: Ctx, rsv_id: str, by_ms: int) -> Reservation:
                     f"cannot extend {rsv.id}: node {alloc.node_id} {why}; nothing was changed"
                 )
         repo.move_bookings_end(conn, rsv.id, old_end, new_end)
-        repo.save_reservation(conn, replace(rsv, during=Window(rsv.during.start, new_end)))
+        longer = Window(rsv.during.start, new_end)
+        repo.save_reservation(conn, replace(rsv, during=longer, duration_ms=longer.duration))
         ctx.event("reservation.extended", rsv.tenant_id, rsv.id, {"from": old_end, "to": new_end})
         return repo.get_reservation(conn, rsv_id)
 

@@ -468,11 +468,13 @@ def insert_reservation(conn: Conn, rsv: Reservation, params: str) -> None:
 
 
 def save_reservation(conn: Conn, rsv: Reservation) -> None:
-    """Write the mutable columns of a reservation (allocations are written separately)."""
+    """Write the mutable columns of a reservation (allocations are written separately).
+
+    `duration_ms` is mutable because `extend` lengthens the booked window (§7's durationMs)."""
     conn.execute(
         "UPDATE reservations SET state = ?, during_start = ?, during_end = ?, conditions = ?,"
         " quota_charge = ?, release_reason = ?, next_attempt_at = ?, lead_checked = ?,"
-        " start_checked = ?, preempt_deadline = ?, preempted_by = ? WHERE id = ?",
+        " start_checked = ?, preempt_deadline = ?, preempted_by = ?, duration_ms = ? WHERE id = ?",
         (
             rsv.state.value,
             rsv.during.start if rsv.during else None,
@@ -485,6 +487,7 @@ def save_reservation(conn: Conn, rsv: Reservation) -> None:
             int(rsv.start_checked),
             rsv.preempt_deadline,
             rsv.preempted_by,
+            rsv.duration_ms,
             rsv.id,
         ),
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from conftest import HOUR, MIN, NOW_MS, Cli, at
@@ -21,3 +23,54 @@ def test_duration_ms_is_the_booked_windows_length_after_extend(run: Cli) -> None
     assert extended["during"] == {"start": NOW_MS, "end": NOW_MS + HOUR + 30 * MIN}
     assert extended["durationMs"] == HOUR + 30 * MIN
     assert run.ok("get", rsv["id"], now=at(MIN))["durationMs"] == HOUR + 30 * MIN
+
+
+# ---------------------------------------------------------------- 7. label limits, blank reasons
+
+
+def test_label_keys_and_values_have_a_length_limit(run: Cli, tmp_path: Path) -> None:
+    long_value, long_key = "v" * 254, "k" * 64
+    for pair in (f"rack={long_value}", f"{long_key}=r1", f"rack={'x' * 1_000_000}"):
+        for args in (
+            ("node", "label", "west-01", pair),
+            ("pool", "create", "east", "--label", pair),
+            (
+                "node",
+                "add",
+                "n9",
+                "--pool",
+                "west",
+                "--gpus",
+                "8",
+                "--model",
+                "h100",
+                "--label",
+                pair,
+            ),
+        ):
+            error = run.fails(2, *args)
+            assert "at most 63" in error["message"] and "at most 253" in error["message"]
+            assert len(error["message"]) < 400
+    key, _, value = f"rack={long_value}".partition("=")
+    doc = {"pools": [{"name": "east", "labels": {key: value}, "nodes": []}]}
+    file = tmp_path / "inv.json"
+    file.write_text(json.dumps(doc))
+    error = run.fails(2, "inventory", "import", file)
+    assert error["message"].startswith("pools[0].labels:") and "253" in error["message"]
+    node = {"name": "n9", "labels": {long_key: "x"}, "gpus": {"count": 8, "model": "h100"}}
+    file.write_text(json.dumps({"pools": [{"name": "east", "nodes": [node]}]}))
+    assert "63" in run.fails(2, "inventory", "import", file)["message"]
+    # the limits themselves are accepted
+    labelled = run.ok("node", "label", "west-01", f"{'k' * 63}={'v' * 253}")
+    assert labelled["labels"]["k" * 63] == "v" * 253
+    assert run.fails(3, "pool", "show", "east")
+
+
+def test_quarantine_needs_a_reason(run: Cli) -> None:
+    for reason in ("", "   ", "\t"):
+        error = run.fails(2, "device", "quarantine", "west-01:0", "--reason", reason)
+        assert "--reason" in error["message"]
+    node = run.ok("node", "show", "west-01")
+    assert not any(e["type"] == "device.quarantined" for e in run.ok("events"))
+    assert node["name"] == "west-01"
+    run.ok("device", "quarantine", "west-01:0", "--reason", "xid-79")

@@ -15,6 +15,7 @@ from better_compute.inventory import (
     InventoryNode,
     InventoryPool,
     InventoryTenant,
+    check_label,
     nvlink_group_of,
 )
 from better_compute.model import FABRIC_DOMAIN, Atom, JsonValue, Maintenance, Node, Window
@@ -44,6 +45,7 @@ def parse_labels(pairs: Sequence[str]) -> Labels:
             raise InvalidInput(
                 "fabric.domain is derived from the GPUs' fabric; set --fabric instead"
             )
+        check_label(key, value, "label")
         labels[key] = value
     return tuple(sorted(labels.items()))
 
@@ -252,6 +254,8 @@ def device_health(ctx: Ctx, ref: str, healthy: bool, reason: str | None) -> Node
     if not sep or not _digits(index_text):
         raise InvalidInput(f"device {ref!r} must look like NODE:INDEX, such as node-01:3")
     index = int(index_text)
+    if not healthy and (reason is None or not reason.strip()):
+        raise InvalidInput("--reason must say why the GPU is quarantined, such as xid-79")
     with ctx.db.write() as conn:
         node = repo.get_node(conn, node_name)
         if index >= len(node.atoms):

@@ -74,3 +74,24 @@ def test_quarantine_needs_a_reason(run: Cli) -> None:
     assert not any(e["type"] == "device.quarantined" for e in run.ok("events"))
     assert node["name"] == "west-01"
     run.ok("device", "quarantine", "west-01:0", "--reason", "xid-79")
+
+
+# ---------------------------------------------------------------- 5. node label splits a gang
+
+
+def test_node_label_may_not_split_a_placed_gang(run: Cli) -> None:
+    gang = reserve(run, "g", "--gpus", "8", "--gang", "2", "--topology-key", "rack", "--for", "2h")
+    assert gang["state"] == "placed"
+    members = [a["nodeId"] for a in gang["allocations"]]
+    value = run.ok("node", "show", members[0])["labels"]["rack"]
+    other = "r2" if value == "r1" else "r1"
+    for pair in (f"rack={other}", "rack-"):
+        error = run.fails(4, "node", "label", members[0], pair)
+        assert gang["id"] in error["message"] and "rack" in error["message"]
+    assert run.ok("node", "show", members[0])["labels"]["rack"] == value
+    # other labels, and nodes outside the gang, may change
+    run.ok("node", "label", members[0], "zone=a", f"rack={value}")
+    outsider = next(n["name"] for n in run.ok("node", "list") if n["name"] not in members)
+    run.ok("node", "label", outsider, "rack=r9")
+    run.ok("release", gang["id"], now=at(MIN))
+    run.ok("node", "label", members[0], f"rack={other}", now=at(MIN))

@@ -189,6 +189,12 @@ def node_label(ctx: Ctx, name: str, pairs: Sequence[str]) -> Node:
                 labels.pop(pair[:-1], None)
             else:
                 labels.update(parse_labels([pair]))
+        split = gang_split(conn, node, labels)
+        if split is not None:
+            raise Conflict(
+                f"cannot change label {split[1]!r} of {name}: gang {split[0]} was placed on one"
+                f" {split[1]} value and would be split; release or cancel it first"
+            )
         repo.set_node_labels(conn, name, sorted(labels.items()))
         ctx.event(
             "node.labelled", None, None, {"nodeId": name, "labels": dict(sorted(labels.items()))}
@@ -440,17 +446,18 @@ def _keep_what_bookings_rely_on(conn: Conn, node: InventoryNode, path: str) -> N
             raise InvalidInput(f"{path}.gpus.nvlinkGroups: {node.name} holds live bookings")
         if (atom.fabric_cluster, atom.fabric_clique) != (new.fabric_cluster, new.fabric_clique):
             raise InvalidInput(f"{path}.gpus.fabric: {node.name} holds live bookings")
-    keys = conn.execute(
-        "SELECT DISTINCT r.topology_key FROM reservations r JOIN allocations a"
-        " ON a.reservation_id = r.id WHERE a.node_id = ? AND a.released = 0"
-        " AND r.state IN ('placed', 'binding', 'active') AND r.topology_key IS NOT NULL"
-        " ORDER BY r.topology_key",
-        (node.name,),
-    )
-    labels = dict(node.labels)
-    for (key,) in keys:
-        if key != FABRIC_DOMAIN and current.label(key) != labels.get(key):
-            raise InvalidInput(f"{path}.labels.{key}: a live gang on {node.name} was placed by it")
+    split = gang_split(conn, current, dict(node.labels))
+    if split is not None:
+        raise InvalidInput(f"{path}.labels.{split[1]}: a live gang on {node.name} was placed by it")
+
+
+def gang_split(conn: Conn, node: Node, labels: dict[str, str]) -> tuple[str, str] | None:
+    """(reservation, key) of a live gang on `node` whose topology key `labels` would give another
+    value: its members share one value, so changing it on one member splits the gang."""
+    for rsv_id, key in repo.live_gang_keys(conn, node.name):
+        if key != FABRIC_DOMAIN and node.label(key) != labels.get(key):
+            return rsv_id, key
+    return None
 
 
 def _upsert_node(ctx: Ctx, conn: Conn, pool_id: str, node: InventoryNode, path: str) -> None:

@@ -211,6 +211,18 @@ def set_node_labels(conn: Conn, name: str, labels: Sequence[tuple[str, str]]) ->
     conn.execute("UPDATE nodes SET labels = ? WHERE name = ?", (_labels_json(labels), name))
 
 
+def live_gang_keys(conn: Conn, node: str) -> list[tuple[str, str]]:
+    """(reservation, topology key) of every live gang with a member on `node`, oldest first."""
+    rows = conn.execute(
+        "SELECT DISTINCT r.id, r.topology_key, r.seq FROM reservations r JOIN allocations a"
+        " ON a.reservation_id = r.id WHERE a.node_id = ? AND a.released = 0"
+        " AND r.state IN ('placed', 'binding', 'active') AND r.topology_key IS NOT NULL"
+        " ORDER BY r.seq",
+        (node,),
+    )
+    return [(str(r["id"]), str(r["topology_key"])) for r in rows]
+
+
 def set_atom_health(conn: Conn, node: str, index: int, healthy: bool, reason: str | None) -> None:
     conn.execute(
         "UPDATE atoms SET healthy = ?, health_reason = ? WHERE node_id = ? AND idx = ?",

@@ -249,3 +249,4 @@ class Settings:
     timeline_max_buckets: int = 336
     auto_bind: bool = True
     busy_timeout_ms: int = 30_000
+    inventory_max_bytes: int = 268_435_456  # 256 MiB: the most `inventory import` reads

@@ -95,3 +95,30 @@ def test_node_label_may_not_split_a_placed_gang(run: Cli) -> None:
     run.ok("node", "label", outsider, "rack=r9")
     run.ok("release", gang["id"], now=at(MIN))
     run.ok("node", "label", members[0], f"rack={other}", now=at(MIN))
+
+
+# ---------------------------------------------------------------- 1. inventory import size
+
+
+def test_inventory_import_refuses_devices_and_files_past_the_limit(
+    run: Cli, tmp_path: Path
+) -> None:
+    for device in ("/dev/null", "/dev/zero"):
+        error = run.fails(2, "inventory", "import", device)
+        assert "not a regular file" in error["message"], error
+    assert run.ok("config", "get", "inventory.maxBytes") == {"inventory.maxBytes": 268435456}
+    run.ok("config", "set", "inventory.maxBytes", "1024")
+    doc = json.dumps({"pools": [], "tenants": [{"id": "initech"}]})
+    file = tmp_path / "inv.json"
+    file.write_text(doc + " " * (1025 - len(doc)))
+    error = run.fails(2, "inventory", "import", file)
+    assert "1024 bytes" in error["message"] and "inventory.maxBytes" in error["message"]
+    assert run.fails(2, "inventory", "import", "-", input=file.read_text())["message"] == (
+        error["message"].replace(repr(str(file)), "'-'")
+    )
+    assert "initech" not in [t["id"] for t in run.ok("tenant", "list")]
+    file.write_text(doc + " " * (1024 - len(doc)))  # exactly the limit is fine
+    run.ok("inventory", "import", file)
+    assert "initech" in [t["id"] for t in run.ok("tenant", "list")]
+    for bad in ("1023", "0", "1.5", str(2**34 + 1)):
+        run.fails(2, "config", "set", "inventory.maxBytes", bad)

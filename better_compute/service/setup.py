@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -16,6 +19,7 @@ from better_compute.inventory import (
     InventoryPool,
     InventoryTenant,
     check_label,
+    load_inventory_text,
     nvlink_group_of,
 )
 from better_compute.model import FABRIC_DOMAIN, Atom, JsonValue, Maintenance, Node, Window
@@ -340,6 +344,7 @@ RANGES = {
     "repair.leadMs": (0, 30 * DAY_MS),
     "timeline.maxBuckets": (1, 100_000),
     "db.busyTimeoutMs": (0, 3_600_000),
+    "inventory.maxBytes": (1024, 2**34),
 }
 
 
@@ -389,6 +394,45 @@ def _live_atoms(conn: Conn, node: str, now: int) -> set[int]:
         (node, now),
     )
     return {int(r[0]) for r in rows}
+
+
+def read_inventory(ctx: Ctx, file: str) -> Inventory:
+    """Read and parse an inventory file (or - for stdin), refusing what could never be one: a
+    device, FIFO or folder (`/dev/zero` would be read forever), and more than inventory.maxBytes
+    (at most that many bytes plus one are ever read)."""
+    cap = ctx.settings.inventory_max_bytes
+    raw = sys.stdin.buffer.read(cap + 1) if file == "-" else _read_regular(file, cap + 1)
+    if len(raw) > cap:
+        raise InvalidInput(
+            f"inventory {file!r} is larger than {cap} bytes (the setting inventory.maxBytes);"
+            " split it, or raise the limit with `config set inventory.maxBytes N`"
+        )
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(
+            f"inventory {file!r} is not UTF-8 text (byte {exc.start}); save it as UTF-8 JSON"
+        ) from None
+    return load_inventory_text(text)
+
+
+def _read_regular(file: str, most: int) -> bytes:
+    """At most `most` bytes of a regular file. O_NONBLOCK: opening a FIFO must not wait for a
+    writer; the type is checked on the open descriptor, so a swapped path can't slip through."""
+    try:
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {file!r}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InvalidInput(
+                f"inventory {file!r} is not a regular file (a device, FIFO or folder);"
+                " give a JSON file, or - for stdin"
+            )
+        try:
+            return handle.read(most)
+        except OSError as exc:
+            raise InvalidInput(f"cannot read {file!r}: {exc.strerror}") from None
 
 
 def inventory_import(

@@ -68,6 +68,7 @@ SETTING_KEYS: dict[str, str] = {
     "timeline.maxBuckets": "timeline_max_buckets",
     "binding.autoBind": "auto_bind",
     "db.busyTimeoutMs": "busy_timeout_ms",
+    "inventory.maxBytes": "inventory_max_bytes",
 }
 
 

@@ -122,3 +122,23 @@ def test_inventory_import_refuses_devices_and_files_past_the_limit(
     assert "initech" in [t["id"] for t in run.ok("tenant", "list")]
     for bad in ("1023", "0", "1.5", str(2**34 + 1)):
         run.fails(2, "config", "set", "inventory.maxBytes", bad)
+
+
+# ---------------------------------------------------------------- 4. timeline --tenant
+
+
+def test_timeline_for_a_tenant_keeps_the_pools_free_and_adds_its_own_count(run: Cli) -> None:
+    reserve(run, "a", "--gpus", "8", "--gang", "3", "--for", "1h", tenant="acme")
+    reserve(run, "b", "--gpus", "8", "--gang", "4", "--for", "2h", tenant="globex")
+    window = ("--from", str(NOW_MS), "--to", str(NOW_MS + 3 * HOUR), "--step", "60")
+    pool = run.ok("timeline", *window, now=at(2 * MIN))
+    acme = run.ok("timeline", "--tenant", "acme", *window, now=at(2 * MIN))
+    assert pool["allocatable"] == acme["allocatable"] == 56
+    assert [b["booked"] for b in pool["buckets"]] == [56, 32, 0]
+    free = [b["free"] for b in acme["buckets"]]
+    assert free == [b["free"] for b in pool["buckets"]] == [0, 24, 56]
+    assert [b["booked"] for b in acme["buckets"]] == [56, 32, 0]
+    assert [b["tenantBooked"] for b in acme["buckets"]] == [24, 0, 0]
+    assert all("tenantBooked" not in b for b in pool["buckets"])
+    chart = run.ok("timeline", "--tenant", "acme", *window, json=False, now=at(2 * MIN))
+    assert "56/56 (acme 24)" in chart and "32/56 (acme 0)" in chart

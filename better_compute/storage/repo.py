@@ -553,13 +553,21 @@ def move_bookings_end(conn: Conn, rsv_id: str, old_end: int, new_end: int) -> No
     )
 
 
-def booking_spans(conn: Conn, pool_id: str, window: Window) -> list[tuple[str, int, int, int]]:
-    """(node, atom, start, end) of every booking overlapping a window, for the timeline."""
-    rows = conn.execute(
-        "SELECT node_id, atom, start, end FROM bookings WHERE pool_id = ? AND end > ? AND start < ?"
-        " ORDER BY node_id, atom, start",
-        (pool_id, window.start, window.end),
+def booking_spans(
+    conn: Conn, pool_id: str, window: Window, tenant: str | None = None
+) -> list[tuple[str, int, int, int]]:
+    """(node, atom, start, end) of every booking overlapping a window (only one tenant's, if
+    given), for the timeline."""
+    sql = (
+        "SELECT b.node_id, b.atom, b.start, b.end FROM bookings b"
+        " JOIN reservations r ON r.id = b.reservation_id"
+        " WHERE b.pool_id = ? AND b.end > ? AND b.start < ?"
     )
+    args: list[object] = [pool_id, window.start, window.end]
+    if tenant is not None:
+        sql += " AND r.tenant_id = ?"
+        args.append(tenant)
+    rows = conn.execute(sql + " ORDER BY b.node_id, b.atom, b.start", args)
     return [(str(n), int(a), int(s), int(e)) for n, a, s, e in rows]
 
 

@@ -142,3 +142,73 @@ def test_timeline_for_a_tenant_keeps_the_pools_free_and_adds_its_own_count(run: 
     assert all("tenantBooked" not in b for b in pool["buckets"])
     chart = run.ok("timeline", "--tenant", "acme", *window, json=False, now=at(2 * MIN))
     assert "56/56 (acme 24)" in chart and "32/56 (acme 0)" in chart
+
+
+# ---------------------------------------------------------------- 3. impossible requests, timeout
+
+WEEK = 7 * 24 * HOUR
+
+
+def test_requests_no_node_could_ever_hold_are_refused(run: Cli) -> None:
+    run.ok("quota", "set", "--tenant", "acme", "--gpus", "1000")  # no QUOTA_EXCEEDED first
+    run.ok("node", "cordon", "west-01")
+    run.ok("device", "quarantine", "west-02:0", "--reason", "xid-79")
+    cases = [
+        (("--gpus", "64"), "--gpus 64 per node: the largest node of pool west has 8 GPUs"),
+        (("--gpus", "9", "--gang", "2"), "--gpus 9 per node: the largest node of pool west has 8"),
+        (("--gpus", "8", "--gang", "64"), "--gang 64: pool west has 7 nodes"),
+        (("--gpus", "1", "--gang", "8"), "--gang 8: pool west has 7 nodes"),
+        (("--gpus", "1", "--model", "a100"), "largest node of pool west has 0 a100 GPUs"),
+    ]
+    for flags, message in cases:
+        for verb in ("reserve", "preview"):
+            key = ("--key", "k") if verb == "reserve" else ()
+            error = run.fails(2, verb, "--tenant", "acme", *flags, "--for", "1h", *key)
+            assert message in error["message"], error
+    assert run.ok("list") == []
+    assert not [e for e in run.ok("events") if e["type"].startswith("reservation.")]
+    # cordoned, quarantined and booked nodes still count as able to hold it: it waits
+    reserve(run, "busy", "--gpus", "8", "--for", "1h", tenant="globex")
+    gang = reserve(run, "g", "--gpus", "8", "--gang", "7", "--for", "1h")
+    assert gang["state"] == "pending"
+
+
+def test_a_pending_reservation_times_out_after_max_wait(solo: Cli) -> None:
+    reserve(solo, "full", "--gpus", "8", "--for", "30d", tenant="globex")
+    waiting = reserve(solo, "w", "--gpus", "4", "--for", "1h")
+    assert waiting["state"] == "pending" and waiting["quotaCharge"] == 4
+    assert solo.ok("config", "get", "pending.maxWaitMs") == {"pending.maxWaitMs": WEEK}
+    solo.ok("tick", now=at(WEEK - 1))
+    assert solo.ok("get", waiting["id"], now=at(WEEK - 1))["state"] == "pending"
+    changed = solo.ok("tick", now=at(WEEK))["changes"]
+    got = solo.ok("get", waiting["id"], now=at(WEEK))
+    assert got["state"] == "released" and got["releaseReason"] == "timeout"
+    assert got["during"] is None
+    released = [e for e in changed if e["type"] == "reservation.released"]
+    assert [(e["reservationId"], e["data"]["reason"], e["at"]) for e in released] == [
+        (waiting["id"], "timeout", NOW_MS + WEEK)
+    ]
+    assert solo.ok("tick", now=at(WEEK))["changes"] == []  # idempotent at the same instant
+    # its quota is refunded: acme holds nothing
+    solo.ok("quota", "set", "--tenant", "acme", "--gpus", "4", now=at(WEEK))
+    assert solo.ok("quota", "show", "--tenant", "acme", now=at(WEEK))["quotas"][0]["held"] == 0
+
+
+def test_a_requeued_reservation_waits_from_when_it_lost_its_place(solo: Cli) -> None:
+    solo.ok("config", "set", "pending.maxWaitMs", str(2 * HOUR))
+    rsv = reserve(solo, "cal", "--gpus", "8", "--for", "1h", "--start", "+1d")
+    assert rsv["state"] == "placed"
+    solo.ok("node", "cordon", "n1", now=at(HOUR))
+    solo.ok("repair", now=at(HOUR))  # BookingRepair fails: pending from now on
+    assert solo.ok("get", rsv["id"], now=at(HOUR))["state"] == "pending"
+    solo.ok("tick", now=at(2 * HOUR))  # two hours after creation, one after the requeue
+    assert solo.ok("get", rsv["id"], now=at(2 * HOUR))["state"] == "pending"
+    solo.ok("tick", now=at(3 * HOUR))
+    got = solo.ok("get", rsv["id"], now=at(3 * HOUR))
+    assert (got["state"], got["releaseReason"]) == ("released", "timeout")
+
+
+def test_max_wait_setting_is_validated(solo: Cli) -> None:
+    for bad in ("59999", "x", str(367 * 24 * HOUR)):
+        solo.fails(2, "config", "set", "pending.maxWaitMs", bad)
+    assert solo.ok("config", "set", "pending.maxWaitMs", "60000") == {"pending.maxWaitMs": 60000}

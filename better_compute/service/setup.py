@@ -341,6 +341,7 @@ RANGES = {
     "placement.topN": (1, 1000),
     "placement.maxAttempts": (1, 100),
     "pending.retryMs": (1000, DAY_MS),
+    "pending.maxWaitMs": (60_000, 366 * DAY_MS),
     "repair.leadMs": (0, 30 * DAY_MS),
     "timeline.maxBuckets": (1, 100_000),
     "db.busyTimeoutMs": (0, 3_600_000),

@@ -64,6 +64,7 @@ SETTING_KEYS: dict[str, str] = {
     "placement.topN": "top_n",
     "placement.maxAttempts": "max_attempts",
     "pending.retryMs": "retry_ms",
+    "pending.maxWaitMs": "pending_max_wait_ms",
     "repair.leadMs": "repair_lead_ms",
     "timeline.maxBuckets": "timeline_max_buckets",
     "binding.autoBind": "auto_bind",
@@ -210,6 +211,18 @@ def update_node(conn: Conn, name: str, **columns: object) -> None:
 
 def set_node_labels(conn: Conn, name: str, labels: Sequence[tuple[str, str]]) -> None:
     conn.execute("UPDATE nodes SET labels = ? WHERE name = ?", (_labels_json(labels), name))
+
+
+def node_sizes(conn: Conn, pool_id: str, models: Sequence[str]) -> list[int]:
+    """Per node of a pool, its GPUs of the accepted models (all GPUs when none are given),
+    whatever the node's or the GPUs' state: what the node could ever hold."""
+    sql = "SELECT COUNT(a.idx) FROM nodes n LEFT JOIN atoms a ON a.node_id = n.name"
+    args: list[object] = []
+    if models:
+        sql += f" AND a.model IN ({','.join('?' * len(models))})"
+        args.extend(models)
+    rows = conn.execute(sql + " WHERE n.pool_id = ? GROUP BY n.name", [*args, pool_id])
+    return [int(r[0]) for r in rows]
 
 
 def live_gang_keys(conn: Conn, node: str) -> list[tuple[str, str]]:
@@ -504,6 +517,18 @@ def save_reservation(conn: Conn, rsv: Reservation) -> None:
             rsv.id,
         ),
     )
+
+
+def pending_since(conn: Conn, rsv: Reservation) -> int:
+    """When a pending reservation last began to wait: its creation, or the latest time it lost a
+    placement (a spot requeue's `reservation.preempted`, a failed BookingRepair's
+    `reservation.pending`, the only pending event that carries `from`)."""
+    row = conn.execute(
+        "SELECT MAX(at) FROM events WHERE reservation_id = ? AND (type = 'reservation.preempted'"
+        " OR (type = 'reservation.pending' AND json_extract(data, '$.from') IS NOT NULL))",
+        (rsv.id,),
+    ).fetchone()
+    return max(rsv.created_at, int(row[0])) if row[0] is not None else rsv.created_at
 
 
 # ---------------------------------------------------------------- allocations and bookings

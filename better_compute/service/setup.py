@@ -551,7 +551,7 @@ def inventory_export(ctx: Ctx) -> Inventory:
         pools = []
         for row in repo.pool_rows(conn):
             nodes = tuple(_export_node(n) for n in repo.load_nodes(conn, row["id"]))
-            pools.append(InventoryPool(row["name"], repo.pool_labels(row), nodes))
+            pools.append(InventoryPool(row["name"], repo.pool_labels(conn, row), nodes))
         tenants = []
         for tenant in repo.tenant_ids(conn):
             cap = dict(repo.quotas(conn, tenant)).get("")

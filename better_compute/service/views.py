@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from better_compute.errors import InvalidInput
 from better_compute.model import Event, Node, Window
@@ -73,7 +73,7 @@ def rollup(conn: Conn, row: sqlite3.Row, now: int) -> Rollup:
     return Rollup(
         pool_id=pool_id,
         name=row["name"],
-        labels=repo.pool_labels(row),
+        labels=repo.pool_labels(conn, row),
         nodes=len(nodes),
         gpus=sum(len(n.atoms) for n in nodes),
         allocatable=len(usable),
@@ -121,7 +121,7 @@ def desired_state(conn: Conn, node: str) -> list[Assignment]:
             r["id"],
             r["tenant_id"],
             r["alloc"],
-            tuple(json.loads(r["atoms"])),
+            repo.decoded(conn, f"allocation {r['alloc']}", partial(repo.atom_list, r["atoms"])),
             r["state"],
             r["during_start"],
             r["during_end"],

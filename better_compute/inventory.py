@@ -20,6 +20,11 @@ MODEL_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 MAX_GPUS = 64
 MAX_INT = 2**31 - 1  # cap on cliques and quotas: far above any fleet, far below SQLite's limit
 
+#: Label limits, as Kubernetes sets them for a key's name and a whole prefixed key: enough for any
+#: rack or zone name, small enough that a label can't grow a row or an event without bound.
+MAX_LABEL_KEY = 63
+MAX_LABEL_VALUE = 253
+
 _NAME_WHAT = "a name of 1 to 63 letters, digits, '.', '_' or '-' starting with a letter or digit"
 _MODEL_WHAT = "a model name of lowercase letters, digits, '.', '_' or '-' (like h100)"
 _SIMPLE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -60,6 +65,16 @@ class Inventory:
 def nvlink_group_of(index: int, count: int, groups: int) -> int:
     """The NVLink group of GPU `index` on a node of `count` GPUs split evenly into `groups`."""
     return index // (count // groups)
+
+
+def check_label(key: str, value: str, where: str) -> None:
+    """The one length rule for labels, shared by --label, `node label` and the inventory file."""
+    for what, text, most in (("key", key, MAX_LABEL_KEY), ("value", value, MAX_LABEL_VALUE)):
+        if len(text) > most:
+            raise InvalidInput(
+                f"{where}: label {what} {_got(text)} has {len(text)} characters; label keys have"
+                f" at most {MAX_LABEL_KEY} and values at most {MAX_LABEL_VALUE}"
+            )
 
 
 # --- parsing -------------------------------------------------------------------------------------
@@ -129,6 +144,7 @@ def _labels(value: object, path: str, *, node: bool = False) -> Labels:
             raise InvalidInput(f"{_at(path, key)}: is derived; set gpus.fabric instead")
         if not isinstance(val, str):  # null too: a label has a value or is left out
             raise InvalidInput(f"{_at(path, key)}: must be a string, got {_got(val)}")
+        check_label(key, val, path)
     return tuple(sorted(value.items()))
 
 

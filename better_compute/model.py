@@ -32,6 +32,7 @@ class ReleaseReason(StrEnum):
     RELEASED = "released"
     CANCELLED = "cancelled"
     PREEMPTED = "preempted"
+    TIMEOUT = "timeout"  # waited pending.maxWaitMs without being placed
 
 
 class Binding(StrEnum):
@@ -266,3 +267,5 @@ class Settings:
     timeline_max_buckets: int = 336
     auto_bind: bool = True
     busy_timeout_ms: int = 30_000
+    pending_max_wait_ms: int = 604_800_000  # 7 days, then a pending reservation times out
+    inventory_max_bytes: int = 268_435_456  # 256 MiB: the most `inventory import` reads

@@ -291,11 +291,13 @@ def test_timeline_json_counts_distinct_gpus_per_bucket(solo: Cli) -> None:
     # 30-minute buckets: a booking ending at a bucket's start does not count in it
     half = solo.ok("timeline", "--from", "now", "--to", "+3h", "--step", "30")
     assert [b["booked"] for b in half["buckets"]] == [4, 4, 8, 8, 4, 4]
-    # a tenant's view counts only its own bookings
+    # a tenant's view adds its own bookings; booked and free stay the pool's (issue 7)
     solo.ok("cancel", solo.ok("list", "--tenant", "acme")[1]["id"])
     reserve(solo, "e", "--gpus", "2", "--for", "1h", "--start", "+1h", tenant="globex")
     acme = solo.ok("timeline", "--tenant", "acme", "--from", "now", "--to", "+2h", "--step", "60")
-    assert [b["booked"] for b in acme["buckets"]] == [4, 4]
+    assert [b["tenantBooked"] for b in acme["buckets"]] == [4, 4]
+    assert [b["booked"] for b in acme["buckets"]] == [4, 6]
+    assert [b["free"] for b in acme["buckets"]] == [4, 2]
 
 
 def test_timeline_defaults_to_24_hours_from_the_start_of_this_hour(solo: Cli) -> None:

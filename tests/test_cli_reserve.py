@@ -234,8 +234,10 @@ def test_preview_says_why_it_does_not_fit(solo: Cli) -> None:
     assert p["preemptible"] is None
     ok = solo.ok("preview", "--tenant", "acme", "--gpus", "8", "--for", "2h", "--start", "+1d2h")
     assert ok["fits"] is True and ok["candidates"][0]["node"] == "n1"
-    model = solo.ok("preview", "--tenant", "acme", "--gpus", "1", "--model", "a100", "--for", "1h")
-    assert model["fits"] is False and "model" in model["reason"]
+    model = solo.fails(
+        2, "preview", "--tenant", "acme", "--gpus", "1", "--model", "a100", "--for", "1h"
+    )
+    assert model["message"] == "--gpus 1 per node: the largest node of pool solo has 0 a100 GPUs"
     assert len(solo.ok("list")) == 1
 
 
@@ -260,7 +262,7 @@ def test_get_and_list_with_filters(run: Cli) -> None:
         run, "b", "--gpus", "8", "--for", "1h", "--start", "+1d", "--pool", "west", tenant="globex"
     )
     c = reserve(run, "c", "--gpus", "4", "--for", "1h", "--pool", "east")
-    d = reserve(run, "d", "--gpus", "8", "--for", "1h", "--pool", "east")  # pending: 4 GPUs only
+    d = reserve(run, "d", "--gpus", "4", "--for", "1h", "--pool", "east")  # pending: c holds all 4
     assert d["state"] == "pending"
 
     def ids(*flags: str) -> list[str]:
@@ -439,12 +441,24 @@ def test_topology_nvlink_all_stays_in_one_nvlink_group(solo: Cli) -> None:
     )
 
 
-def test_a_model_the_pool_lacks_is_pending_with_a_model_reason(run: Cli) -> None:
-    rsv = reserve(run, "a", "--gpus", "2", "--model", "a100", "--for", "1h")
-    assert rsv["state"] == "pending"
-    assert rsv["devices"][0]["model"] == "a100"
-    message = rsv["conditions"][0]["message"]
-    assert message == "no node fits (7 nodes): 7 × model h100 not accepted"
+def test_a_model_the_pool_lacks_is_refused(run: Cli) -> None:
+    """No node of the pool has an a100: no wait could place it (issue 7)."""
+    error = run.fails(
+        2,
+        "reserve",
+        "--tenant",
+        "acme",
+        "--gpus",
+        "2",
+        "--model",
+        "a100",
+        "--for",
+        "1h",
+        "--key",
+        "a",
+    )
+    assert error["message"] == "--gpus 2 per node: the largest node of pool west has 0 a100 GPUs"
+    assert run.ok("list") == []
     ok = reserve(run, "b", "--gpus", "2", "--model", "a100,h100", "--for", "1h")
     assert ok["state"] == "placed"
     assert ok["devices"][0]["model"] == ["a100", "h100"]

@@ -200,9 +200,10 @@ def test_nodes_without_the_label_never_join(world: World) -> None:
 
 
 def test_gang_without_key_reason_names_the_pool(world: World) -> None:
-    rsv = world.reserve(gang=8)
+    world.cordon("y1")  # 7 nodes could hold it, but only 6 can now: it waits (issue 7)
+    rsv = world.reserve(gang=7)
     assert rsv.state == State.PENDING
-    assert rsv.conditions[0].message == "no gang of 8 nodes fits in the pool (at most 7 nodes fit)"
+    assert rsv.conditions[0].message == "no gang of 7 nodes fits in the pool (at most 6 nodes fit)"
 
 
 @pytest.mark.parametrize("size", [1, 0, 65, 100])
@@ -219,10 +220,11 @@ def test_topology_key_without_gang_is_invalid_input(world: World) -> None:
         world.reserve(topology_key="rack")
 
 
-def test_gang_of_64_is_accepted_and_waits(world: World) -> None:
-    rsv = world.reserve(1, gang=64)
-    assert rsv.state == State.PENDING
-    assert rsv.quota_charge == 64
+def test_gang_larger_than_the_pool_is_refused(world: World) -> None:
+    """A gang of 64 on 7 nodes could never be placed: refused, not left waiting (issue 7)."""
+    with pytest.raises(InvalidInput, match="--gang 64: pool p has 7 nodes"):
+        world.reserve(1, gang=64)
+    assert repo.reservations_where(world.db.conn) == []
 
 
 def test_quota_sees_the_whole_gang(world: World) -> None:

@@ -81,7 +81,7 @@ def repair(
 def timeline(
     pool: PoolOpt = None,
     tenant: Annotated[
-        str | None, typer.Option("--tenant", help="Only this tenant's bookings.")
+        str | None, typer.Option("--tenant", help="Also count this tenant's own bookings.")
     ] = None,
     from_: Annotated[
         str | None, typer.Option("--from", help="TIME; default the start of this hour.")

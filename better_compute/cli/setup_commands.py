@@ -23,7 +23,7 @@ from better_compute.cli.app import (
     progress_bar,
 )
 from better_compute.errors import InvalidInput
-from better_compute.inventory import inventory_to_json, load_inventory_text
+from better_compute.inventory import inventory_to_json
 from better_compute.model import JsonValue, Principal
 from better_compute.render import human
 from better_compute.render import json as js
@@ -92,18 +92,8 @@ def inventory_import(
     as_json: JsonFlag = False,
 ) -> None:
     """Upsert pools, nodes and tenants from a file: all of it, or nothing when any part is bad."""
-    try:
-        raw = sys.stdin.buffer.read() if str(file) == "-" else file.read_bytes()
-    except OSError as exc:
-        raise InvalidInput(f"cannot read {str(file)!r}: {exc.strerror}") from None
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise InvalidInput(
-            f"inventory {str(file)!r} is not UTF-8 text (byte {exc.start}); save it as UTF-8 JSON"
-        ) from None
-    inv = load_inventory_text(text)
     c = ctx()
+    inv = setup.read_inventory(c, str(file))
     with progress_bar(as_json, "importing nodes") as advance:
         counts = setup.inventory_import(c, inv, advance)
     emit(

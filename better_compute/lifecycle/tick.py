@@ -43,6 +43,12 @@ def due_release(rsv: Reservation, now: int) -> ReleaseReason | None:
     return None
 
 
+def timed_out(rsv: Reservation, waiting_since: int, now: int, max_wait_ms: int) -> bool:
+    """Step 1 too: a pending reservation that has waited pending.maxWaitMs since it began to wait
+    is released as `timeout`, so a request that never fits does not hold its quota forever."""
+    return rsv.state == State.PENDING and now - waiting_since >= max_wait_ms
+
+
 def due_retries(pending: Sequence[Reservation], now: int) -> list[Reservation]:
     """Step 2: pending reservations whose next attempt is due, oldest first."""
     due = [

@@ -139,9 +139,15 @@ def average_utilisation(t: Timeline) -> float:
     return 100.0 * used / (t.allocatable * span)
 
 
+def _number(t: Timeline, b: Bucket) -> str:
+    """`booked/allocatable` for the pool, then the tenant's own share when one was asked for."""
+    text = f"{b.booked}/{t.allocatable}"
+    return text if b.tenant_booked is None else f"{text} ({t.tenant} {b.tenant_booked})"
+
+
 def timeline_chart(t: Timeline, width: int = 80) -> RenderableType:
     """Header, one row per bucket (start, bar, booked/allocatable), and a peak/average footer."""
-    numbers = [f"{b.booked}/{t.allocatable}" for b in t.buckets]
+    numbers = [_number(t, b) for b in t.buckets]
     number_width = max((len(n) for n in numbers), default=1)
     bar_width = max(MIN_BAR, width - LABEL_WIDTH - number_width - 2)
 

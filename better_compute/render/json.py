@@ -7,7 +7,7 @@ import json
 from better_compute.model import Event, JsonValue, Node, NodePlan, Reservation
 from better_compute.service.accounting import Policy, UsageWindow
 from better_compute.service.booking import Preview
-from better_compute.service.views import Assignment, Rollup, Timeline
+from better_compute.service.views import Assignment, Bucket, Rollup, Timeline
 
 
 def dumps(doc: JsonValue) -> str:
@@ -139,10 +139,16 @@ def timeline(t: Timeline) -> dict[str, JsonValue]:
     return {
         "poolId": t.pool_id,
         "allocatable": t.allocatable,
-        "buckets": [
-            {"start": b.start, "end": b.end, "booked": b.booked, "free": b.free} for b in t.buckets
-        ],
+        "buckets": [_bucket(b) for b in t.buckets],
     }
+
+
+def _bucket(b: Bucket) -> dict[str, JsonValue]:
+    """The seed's bucket; with `timeline --tenant`, also that tenant's own booked GPUs."""
+    doc: dict[str, JsonValue] = {"start": b.start, "end": b.end, "booked": b.booked, "free": b.free}
+    if b.tenant_booked is not None:
+        doc["tenantBooked"] = b.tenant_booked
+    return doc
 
 
 def usage(u: UsageWindow) -> dict[str, JsonValue]:

@@ -227,6 +227,26 @@ def _admit(ctx: Ctx, args: ReserveArgs) -> tuple[sqlite3.Row, int]:
     return pool, charge
 
 
+def _require_possible(conn: sqlite3.Connection, args: ReserveArgs, pool: sqlite3.Row) -> None:
+    """Refuse what no node of the pool could ever hold, whatever its state (cordoned, unhealthy
+    or booked nodes count): waiting could never place it, and it would hold quota meanwhile.
+    Checked after policy and quota, so an over-quota request still reads QUOTA_EXCEEDED."""
+    share = args.gpus or 1
+    sizes = repo.node_sizes(conn, pool["id"], args.models)
+    gpus = f"{'/'.join(args.models)} GPUs" if args.models else "GPUs"
+    if share > max(sizes, default=0):
+        raise InvalidInput(
+            f"--gpus {share} per node: the largest node of pool {pool['name']} has"
+            f" {max(sizes, default=0)} {gpus}"
+        )
+    fitting = sum(1 for size in sizes if size >= share)
+    if args.gang is not None and args.gang > fitting:
+        raise InvalidInput(
+            f"--gang {args.gang}: pool {pool['name']} has {fitting} nodes with {share} or more"
+            f" {gpus}, so a gang is at most {fitting} nodes"
+        )
+
+
 def _replay(ctx: Ctx, args: ReserveArgs) -> Reservation | None:
     """A key already used by the tenant: the same request returns its reservation as it is (even
     if a policy or the pools changed since), other parameters are a CONFLICT (PRODUCT.md §7)."""
@@ -257,6 +277,7 @@ def reserve(ctx: Ctx, args: ReserveArgs) -> Reservation:
         pool, charge = _admit(ctx, args)
         params = _params(args, pool["id"])
         check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
+        _require_possible(conn, args, pool)
         rsv_id, seq = repo.next_id(conn, "rsv"), repo.next_seq(conn, "reservations")
         rsv = _new_reservation(ctx, args, pool["id"], charge, rsv_id, seq)
         repo.insert_reservation(conn, rsv, params)
@@ -289,6 +310,7 @@ def preview(ctx: Ctx, args: ReserveArgs) -> Preview:
     with ctx.db.read() as conn:
         pool, charge = _admit(ctx, args)
         check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
+        _require_possible(conn, args, pool)
         # Preview takes no id: a draft named "preview" plans exactly as the real request would.
         draft = _new_reservation(ctx, args, pool["id"], charge, "preview", 0)
         window = retry_window(draft, ctx.now)
@@ -464,7 +486,8 @@ def extend(ctx: Ctx, rsv_id: str, by_ms: int) -> Reservation:
                     f"cannot extend {rsv.id}: node {alloc.node_id} {why}; nothing was changed"
                 )
         repo.move_bookings_end(conn, rsv.id, old_end, new_end)
-        repo.save_reservation(conn, replace(rsv, during=Window(rsv.during.start, new_end)))
+        longer = Window(rsv.during.start, new_end)
+        repo.save_reservation(conn, replace(rsv, during=longer, duration_ms=longer.duration))
         ctx.event("reservation.extended", rsv.tenant_id, rsv.id, {"from": old_end, "to": new_end})
         return repo.get_reservation(conn, rsv_id)
 

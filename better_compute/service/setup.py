@@ -5,6 +5,8 @@ from __future__ import annotations
 import grp
 import json
 import os
+import stat
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,8 @@ from better_compute.inventory import (
     InventoryNode,
     InventoryPool,
     InventoryTenant,
+    check_label,
+    load_inventory_text,
     nvlink_group_of,
 )
 from better_compute.model import FABRIC_DOMAIN, Atom, JsonValue, Maintenance, Node, Window
@@ -87,6 +91,7 @@ def parse_labels(pairs: Sequence[str]) -> Labels:
             raise InvalidInput(
                 "fabric.domain is derived from the GPUs' fabric; set --fabric instead"
             )
+        check_label(key, value, "label")
         labels[key] = value
     return tuple(sorted(labels.items()))
 
@@ -233,6 +238,12 @@ def node_label(ctx: Ctx, name: str, pairs: Sequence[str]) -> Node:
                 labels.pop(pair[:-1], None)
             else:
                 labels.update(parse_labels([pair]))
+        split = gang_split(conn, node, labels)
+        if split is not None:
+            raise Conflict(
+                f"cannot change label {split[1]!r} of {name}: gang {split[0]} was placed on one"
+                f" {split[1]} value and would be split; release or cancel it first"
+            )
         repo.set_node_labels(conn, name, sorted(labels.items()))
         ctx.event(
             "node.labelled", None, None, {"nodeId": name, "labels": dict(sorted(labels.items()))}
@@ -301,6 +312,8 @@ def device_health(ctx: Ctx, ref: str, healthy: bool, reason: str | None) -> Node
     if not sep or not _digits(index_text):
         raise InvalidInput(f"device {ref!r} must look like NODE:INDEX, such as node-01:3")
     index = int(index_text)
+    if not healthy and (reason is None or not reason.strip()):
+        raise InvalidInput("--reason must say why the GPU is quarantined, such as xid-79")
     require_admin(ctx.who, "change device health")
     with ctx.write() as conn:
         node = repo.get_node(conn, node_name)
@@ -380,9 +393,11 @@ RANGES = {
     "placement.topN": (1, 1000),
     "placement.maxAttempts": (1, 100),
     "pending.retryMs": (1000, DAY_MS),
+    "pending.maxWaitMs": (60_000, 366 * DAY_MS),
     "repair.leadMs": (0, 30 * DAY_MS),
     "timeline.maxBuckets": (1, 100_000),
     "db.busyTimeoutMs": (0, 3_600_000),
+    "inventory.maxBytes": (1024, 2**34),
 }
 
 
@@ -432,6 +447,45 @@ def _live_atoms(conn: Conn, node: str, now: int) -> set[int]:
         (node, now),
     )
     return {int(r[0]) for r in rows}
+
+
+def read_inventory(ctx: Ctx, file: str) -> Inventory:
+    """Read and parse an inventory file (or - for stdin), refusing what could never be one: a
+    device, FIFO or folder (`/dev/zero` would be read forever), and more than inventory.maxBytes
+    (at most that many bytes plus one are ever read)."""
+    cap = ctx.settings.inventory_max_bytes
+    raw = sys.stdin.buffer.read(cap + 1) if file == "-" else _read_regular(file, cap + 1)
+    if len(raw) > cap:
+        raise InvalidInput(
+            f"inventory {file!r} is larger than {cap} bytes (the setting inventory.maxBytes);"
+            " split it, or raise the limit with `config set inventory.maxBytes N`"
+        )
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(
+            f"inventory {file!r} is not UTF-8 text (byte {exc.start}); save it as UTF-8 JSON"
+        ) from None
+    return load_inventory_text(text)
+
+
+def _read_regular(file: str, most: int) -> bytes:
+    """At most `most` bytes of a regular file. O_NONBLOCK: opening a FIFO must not wait for a
+    writer; the type is checked on the open descriptor, so a swapped path can't slip through."""
+    try:
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {file!r}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InvalidInput(
+                f"inventory {file!r} is not a regular file (a device, FIFO or folder);"
+                " give a JSON file, or - for stdin"
+            )
+        try:
+            return handle.read(most)
+        except OSError as exc:
+            raise InvalidInput(f"cannot read {file!r}: {exc.strerror}") from None
 
 
 def inventory_import(
@@ -490,17 +544,18 @@ def _keep_what_bookings_rely_on(conn: Conn, node: InventoryNode, path: str) -> N
             raise InvalidInput(f"{path}.gpus.nvlinkGroups: {node.name} holds live bookings")
         if (atom.fabric_cluster, atom.fabric_clique) != (new.fabric_cluster, new.fabric_clique):
             raise InvalidInput(f"{path}.gpus.fabric: {node.name} holds live bookings")
-    keys = conn.execute(
-        "SELECT DISTINCT r.topology_key FROM reservations r JOIN allocations a"
-        " ON a.reservation_id = r.id WHERE a.node_id = ? AND a.released = 0"
-        " AND r.state IN ('placed', 'binding', 'active') AND r.topology_key IS NOT NULL"
-        " ORDER BY r.topology_key",
-        (node.name,),
-    )
-    labels = dict(node.labels)
-    for (key,) in keys:
-        if key != FABRIC_DOMAIN and current.label(key) != labels.get(key):
-            raise InvalidInput(f"{path}.labels.{key}: a live gang on {node.name} was placed by it")
+    split = gang_split(conn, current, dict(node.labels))
+    if split is not None:
+        raise InvalidInput(f"{path}.labels.{split[1]}: a live gang on {node.name} was placed by it")
+
+
+def gang_split(conn: Conn, node: Node, labels: dict[str, str]) -> tuple[str, str] | None:
+    """(reservation, key) of a live gang on `node` whose topology key `labels` would give another
+    value: its members share one value, so changing it on one member splits the gang."""
+    for rsv_id, key in repo.live_gang_keys(conn, node.name):
+        if key != FABRIC_DOMAIN and node.label(key) != labels.get(key):
+            return rsv_id, key
+    return None
 
 
 def _upsert_node(ctx: Ctx, conn: Conn, pool_id: str, node: InventoryNode, path: str) -> None:
@@ -549,7 +604,7 @@ def inventory_export(ctx: Ctx) -> Inventory:
         pools = []
         for row in repo.pool_rows(conn):
             nodes = tuple(_export_node(n) for n in repo.load_nodes(conn, row["id"]))
-            pools.append(InventoryPool(row["name"], repo.pool_labels(row), nodes))
+            pools.append(InventoryPool(row["name"], repo.pool_labels(conn, row), nodes))
         tenants = []
         for tenant in repo.tenant_ids(conn):
             cap = dict(repo.quotas(conn, tenant)).get("")

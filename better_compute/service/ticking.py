@@ -16,8 +16,9 @@ from better_compute.lifecycle.tick import (
     due_repair,
     due_retries,
     other_groups,
+    timed_out,
 )
-from better_compute.model import Event, JsonValue, Reservation, State
+from better_compute.model import Event, JsonValue, ReleaseReason, Reservation, State
 from better_compute.service import booking, metering, placing
 from better_compute.service.authz import require_admin
 from better_compute.service.context import NO_NOW_ON_REAL_CLOCK, Ctx
@@ -84,6 +85,16 @@ def _release_due(ctx: Ctx) -> None:
         reason = due_release(rsv, ctx.now)
         if reason is not None and rsv.during is not None:
             booking.finish(ctx, rsv, reason, min(rsv.during.end, ctx.now))
+    _time_out_pending(ctx)
+
+
+def _time_out_pending(ctx: Ctx) -> None:
+    """Release, oldest first, pending reservations that waited pending.maxWaitMs; only those
+    created that long ago can have, so the event log is read for few of them."""
+    limit = ctx.settings.pending_max_wait_ms
+    for rsv in _live(ctx, "state = 'pending' AND created_at <= ?", (ctx.now - limit,)):
+        if timed_out(rsv, repo.pending_since(ctx.db.conn, rsv), ctx.now, limit):
+            booking.finish(ctx, rsv, ReleaseReason.TIMEOUT, ctx.now)
 
 
 def _retry_pending(ctx: Ctx) -> None:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from better_compute.errors import InvalidInput
 from better_compute.model import Event, Node, Window
@@ -74,7 +74,7 @@ def rollup(conn: Conn, row: sqlite3.Row, now: int) -> Rollup:
     return Rollup(
         pool_id=pool_id,
         name=row["name"],
-        labels=repo.pool_labels(row),
+        labels=repo.pool_labels(conn, row),
         nodes=len(nodes),
         gpus=sum(len(n.atoms) for n in nodes),
         allocatable=len(usable),
@@ -122,7 +122,7 @@ def desired_state(conn: Conn, node: str) -> list[Assignment]:
             r["id"],
             r["tenant_id"],
             r["alloc"],
-            tuple(json.loads(r["atoms"])),
+            repo.decoded(conn, f"allocation {r['alloc']}", partial(repo.atom_list, r["atoms"])),
             r["state"],
             r["during_start"],
             r["during_end"],
@@ -134,10 +134,14 @@ def desired_state(conn: Conn, node: str) -> list[Assignment]:
 
 @dataclass(frozen=True)
 class Bucket:
+    """`booked` and `free` are the pool's; `tenant_booked` is one tenant's share of `booked`, set
+    only when the timeline was asked for a tenant."""
+
     start: int
     end: int
     booked: int
     free: int
+    tenant_booked: int | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,7 @@ class Timeline:
     allocatable: int
     step_minutes: int
     buckets: tuple[Bucket, ...]
+    tenant: str | None = None
 
 
 def timeline(
@@ -183,27 +188,25 @@ def timeline(
         # Only the allocatable count: a full rollup would also count every future booking.
         nodes = repo.load_nodes(conn, row["id"])
         allocatable = len(allocatable_atoms(conn, row["id"], nodes, ctx.now))
-        spans = _spans(conn, row["id"], Window(first, last), tenant)
+        # Free is always the pool's: another tenant's booking is just as taken (issue 7).
+        spans = repo.booking_spans(conn, row["id"], Window(first, last))
+        own = (
+            None
+            if tenant is None
+            else repo.booking_spans(conn, row["id"], Window(first, last), tenant)
+        )
     buckets = []
     for i in range(count):
         b = Window(first + i * step, min(first + (i + 1) * step, last))
-        booked = len({(n, a) for n, a, s, e in spans if s < b.end and e > b.start})
-        buckets.append(Bucket(b.start, b.end, booked, max(0, allocatable - booked)))
-    return Timeline(row["id"], row["name"], allocatable, step_minutes, tuple(buckets))
+        booked = _distinct_atoms(spans, b)
+        mine = None if own is None else _distinct_atoms(own, b)
+        buckets.append(Bucket(b.start, b.end, booked, max(0, allocatable - booked), mine))
+    return Timeline(row["id"], row["name"], allocatable, step_minutes, tuple(buckets), tenant)
 
 
-def _spans(
-    conn: Conn, pool_id: str, window: Window, tenant: str | None
-) -> list[tuple[str, int, int, int]]:
-    if tenant is None:
-        return repo.booking_spans(conn, pool_id, window)
-    rows = conn.execute(
-        "SELECT b.node_id, b.atom, b.start, b.end FROM bookings b"
-        " JOIN reservations r ON r.id = b.reservation_id"
-        " WHERE b.pool_id = ? AND b.end > ? AND b.start < ? AND r.tenant_id = ?",
-        (pool_id, window.start, window.end, tenant),
-    )
-    return [(str(n), int(a), int(s), int(e)) for n, a, s, e in rows]
+def _distinct_atoms(spans: list[tuple[str, int, int, int]], bucket: Window) -> int:
+    """GPUs with any booking overlapping the bucket, each counted once (§5.7)."""
+    return len({(n, a) for n, a, s, e in spans if s < bucket.end and e > bucket.start})
 
 
 def follow_events(

@@ -86,11 +86,25 @@ class Database:
         self._begin("BEGIN IMMEDIATE")
         try:
             yield self.conn
-        except BaseException:
+        except BaseException as exc:
             if self.conn.in_transaction:  # SQLite may have rolled back already (I/O error, full)
                 self.conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.IntegrityError) and not self._intact():
+                raise Unavailable(
+                    f"database {self.path} is damaged: its tables and indexes disagree"
+                    f" ({exc}); restore a backup"
+                ) from None
             raise
         self._commit()
+
+    def _intact(self) -> bool:
+        """PRAGMA integrity_check (only after a failed constraint, so its cost is rare): a
+        constraint that fails on a damaged file is damage, not a bug."""
+        try:
+            rows = self.conn.execute("PRAGMA integrity_check(1)").fetchall()
+        except (sqlite3.DatabaseError, UnicodeDecodeError):
+            return False
+        return [tuple(r) for r in rows] == [("ok",)]
 
     @contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:
@@ -166,6 +180,25 @@ def _statements(script: str) -> list[str]:
     return [s.strip() for s in "\n".join(lines).split(";") if s.strip()]
 
 
+def _schema(conn: sqlite3.Connection) -> list[tuple[object, ...]]:
+    return [tuple(r) for r in conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master")]
+
+
+def _require_our_schema(db: Database) -> None:
+    """The tables and indexes must be exactly what the migrations make: damaged schema text that
+    SQLite still parses (a renamed column) would otherwise fail deep in a command as a bug."""
+    fresh = sqlite3.connect(":memory:")
+    try:
+        for script in MIGRATIONS:
+            for statement in _statements(script):
+                fresh.execute(statement)
+        expected = sorted(_schema(fresh), key=repr)
+    finally:
+        fresh.close()
+    if sorted(_schema(db.conn), key=repr) != expected:
+        raise sqlite3.DatabaseError("its schema is not the one better-compute created")
+
+
 def open_database(path: str, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> Database:
     """Open an initialised database, migrating it forward; foreign files are refused untouched."""
     _require_path(path)
@@ -182,6 +215,7 @@ def open_database(path: str, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> 
         _configure(db)
         _migrate(db)
         db.conn.execute("SELECT value FROM meta WHERE key = 'db_id'").fetchone()
+        _require_our_schema(db)
     except sqlite3.DatabaseError as exc:
         db.close()
         if _read_only(exc) and _checkpointed(file):
@@ -189,6 +223,9 @@ def open_database(path: str, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> 
         if isinstance(exc, sqlite3.OperationalError) and _is_locked(exc):
             raise Unavailable(f"database {path!r} stayed locked past the busy timeout") from None
         raise Unavailable(f"database {path!r} cannot be used: {exc}") from None
+    except UnicodeDecodeError:  # SQLite quoted damaged schema text in its error message
+        db.close()
+        raise Unavailable(f"database {path!r} is damaged: its schema is not readable") from None
     return db
 
 

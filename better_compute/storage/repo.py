@@ -10,9 +10,11 @@ import hashlib
 import json
 import sqlite3
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
+from typing import TypeVar
 
-from better_compute.errors import InvalidInput, NotFound
+from better_compute.errors import InvalidInput, NotFound, Unavailable
 from better_compute.model import (
     LIVE_STATES,
     Allocation,
@@ -32,6 +34,67 @@ from better_compute.model import (
 )
 
 Conn = sqlite3.Connection
+T = TypeVar("T")
+
+# ---------------------------------------------------------------- decoding stored values
+
+#: What damaged bytes in a row can raise while it becomes a model value (bad JSON, a text where an
+#: integer belongs, an unknown state): none of them is a bug of ours, all of them are damage.
+_DECODE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, RecursionError)
+
+
+def damaged(conn: Conn, what: str, exc: BaseException) -> Unavailable:
+    """UNAVAILABLE naming the file and the row that could not be read (§3: not a bug)."""
+    path = next((str(r[2]) for r in conn.execute("PRAGMA database_list") if r[1] == "main"), "")
+    detail = f"{type(exc).__name__}: {exc}"[:200]
+    return Unavailable(f"database {path!r} is damaged: {what} cannot be read ({detail})")
+
+
+def decoded(conn: Conn, what: str, build: Callable[[], T]) -> T:
+    """Run `build` (rows to model values), turning a decode error of stored data into damage."""
+    try:
+        return build()
+    except _DECODE_ERRORS as exc:
+        raise damaged(conn, what, exc) from None
+
+
+def _int(value: object) -> int:
+    """An INTEGER column's value; SQLite would hand back text or a blob from a damaged record."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"expected an integer, got {type(value).__name__}")
+    return value
+
+
+def _setting_int(value: object) -> int:
+    return int(_str(value))
+
+
+def _opt_int(value: object) -> int | None:
+    return None if value is None else _int(value)
+
+
+def _str(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected text, got {type(value).__name__}")
+    return value
+
+
+def _opt_str(value: object) -> str | None:
+    return None if value is None else _str(value)
+
+
+def _json_of(text: object, kind: type[T]) -> T:
+    """A JSON column's document, which must be a `kind` (dict or list)."""
+    doc = json.loads(_str(text))
+    if not isinstance(doc, kind):
+        raise TypeError(f"expected a JSON {kind.__name__}, got {type(doc).__name__}")
+    return doc
+
+
+def atom_list(text: object) -> tuple[int, ...]:
+    """An allocation's `atoms` column: a JSON list of GPU indexes."""
+    return tuple(_int(a) for a in _json_of(text, list))
+
 
 # ---------------------------------------------------------------- ids and settings
 
@@ -40,6 +103,8 @@ _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lower case
 
 def db_id(conn: Conn) -> str:
     row = conn.execute("SELECT value FROM meta WHERE key = 'db_id'").fetchone()
+    if row is None:
+        raise damaged(conn, "its id (meta db_id)", LookupError("no row"))
     return str(row[0])
 
 
@@ -64,10 +129,12 @@ SETTING_KEYS: dict[str, str] = {
     "placement.topN": "top_n",
     "placement.maxAttempts": "max_attempts",
     "pending.retryMs": "retry_ms",
+    "pending.maxWaitMs": "pending_max_wait_ms",
     "repair.leadMs": "repair_lead_ms",
     "timeline.maxBuckets": "timeline_max_buckets",
     "binding.autoBind": "auto_bind",
     "db.busyTimeoutMs": "busy_timeout_ms",
+    "inventory.maxBytes": "inventory_max_bytes",
 }
 
 
@@ -77,7 +144,10 @@ def load_settings(conn: Conn) -> Settings:
         field_name = SETTING_KEYS.get(key)
         if field_name is None:
             continue
-        values[field_name] = value == "true" if field_name == "auto_bind" else int(value)
+        if field_name == "auto_bind":
+            values[field_name] = value == "true"
+        else:
+            values[field_name] = decoded(conn, f"setting {key}", partial(_setting_int, value))
     return Settings(**values)  # type: ignore[arg-type]
 
 
@@ -89,7 +159,7 @@ def set_config(conn: Conn, key: str, value: str) -> None:
 
 
 def _labels(text: str) -> tuple[tuple[str, str], ...]:
-    data = json.loads(text)
+    data = _json_of(text, dict)
     return tuple(sorted((str(k), str(v)) for k, v in data.items()))
 
 
@@ -128,8 +198,8 @@ def find_pool(conn: Conn, ref: str | None) -> sqlite3.Row:
     return row  # type: ignore[no-any-return]
 
 
-def pool_labels(row: sqlite3.Row) -> tuple[tuple[str, str], ...]:
-    return _labels(row["labels"])
+def pool_labels(conn: Conn, row: sqlite3.Row) -> tuple[tuple[str, str], ...]:
+    return decoded(conn, f"the labels of pool {row['name']}", lambda: _labels(row["labels"]))
 
 
 def insert_node(
@@ -154,6 +224,10 @@ def insert_node(
 
 
 def _nodes_from_rows(conn: Conn, rows: Sequence[sqlite3.Row]) -> list[Node]:
+    return decoded(conn, "a node or GPU row", lambda: _build_nodes(conn, rows))
+
+
+def _build_nodes(conn: Conn, rows: Sequence[sqlite3.Row]) -> list[Node]:
     if not rows:
         return []
     names = [r["name"] for r in rows]
@@ -164,19 +238,19 @@ def _nodes_from_rows(conn: Conn, rows: Sequence[sqlite3.Row]) -> list[Node]:
     ):
         atoms[a["node_id"]].append(
             Atom(
-                index=a["idx"],
-                model=a["model"],
-                nvlink_group=a["nvlink_group"],
-                fabric_cluster=a["fabric_cluster"],
-                fabric_clique=a["fabric_clique"],
+                index=_int(a["idx"]),
+                model=_str(a["model"]),
+                nvlink_group=_int(a["nvlink_group"]),
+                fabric_cluster=_opt_str(a["fabric_cluster"]),
+                fabric_clique=_opt_int(a["fabric_clique"]),
                 healthy=bool(a["healthy"]),
                 health_reason=a["health_reason"],
             )
         )
     return [
         Node(
-            name=r["name"],
-            pool_id=r["pool_id"],
+            name=_str(r["name"]),
+            pool_id=_str(r["pool_id"]),
             atoms=tuple(atoms[r["name"]]),
             labels=_labels(r["labels"]),
             schedulable=bool(r["schedulable"]),
@@ -209,6 +283,30 @@ def update_node(conn: Conn, name: str, **columns: object) -> None:
 
 def set_node_labels(conn: Conn, name: str, labels: Sequence[tuple[str, str]]) -> None:
     conn.execute("UPDATE nodes SET labels = ? WHERE name = ?", (_labels_json(labels), name))
+
+
+def node_sizes(conn: Conn, pool_id: str, models: Sequence[str]) -> list[int]:
+    """Per node of a pool, its GPUs of the accepted models (all GPUs when none are given),
+    whatever the node's or the GPUs' state: what the node could ever hold."""
+    sql = "SELECT COUNT(a.idx) FROM nodes n LEFT JOIN atoms a ON a.node_id = n.name"
+    args: list[object] = []
+    if models:
+        sql += f" AND a.model IN ({','.join('?' * len(models))})"
+        args.extend(models)
+    rows = conn.execute(sql + " WHERE n.pool_id = ? GROUP BY n.name", [*args, pool_id])
+    return [int(r[0]) for r in rows]
+
+
+def live_gang_keys(conn: Conn, node: str) -> list[tuple[str, str]]:
+    """(reservation, topology key) of every live gang with a member on `node`, oldest first."""
+    rows = conn.execute(
+        "SELECT DISTINCT r.id, r.topology_key, r.seq FROM reservations r JOIN allocations a"
+        " ON a.reservation_id = r.id WHERE a.node_id = ? AND a.released = 0"
+        " AND r.state IN ('placed', 'binding', 'active') AND r.topology_key IS NOT NULL"
+        " ORDER BY r.seq",
+        (node,),
+    )
+    return [(str(r["id"]), str(r["topology_key"])) for r in rows]
 
 
 def set_atom_health(conn: Conn, node: str, index: int, healthy: bool, reason: str | None) -> None:
@@ -339,7 +437,10 @@ def quotas(conn: Conn, tenant: str) -> list[tuple[str, int]]:
 
 
 def _conditions(text: str) -> tuple[Condition, ...]:
-    return tuple(Condition(c["type"], c["reason"], c["message"]) for c in json.loads(text))
+    return tuple(
+        Condition(_str(c["type"]), _str(c["reason"]), _str(c["message"]))
+        for c in _json_of(text, list)
+    )
 
 
 def conditions_json(conditions: Sequence[Condition]) -> str:
@@ -349,37 +450,40 @@ def conditions_json(conditions: Sequence[Condition]) -> str:
 
 
 def _reservation(row: sqlite3.Row, allocations: tuple[Allocation, ...]) -> Reservation:
+    """A reservation row as a model value; every column is type-checked (see `decoded`)."""
     during = (
-        Window(row["during_start"], row["during_end"]) if row["during_start"] is not None else None
+        Window(_int(row["during_start"]), _int(row["during_end"]))
+        if row["during_start"] is not None
+        else None
     )
     return Reservation(
-        id=row["id"],
-        seq=row["seq"],
-        tenant_id=row["tenant_id"],
-        pool_id=row["pool_id"],
+        id=_str(row["id"]),
+        seq=_int(row["seq"]),
+        tenant_id=_str(row["tenant_id"]),
+        pool_id=_str(row["pool_id"]),
         state=State(row["state"]),
-        gpus=row["gpus"],
-        models=tuple(json.loads(row["models"])),
-        topology=row["topology"],
-        gang_size=row["gang_size"],
-        topology_key=row["topology_key"],
+        gpus=_opt_int(row["gpus"]),
+        models=tuple(_str(m) for m in _json_of(row["models"], list)),
+        topology=_opt_str(row["topology"]),
+        gang_size=_opt_int(row["gang_size"]),
+        topology_key=_opt_str(row["topology_key"]),
         spot=bool(row["spot"]),
         binding=Binding(row["binding"]),
-        duration_ms=row["duration_ms"],
-        start=row["start"],
+        duration_ms=_int(row["duration_ms"]),
+        start=_opt_int(row["start"]),
         during=during,
         conditions=_conditions(row["conditions"]),
-        quota_charge=row["quota_charge"],
-        idempotency_key=row["idempotency_key"],
+        quota_charge=_int(row["quota_charge"]),
+        idempotency_key=_opt_str(row["idempotency_key"]),
         release_reason=ReleaseReason(row["release_reason"]) if row["release_reason"] else None,
-        created_at=row["created_at"],
-        next_attempt_at=row["next_attempt_at"],
-        principal=row["principal"],
-        series_id=row["series_id"],
+        created_at=_int(row["created_at"]),
+        next_attempt_at=_opt_int(row["next_attempt_at"]),
+        principal=_str(row["principal"]),
+        series_id=_opt_str(row["series_id"]),
         lead_checked=bool(row["lead_checked"]),
         start_checked=bool(row["start_checked"]),
-        preempt_deadline=row["preempt_deadline"],
-        preempted_by=row["preempted_by"],
+        preempt_deadline=_opt_int(row["preempt_deadline"]),
+        preempted_by=_opt_str(row["preempted_by"]),
         allocations=allocations,
     )
 
@@ -395,20 +499,27 @@ def allocations_of(conn: Conn, reservation_ids: Sequence[str]) -> dict[str, tupl
             chunk,
         ):
             result[r["reservation_id"]].append(
-                Allocation(
-                    id=r["id"],
-                    reservation_id=r["reservation_id"],
-                    node_id=r["node_id"],
-                    atoms=tuple(json.loads(r["atoms"])),
-                    bound=bool(r["bound"]),
-                )
+                decoded(conn, f"allocation {r['id']}", partial(_allocation, r))
             )
     return {k: tuple(v) for k, v in result.items()}
 
 
+def _allocation(r: sqlite3.Row) -> Allocation:
+    return Allocation(
+        id=_str(r["id"]),
+        reservation_id=_str(r["reservation_id"]),
+        node_id=_str(r["node_id"]),
+        atoms=atom_list(r["atoms"]),
+        bound=bool(r["bound"]),
+    )
+
+
 def _with_allocations(conn: Conn, rows: Sequence[sqlite3.Row]) -> list[Reservation]:
     allocs = allocations_of(conn, [r["id"] for r in rows])
-    return [_reservation(r, allocs.get(r["id"], ())) for r in rows]
+    return [
+        decoded(conn, f"reservation {r['id']}", partial(_reservation, r, allocs.get(r["id"], ())))
+        for r in rows
+    ]
 
 
 def get_reservation(conn: Conn, rsv_id: str) -> Reservation:
@@ -424,7 +535,8 @@ def reservation_by_key(conn: Conn, tenant: str, key: str) -> tuple[Reservation, 
     ).fetchone()
     if row is None:
         return None
-    return _with_allocations(conn, [row])[0], str(row["params"])
+    params = decoded(conn, f"the request of {row['id']}", lambda: _json_of(row["params"], dict))
+    return _with_allocations(conn, [row])[0], json.dumps(params, sort_keys=True)
 
 
 def reservations_where(
@@ -468,11 +580,13 @@ def insert_reservation(conn: Conn, rsv: Reservation, params: str) -> None:
 
 
 def save_reservation(conn: Conn, rsv: Reservation) -> None:
-    """Write the mutable columns of a reservation (allocations are written separately)."""
+    """Write the mutable columns of a reservation (allocations are written separately).
+
+    `duration_ms` is mutable because `extend` lengthens the booked window (§7's durationMs)."""
     conn.execute(
         "UPDATE reservations SET state = ?, during_start = ?, during_end = ?, conditions = ?,"
         " quota_charge = ?, release_reason = ?, next_attempt_at = ?, lead_checked = ?,"
-        " start_checked = ?, preempt_deadline = ?, preempted_by = ? WHERE id = ?",
+        " start_checked = ?, preempt_deadline = ?, preempted_by = ?, duration_ms = ? WHERE id = ?",
         (
             rsv.state.value,
             rsv.during.start if rsv.during else None,
@@ -485,9 +599,22 @@ def save_reservation(conn: Conn, rsv: Reservation) -> None:
             int(rsv.start_checked),
             rsv.preempt_deadline,
             rsv.preempted_by,
+            rsv.duration_ms,
             rsv.id,
         ),
     )
+
+
+def pending_since(conn: Conn, rsv: Reservation) -> int:
+    """When a pending reservation last began to wait: its creation, or the latest time it lost a
+    placement (a spot requeue's `reservation.preempted`, a failed BookingRepair's
+    `reservation.pending`, the only pending event that carries `from`)."""
+    row = conn.execute(
+        "SELECT MAX(at) FROM events WHERE reservation_id = ? AND (type = 'reservation.preempted'"
+        " OR (type = 'reservation.pending' AND json_extract(data, '$.from') IS NOT NULL))",
+        (rsv.id,),
+    ).fetchone()
+    return max(rsv.created_at, int(row[0])) if row[0] is not None else rsv.created_at
 
 
 # ---------------------------------------------------------------- allocations and bookings
@@ -537,13 +664,21 @@ def move_bookings_end(conn: Conn, rsv_id: str, old_end: int, new_end: int) -> No
     )
 
 
-def booking_spans(conn: Conn, pool_id: str, window: Window) -> list[tuple[str, int, int, int]]:
-    """(node, atom, start, end) of every booking overlapping a window, for the timeline."""
-    rows = conn.execute(
-        "SELECT node_id, atom, start, end FROM bookings WHERE pool_id = ? AND end > ? AND start < ?"
-        " ORDER BY node_id, atom, start",
-        (pool_id, window.start, window.end),
+def booking_spans(
+    conn: Conn, pool_id: str, window: Window, tenant: str | None = None
+) -> list[tuple[str, int, int, int]]:
+    """(node, atom, start, end) of every booking overlapping a window (only one tenant's, if
+    given), for the timeline."""
+    sql = (
+        "SELECT b.node_id, b.atom, b.start, b.end FROM bookings b"
+        " JOIN reservations r ON r.id = b.reservation_id"
+        " WHERE b.pool_id = ? AND b.end > ? AND b.start < ?"
     )
+    args: list[object] = [pool_id, window.start, window.end]
+    if tenant is not None:
+        sql += " AND r.tenant_id = ?"
+        args.append(tenant)
+    rows = conn.execute(sql + " ORDER BY b.node_id, b.atom, b.start", args)
     return [(str(n), int(a), int(s), int(e)) for n, a, s, e in rows]
 
 
@@ -590,16 +725,17 @@ def events(
         clauses.append("seq > ?")
         args.append(since)
     rows = conn.execute(f"SELECT * FROM events WHERE {' AND '.join(clauses)} ORDER BY seq", args)
-    return [
-        Event(
-            r["seq"],
-            r["type"],
-            r["at"],
-            r["tenant_id"],
-            r["reservation_id"],
-            json.loads(r["data"]),
-            r["actor"],
-            r["acting_admin"],
-        )
-        for r in rows
-    ]
+    return [decoded(conn, f"event {r['seq']}", partial(_event, r)) for r in rows]
+
+
+def _event(r: sqlite3.Row) -> Event:
+    return Event(
+        _int(r["seq"]),
+        _str(r["type"]),
+        _int(r["at"]),
+        _opt_str(r["tenant_id"]),
+        _opt_str(r["reservation_id"]),
+        _json_of(r["data"], dict),
+        _str(r["actor"]),
+        _opt_str(r["acting_admin"]),
+    )

@@ -27,7 +27,6 @@ from better_compute.model import JsonValue
 from better_compute.render import human
 from better_compute.render import json as js
 from better_compute.service import setup, ticking, views
-from better_compute.service.context import Ctx
 from better_compute.timeparse import iso
 
 
@@ -42,10 +41,11 @@ def init(
     from better_compute.demo import DEMO_INVENTORY
 
     at = now()
-    db = setup.init(G.db, at, force)
     counts: dict[str, int] = {}
     if demo:
-        counts = setup.inventory_import(Ctx(db, at, G.principal), DEMO_INVENTORY)
+        db, counts = setup.init_with(G.db, at, force, DEMO_INVENTORY, G.principal)
+    else:
+        db = setup.init(G.db, at, force)
     db.close()
     emit(
         as_json,

@@ -34,6 +34,19 @@ def init(path: str, now: int, force: bool) -> Database:
     return create_database(path, force=force, seed_text=str(now))
 
 
+def init_with(
+    path: str, now: int, force: bool, inventory: Inventory, principal: str
+) -> tuple[Database, dict[str, int]]:
+    """`init --demo`: the inventory goes into the new file before it takes the ledger's name, so
+    a kill or a full disk never leaves a ledger with half an inventory (or none)."""
+    counts: dict[str, int] = {}
+
+    def fill(db: Database) -> None:
+        counts.update(inventory_import(Ctx(db, now, principal), inventory))
+
+    return create_database(path, force=force, seed_text=str(now), fill=fill), counts
+
+
 def parse_labels(pairs: Sequence[str]) -> Labels:
     labels: dict[str, str] = {}
     for pair in pairs:

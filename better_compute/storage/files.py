@@ -108,21 +108,20 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def place(temp: Path, target: Path, *, overwrite: bool) -> None:
+def place(temp: Path, target: Path, *, overwrite: bool, shown: str | None = None) -> None:
     """Rename `temp` onto `target` atomically. Without `overwrite`, an existing target (even one
     created a moment ago by another process) is a CONFLICT and is left alone."""
+    taken = Conflict(f"{shown or str(target)!r} already exists; add --force to replace it")
     if overwrite:
         os.replace(temp, target)
     else:
         try:
             os.link(temp, target)  # fails if target exists: no check-then-rename race
         except FileExistsError:
-            raise Conflict(f"{str(target)!r} already exists; add --force to replace it") from None
+            raise taken from None
         except OSError:  # a file system without hard links
             if target.exists():
-                raise Conflict(
-                    f"{str(target)!r} already exists; add --force to replace it"
-                ) from None
+                raise taken from None
             os.replace(temp, target)
         else:
             temp.unlink()

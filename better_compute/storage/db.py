@@ -78,7 +78,8 @@ class Database:
 
     def __init__(self, path: Path, busy_timeout_ms: int) -> None:
         self.path = path
-        self.identity = _identity(path)
+        self._where = Path(os.path.abspath(path))  # as SQLite resolved it, whatever the cwd later
+        self.identity = _identity(self._where)
         self.conn = sqlite3.connect(str(path), isolation_level=None, timeout=busy_timeout_ms / 1000)
         self.conn.row_factory = sqlite3.Row
         self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
@@ -110,7 +111,7 @@ class Database:
 
     def require_same_file(self) -> None:
         """UNAVAILABLE when the path no longer names the file this connection opened."""
-        if _identity(self.path) != self.identity:
+        if _identity(self._where) != self.identity:
             raise Unavailable(
                 f"database {self.path} was replaced while this command waited; nothing was"
                 " written, run it again"
@@ -121,7 +122,7 @@ class Database:
         """A deferred transaction: one consistent snapshot for everything a command reads."""
         self._begin("BEGIN")
         try:
-            if _identity(self.path) != self.identity:
+            if _identity(self._where) != self.identity:
                 raise Unavailable(f"database {self.path} was replaced; run the command again")
             yield self.conn
         finally:

@@ -33,7 +33,7 @@ NOTICE = 2 * MIN
 
 class World:
     def __init__(self, path: Path, nodes: tuple[tuple[str, str], ...]) -> None:
-        self.db = setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)
+        self.db = setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)[0]
         self.now = T0
         doc = {
             "pools": [

@@ -92,7 +92,7 @@ def run_cli(
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     path = tmp_path / "shared.db"
-    db = setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)
+    db = setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)[0]
     setup.inventory_import(Ctx(db, T0), INVENTORY)
     db.close()
     return path

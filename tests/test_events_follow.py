@@ -30,7 +30,7 @@ def _read_line(proc: subprocess.Popen[str], deadline: float) -> str:
 
 def test_follow_prints_each_new_event_as_json_lines(tmp_path: Path) -> None:
     path = str(tmp_path / "f.db")
-    db = setup.init(path, NOW, force=True, manual=True, admin="admin", group=None)
+    db = setup.init(path, NOW, force=True, manual=True, admin="admin", group=None)[0]
     setup.inventory_import(Ctx(db, NOW), DEMO_INVENTORY)
     db.close()
     env = {k: v for k, v in os.environ.items() if not k.startswith("BETTER_COMPUTE_")}

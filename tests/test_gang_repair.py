@@ -57,7 +57,7 @@ NODE_NAMES = [n["name"] for n in NODES]
 
 class World:
     def __init__(self, path: Path) -> None:
-        self.db = setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)
+        self.db = setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)[0]
         self.now = T0
         doc = {
             "pools": [{"name": "p", "nodes": NODES}],

@@ -186,7 +186,7 @@ class Harness:
 
     @classmethod
     def create(cls, path: str) -> Harness:
-        db = setup.init(path, T0, force=True, manual=True, admin="admin", group=None)
+        db = setup.init(path, T0, force=True, manual=True, admin="admin", group=None)[0]
         setup.inventory_import(Ctx(db, T0), INVENTORY)
         return cls(db)
 

@@ -52,7 +52,7 @@ def _node(name: str) -> dict[str, Any]:
 
 class World:
     def __init__(self, path: Path, nodes: tuple[str, ...] = ("n1", "n2")) -> None:
-        self.db = setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)
+        self.db = setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)[0]
         self.now = T0
         doc = {
             "pools": [{"name": "p", "nodes": [_node(n) for n in nodes]}],

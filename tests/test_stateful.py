@@ -117,7 +117,7 @@ class Lifecycle(RuleBasedStateMachine):
             manual=True,
             admin="admin",
             group=None,
-        )
+        )[0]
         setup.inventory_import(Ctx(self.db, T0), INVENTORY)
         self.now = T0
         self.model: dict[str, Expect] = {}

@@ -95,7 +95,7 @@ class Trust(RuleBasedStateMachine):
             manual=manual,
             admin=ADMIN.name,
             group=None,
-        )
+        )[0]
         setup.inventory_import(Ctx(self.db, T0, ADMIN), INVENTORY)
         admin = Ctx(self.db, T0, ADMIN)
         accounting.policy_set(admin, "acme", "alice", None, False, False)

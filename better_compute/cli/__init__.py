@@ -2,6 +2,7 @@
 parse -> service call -> render -> exit code. No SQL and no placement logic here."""
 
 from better_compute.cli import (  # noqa: F401  (importing registers the commands, in help order)
+    backup_commands,
     hardware_commands,
     reserve_commands,
     run_commands,

@@ -24,11 +24,10 @@ from better_compute.cli.app import (
 )
 from better_compute.errors import InvalidInput
 from better_compute.inventory import inventory_to_json
-from better_compute.model import JsonValue, Principal
+from better_compute.model import JsonValue
 from better_compute.render import human
 from better_compute.render import json as js
 from better_compute.service import admins, setup, ticking, views
-from better_compute.service.context import Ctx
 from better_compute.timeparse import iso
 
 
@@ -51,10 +50,10 @@ def init(
 
     admin = setup.init_admin(G.db, me(), G.principal, force)
     at = clock.now_ms(G.now_text)
-    db = setup.init(G.db, at, force, manual=G.now_text is not None, admin=admin, group=group)
-    counts: dict[str, int] = {}
-    if demo:
-        counts = setup.inventory_import(Ctx(db, at, Principal(admin, admin=True)), DEMO_INVENTORY)
+    fill = DEMO_INVENTORY if demo else None
+    db, counts = setup.init(
+        G.db, at, force, manual=G.now_text is not None, admin=admin, group=group, fill=fill
+    )
     db.close()
     emit(
         as_json,

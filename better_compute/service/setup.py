@@ -9,9 +9,8 @@ import stat
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from better_compute.errors import Conflict, Forbidden, InvalidInput, NotFound
+from better_compute.errors import Conflict, InvalidInput, NotFound
 from better_compute.inventory import (
     MAX_INT,
     MODEL_RE,
@@ -24,11 +23,19 @@ from better_compute.inventory import (
     load_inventory_text,
     nvlink_group_of,
 )
-from better_compute.model import FABRIC_DOMAIN, Atom, JsonValue, Maintenance, Node, Window
-from better_compute.service import authz, ticking
+from better_compute.model import (
+    FABRIC_DOMAIN,
+    Atom,
+    JsonValue,
+    Maintenance,
+    Node,
+    Principal,
+    Window,
+)
+from better_compute.service import authz, backups, ticking
 from better_compute.service.admission import held_charge
 from better_compute.service.authz import require_admin
-from better_compute.service.context import Ctx, open_ctx
+from better_compute.service.context import Ctx
 from better_compute.storage import ledger, repo
 from better_compute.storage.db import Database, create_database
 from better_compute.storage.repo import Conn
@@ -37,39 +44,47 @@ Labels = tuple[tuple[str, str], ...]
 
 
 def init(
-    path: str, now: int, force: bool, *, manual: bool, admin: str, group: str | None
-) -> Database:
+    path: str,
+    now: int,
+    force: bool,
+    *,
+    manual: bool,
+    admin: str,
+    group: str | None,
+    fill: Inventory | None = None,
+) -> tuple[Database, dict[str, int]]:
     """Create the ledger: on a manual clock when `init` was given --now, else on the real one;
     `admin` is its first admin. The file is private to its owner (0600), or shared read-write
-    with one group: on SQLite the file's permissions are the security boundary."""
+    with one group: on SQLite the file's permissions are the security boundary.
+
+    All of it (the clock, the admin, the `fill` inventory of `init --demo`) goes into the new file
+    before it takes the ledger's name, so a kill or a full disk never leaves half a ledger.
+    Returns the open ledger and what `fill` imported.
+    """
     gid = None if group is None else _group_id(group)
+    counts: dict[str, int] = {}
+
+    def build(db: Database) -> None:
+        if gid is not None:
+            os.chown(db.path, -1, gid)
+        with db.write() as conn:
+            ledger.start_ledger(conn, ledger.MANUAL if manual else ledger.REAL, now, admin)
+        if fill is not None:
+            who = Principal(admin, admin=True)
+            counts.update(inventory_import(Ctx(db, now, who), fill))
+
     # The database id is derived from the creating instant alone: replaying `init --now T` and the
     # same commands anywhere gives identical ids, and copies of one database keep the same id.
-    db = create_database(path, force=force, seed_text=str(now))
-    if gid is not None:
-        os.chown(path, -1, gid)
-    os.chmod(path, 0o600 if gid is None else 0o660)
-    with db.write() as conn:
-        ledger.start_ledger(conn, ledger.MANUAL if manual else ledger.REAL, now, admin)
-    return db
+    mode = 0o600 if gid is None else 0o660
+    db = create_database(path, force=force, seed_text=str(now), mode=mode, fill=build)
+    return db, counts
 
 
 def init_admin(path: str, me: str, as_name: str | None, force: bool) -> str:
-    """Who `init` makes the first admin. Replacing a ledger is its admins' decision; on a new
-    ledger there is nobody yet whom `--as` could be checked against, so it is refused there."""
-    if force and Path(path).is_file() and Path(path).stat().st_size > 0:
-        old = open_ctx(path, None, me, as_name)
-        try:
-            require_admin(old.who, "replace the ledger (init --force)")
-            return old.who.name
-        finally:
-            old.db.close()
-    if as_name is not None and as_name != me:
-        raise Forbidden(
-            f"--as {as_name!r}: a new ledger has no admins yet to allow acting as someone else;"
-            f" `init` makes you ({me!r}) its first admin, then `admin add` others"
-        )
-    return me
+    """Who `init` makes the first admin: replacing a ledger is its admins' decision (without
+    --force nothing is replaced: an existing ledger is a CONFLICT further on)."""
+    target = path if force else ""
+    return backups.replacer(target, me, as_name, "replace the ledger (init --force)")
 
 
 def _group_id(name: str) -> int:

@@ -6,7 +6,7 @@ import hashlib
 import os
 import sqlite3
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -54,20 +54,44 @@ def _header_kind(path: Path) -> str:
     return "ours" if app_id == APPLICATION_ID else "foreign"
 
 
+def _identity(path: Path) -> tuple[int, int] | None:
+    """Which file the path names now: (device, inode), or None when nothing is there."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino)
+
+
 def _is_locked(exc: sqlite3.OperationalError) -> bool:
     text = str(exc).lower()
     return "locked" in text or "busy" in text
 
 
 class Database:
-    """One connection in autocommit mode; transactions are explicit."""
+    """One connection in autocommit mode; transactions are explicit.
+
+    It remembers which file (device, inode) it opened: `init --force` and `restore` rename a new
+    file onto the path, and a connection opened before that still points at the old, unlinked
+    file. Writing there would report success for rows nobody will ever see, so every transaction
+    checks the path still names the same file (a stat: cheap next to the transaction itself).
+    """
 
     #: True for a snapshot opened by a user who may only read the file (see _open_snapshot).
     read_only = False
 
-    def __init__(self, path: Path, busy_timeout_ms: int) -> None:
+    def __init__(self, path: Path, busy_timeout_ms: int, *, snapshot: bool = False) -> None:
         self.path = path
-        self.conn = sqlite3.connect(str(path), isolation_level=None, timeout=busy_timeout_ms / 1000)
+        self._where = Path(os.path.abspath(path))  # as SQLite resolved it, whatever the cwd later
+        self.identity = _identity(self._where)
+        if snapshot:  # read-only and immutable: see _open_snapshot
+            uri = "file:" + urllib.parse.quote(str(self._where)) + "?mode=ro&immutable=1"
+            self.conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+            self.read_only = True
+        else:
+            self.conn = sqlite3.connect(
+                str(path), isolation_level=None, timeout=busy_timeout_ms / 1000
+            )
         self.conn.row_factory = sqlite3.Row
         self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         self.conn.execute("PRAGMA foreign_keys = ON")
@@ -80,12 +104,18 @@ class Database:
 
     @contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
-        """BEGIN IMMEDIATE: take the write lock up front so writers queue, not deadlock."""
+        """BEGIN IMMEDIATE: take the write lock up front so writers queue, not deadlock.
+
+        The file check runs once the lock is held (a replace holds this lock until its rename is
+        done, so a writer that waited sees the new name) and again just before COMMIT.
+        """
         if self.read_only:
             raise read_only_refusal(self.path)
         self._begin("BEGIN IMMEDIATE")
         try:
+            self.require_same_file()
             yield self.conn
+            self.require_same_file()
         except BaseException as exc:
             if self.conn.in_transaction:  # SQLite may have rolled back already (I/O error, full)
                 self.conn.execute("ROLLBACK")
@@ -106,11 +136,21 @@ class Database:
             return False
         return [tuple(r) for r in rows] == [("ok",)]
 
+    def require_same_file(self) -> None:
+        """UNAVAILABLE when the path no longer names the file this connection opened."""
+        if _identity(self._where) != self.identity:
+            raise Unavailable(
+                f"database {self.path} was replaced while this command waited; nothing was"
+                " written, run it again"
+            )
+
     @contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:
         """A deferred transaction: one consistent snapshot for everything a command reads."""
         self._begin("BEGIN")
         try:
+            if _identity(self._where) != self.identity:
+                raise Unavailable(f"database {self.path} was replaced; run the command again")
             yield self.conn
         finally:
             if self.conn.in_transaction:  # SQLite may have ended it already after an error
@@ -226,6 +266,13 @@ def open_database(path: str, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> 
     except UnicodeDecodeError:  # SQLite quoted damaged schema text in its error message
         db.close()
         raise Unavailable(f"database {path!r} is damaged: its schema is not readable") from None
+    except BaseException:
+        db.close()
+        raise
+    if _identity(file) != db.identity:
+        # Replaced between our stat and SQLite's open: which file SQLite holds is unknown.
+        db.close()
+        raise Unavailable(f"database {path!r} was replaced while opening it; run it again")
     return db
 
 
@@ -252,12 +299,7 @@ def _open_snapshot(file: Path) -> Database:
     cannot be created): read the main file as it stands, which is whole when no writer has it
     open. A writer that checkpoints during the read can make the read fail; it never corrupts
     anything, and the command says to try again. Writes are refused by Database._begin."""
-    db = Database.__new__(Database)
-    db.path = file
-    uri = "file:" + urllib.parse.quote(str(file.resolve())) + "?mode=ro&immutable=1"
-    db.conn = sqlite3.connect(uri, uri=True, isolation_level=None)
-    db.conn.row_factory = sqlite3.Row
-    db.read_only = True
+    db = Database(file, DEFAULT_BUSY_TIMEOUT_MS, snapshot=True)
     try:
         version = int(db.conn.execute("PRAGMA user_version").fetchone()[0])
         if version != SCHEMA_VERSION:
@@ -272,26 +314,40 @@ def _open_snapshot(file: Path) -> Database:
     return db
 
 
-def _lock_out_writers(file: Path) -> Database:
-    """Take the old database's write lock (else UNAVAILABLE, nothing removed) and hold it while
-    its files are removed, so no writer commits into a file that is going away."""
+def lock_out_writers(file: Path) -> Database:
+    """Take the database's write lock (else UNAVAILABLE, nothing changed) and hold it, so no writer
+    commits into a file that is about to be replaced."""
     old = open_database(str(file))
     try:
         row = old.conn.execute("SELECT value FROM config WHERE key = 'db.busyTimeoutMs'").fetchone()
         if row is not None:  # wait as long as the database's own setting says
             old.set_busy_timeout(int(row[0]))
         old._begin("BEGIN IMMEDIATE")
+        old.require_same_file()  # another replace may have won while we waited
     except BaseException:
+        if old.conn.in_transaction:
+            old.conn.execute("ROLLBACK")
         old.close()
         raise
     return old
 
 
-def create_database(path: str, *, force: bool, seed_text: str) -> Database:
-    """Create a fresh database. An existing one needs --force; a foreign file is never replaced."""
+def create_database(
+    path: str,
+    *,
+    force: bool,
+    seed_text: str,
+    mode: int = 0o600,
+    fill: Callable[[Database], None] | None = None,
+) -> Database:
+    """Create a fresh database (file mode `mode`) and return it open. An existing one needs
+    --force; a foreign file is never replaced. `fill` adds content (the demo inventory) before the
+    new file takes the name, so a crash never leaves a half-filled ledger (see storage/replace.py).
+    """
+    from better_compute.storage import files, replace  # they build on Database
+
     _require_path(path)
-    file = Path(path)
-    kind = _header_kind(file)
+    kind = _header_kind(Path(path))
     if kind == "foreign":
         raise InvalidInput(
             f"{path!r} exists and is not a better-compute database; not replacing it"
@@ -300,27 +356,21 @@ def create_database(path: str, *, force: bool, seed_text: str) -> Database:
         raise Conflict(
             f"{path!r} already holds a better-compute database; add --force to replace it"
         )
-    if not file.parent.is_dir():
-        raise InvalidInput(f"cannot create {path!r}: folder {str(file.parent)!r} does not exist")
-    old = _lock_out_writers(file) if kind == "ours" else None
-    try:
-        for suffix in ("", "-wal", "-shm"):
-            sidecar = Path(str(file) + suffix)
-            if sidecar.exists():
-                os.remove(sidecar)
-    finally:
-        if old is not None:
-            old.close()
-    try:
-        db = Database(file, DEFAULT_BUSY_TIMEOUT_MS)
+    target = files.real_target(path)
+    if not target.parent.is_dir():
+        raise InvalidInput(f"cannot create {path!r}: folder {str(target.parent)!r} does not exist")
+
+    def build(db: Database) -> None:
         db.conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-    except sqlite3.DatabaseError as exc:
-        raise InvalidInput(f"cannot create {path!r}: {exc}") from None
-    db.conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-    _configure(db)
-    _migrate(db)
-    # The database id seeds ids and the topN pick: copies of one database replay identically.
-    db_id = hashlib.sha256(seed_text.encode()).hexdigest()[:16]
-    with db.write():
-        db.conn.execute("INSERT INTO meta(key, value) VALUES ('db_id', ?)", (db_id,))
-    return db
+        _configure(db)
+        _migrate(db)
+        # The database id seeds ids and the topN pick: copies of one database replay identically.
+        db_id = hashlib.sha256(seed_text.encode()).hexdigest()[:16]
+        with db.write():
+            db.conn.execute("INSERT INTO meta(key, value) VALUES ('db_id', ?)", (db_id,))
+        if fill is not None:
+            fill(db)
+
+    temp = replace.build_temp(target, mode, build)
+    replace.swap_in(target, temp, replacing=kind == "ours")
+    return open_database(path)

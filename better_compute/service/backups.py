@@ -1,0 +1,41 @@
+"""Backup, restore, and who may replace a ledger (PRODUCT.md §4, §6)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from better_compute.errors import Forbidden
+from better_compute.service.authz import require_admin
+from better_compute.service.context import Ctx, open_ctx
+from better_compute.storage.backup import Copy, backup_to, restore_from
+
+
+def backup(ctx: Ctx, dest: str, force: bool) -> Copy:
+    """Anyone who can read the ledger may copy it: on SQLite the file's permissions are the
+    boundary, and whoever may read the file can copy it anyway (only less consistently)."""
+    return backup_to(ctx.db, dest, force=force)
+
+
+def replacer(path: str, me: str, as_name: str | None, what: str) -> str:
+    """Who replaces the ledger at `path` (`init --force`, `restore`): one of its admins, checked
+    before the file is touched. Where no ledger exists yet there is nobody to check `--as`
+    against, so the user acts as itself (and becomes the first admin of what it creates)."""
+    if Path(path).is_file() and Path(path).stat().st_size > 0:
+        old = open_ctx(path, None, me, as_name)
+        try:
+            require_admin(old.who, what)
+            return old.who.name
+        finally:
+            old.db.close()
+    if as_name is not None and as_name != me:
+        raise Forbidden(
+            f"--as {as_name!r}: a new ledger has no admins yet to allow acting as someone else;"
+            f" you ({me!r}) become its first admin, then `admin add` others"
+        )
+    return me
+
+
+def restore(path: str, source: str, me: str, as_name: str | None) -> Copy:
+    """Replacing the ledger rewrites everyone's reservations: its admins only."""
+    replacer(path, me, as_name, "restore a ledger")
+    return restore_from(path, source)

@@ -1,0 +1,175 @@
+"""Backup and restore of the SQLite ledger.
+
+A backup is taken with SQLite's online backup API in one step: one read snapshot, so it holds
+every transaction committed before it began (including those still in the WAL, which a plain `cp`
+of the main file misses) and none half-written, while writers go on. The copy is a standalone file
+in rollback-journal mode (no -wal/-shm needed to read it), mode 0600.
+
+A restore checks the copy before it replaces anything, in a temp file beside the ledger, then
+swaps it in exactly as `init --force` does (storage/replace.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from better_compute.errors import Conflict, InvalidInput, Unavailable
+from better_compute.storage import files, replace
+from better_compute.storage.db import (
+    SQLITE_MAGIC,
+    Database,
+    _configure,
+    _header_kind,
+    _migrate,
+    _require_path,
+)
+from better_compute.storage.schema import APPLICATION_ID, SCHEMA_VERSION
+
+
+@dataclass(frozen=True)
+class Copy:
+    """What a backup or restore copied."""
+
+    path: str
+    bytes: int
+    schema_version: int
+    db_id: str
+    reservations: int
+    events: int
+
+
+def _summary(conn: sqlite3.Connection) -> tuple[int, str, int, int]:
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    db_id = str(conn.execute("SELECT value FROM meta WHERE key = 'db_id'").fetchone()[0])
+    reservations = int(conn.execute("SELECT COUNT(*) FROM reservations").fetchone()[0])
+    events = int(conn.execute("SELECT COUNT(*) FROM events").fetchone()[0])
+    return version, db_id, reservations, events
+
+
+def backup_to(db: Database, dest: str, *, force: bool, mode: int = 0o600) -> Copy:
+    """Copy the open ledger to `dest` (a new file unless `force`), consistent while others write."""
+    if not dest.strip():
+        raise InvalidInput("name a file to write the backup to")
+    target = files.real_target(dest)
+    if target.exists():
+        if not target.is_file():
+            raise InvalidInput(f"{dest!r} is not a regular file; name a file for the backup")
+        if db.identity == _file_id(target):
+            raise InvalidInput(f"{dest!r} is the ledger itself; name another file")
+        if not force:
+            raise Conflict(f"{dest!r} already exists; add --force to replace it")
+    temp = files.new_temp(target, mode)
+    try:
+        out = sqlite3.connect(str(temp), isolation_level=None)
+        try:
+            db.require_same_file()
+            db.conn.backup(out)  # pages=-1: the whole file in one step, from one snapshot
+            summary = _summary(out)
+            out.execute("PRAGMA journal_mode = DELETE")  # standalone: readable without sidecars
+        finally:
+            out.close()
+        files.fsync_file(temp)
+        files.place(temp, target, overwrite=force, shown=dest)
+    except (sqlite3.DatabaseError, OSError) as exc:
+        raise Unavailable(f"cannot write the backup {dest!r}: {exc}; nothing was written") from None
+    finally:
+        files.discard(temp)
+    version, db_id, reservations, events = summary
+    return Copy(str(dest), target.stat().st_size, version, db_id, reservations, events)
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino)
+
+
+def _check_source(source: str, ledger: Path) -> Path:
+    """The cheap checks, from the header, before anything is copied."""
+    path = Path(source)
+    if not path.is_file():
+        what = "does not exist" if not path.exists() else "is not a regular file"
+        raise InvalidInput(f"backup {source!r} {what}")
+    if _file_id(path) == _file_id(ledger):
+        raise InvalidInput(f"backup {source!r} is the ledger itself")
+    try:
+        with path.open("rb") as handle:
+            header = handle.read(100)
+    except OSError as exc:
+        raise InvalidInput(f"cannot read backup {source!r}: {exc.strerror}") from None
+    if len(header) < 100 or not header.startswith(SQLITE_MAGIC):
+        raise InvalidInput(f"backup {source!r} is not an SQLite file")
+    app_id = int.from_bytes(header[68:72], "big")
+    if app_id != APPLICATION_ID:
+        raise InvalidInput(
+            f"backup {source!r} is not a better-compute ledger (application_id {app_id:#x})"
+        )
+    return path
+
+
+def _fill_from(source: Path, name: str, summary: list[tuple[int, str, int, int]]) -> replace.Build:
+    """Copy the backup into the temp file, check it, migrate it forward: INVALID_INPUT if bad."""
+
+    def bad(why: str) -> InvalidInput:
+        return InvalidInput(f"backup {name!r} {why}; nothing was replaced")
+
+    def build(db: Database) -> None:
+        try:
+            src = sqlite3.connect(source.resolve().as_uri() + "?mode=ro", uri=True)
+            try:
+                src.backup(db.conn)
+            finally:
+                src.close()
+            problems = [row[0] for row in db.conn.execute("PRAGMA integrity_check(5)")]
+        except sqlite3.DatabaseError as exc:
+            raise bad(f"cannot be read: {exc}") from None
+        if problems != ["ok"]:
+            raise bad(f"is damaged (integrity_check: {'; '.join(problems)})")
+        if int(db.conn.execute("PRAGMA application_id").fetchone()[0]) != APPLICATION_ID:
+            raise bad("is not a better-compute ledger")
+        version = int(db.conn.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise bad(
+                f"has schema version {version}, newer than this better-compute"
+                f" ({SCHEMA_VERSION}); upgrade better-compute first"
+            )
+        try:
+            _configure(db)
+            _migrate(db)
+            row = db.conn.execute("SELECT value FROM meta WHERE key = 'db_id'").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise bad(f"cannot be brought to schema version {SCHEMA_VERSION}: {exc}") from None
+        if row is None or not str(row[0]):
+            raise bad("has no db_id in its meta table")
+        summary.append(_summary(db.conn))
+
+    return build
+
+
+def restore_from(path: str, source: str, *, mode: int | None = None) -> Copy:
+    """Replace the ledger at `path` (or create it) with a checked copy of the backup `source`.
+
+    The restored file keeps the permission bits of the ledger it replaces (0600 for a new one):
+    a team that shares the file must not lose access by restoring it.
+    """
+    _require_path(path)
+    kind = _header_kind(Path(path))
+    if kind == "foreign":
+        raise InvalidInput(
+            f"{path!r} exists and is not a better-compute database; not replacing it"
+        )
+    target = files.real_target(path)
+    if mode is None:
+        mode = stat.S_IMODE(target.stat().st_mode) if kind == "ours" else 0o600
+    checked = _check_source(source, target)
+    summary: list[tuple[int, str, int, int]] = []
+    temp = replace.build_temp(target, mode, _fill_from(checked, source, summary))
+    replace.swap_in(target, temp, replacing=kind == "ours")
+    version, db_id, reservations, events = summary[0]
+    return Copy(path, target.stat().st_size, version, db_id, reservations, events)

@@ -1,0 +1,128 @@
+"""File-system steps for writing a database file safely: private temp files, fsync, sidecars.
+
+A database is never written in place when it is made whole (init, restore, backup): it is built in
+a temporary file in the destination's folder (same file system, so rename is atomic) and renamed.
+A crash leaves at worst a stray temp file, named so that a later run can tell it is stale.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from pathlib import Path
+
+from better_compute.errors import Conflict, InvalidInput
+
+#: SQLite finds a database's journals by name (the real path plus these suffixes), not by inode.
+SIDECARS = ("-wal", "-shm", "-journal")
+_TEMP_MARK = ".bc-tmp-"
+
+
+def sidecar(path: Path, suffix: str) -> Path:
+    return Path(str(path) + suffix)
+
+
+def real_target(path: str) -> Path:
+    """The file SQLite really opens (it resolves symlinks, and names the -wal after the target)."""
+    return Path(os.path.realpath(path))
+
+
+def new_temp(target: Path, mode: int) -> Path:
+    """Create an empty private file beside `target`, with exactly `mode` (umask does not apply)."""
+    folder = target.parent
+    if not folder.is_dir():
+        raise InvalidInput(f"cannot create {str(target)!r}: folder {str(folder)!r} does not exist")
+    _sweep_stale(target)
+    name = f".{target.name}{_TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    temp = folder / name
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    except OSError as exc:
+        raise InvalidInput(
+            f"cannot create {str(target)!r}: {exc.strerror} in {str(folder)!r}"
+        ) from None
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+    return temp
+
+
+def _sweep_stale(target: Path) -> None:
+    """Remove temp files of `target` left by processes that died (a kill -9 mid-build)."""
+    prefix = f".{target.name}{_TEMP_MARK}"
+    with contextlib.suppress(OSError):
+        for entry in target.parent.iterdir():
+            if not entry.name.startswith(prefix):
+                continue
+            pid_text = entry.name[len(prefix) :].split("-", 1)[0]
+            if pid_text.isdigit() and not _alive(int(pid_text)):
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def discard(temp: Path) -> None:
+    """Remove a temp file and any journal SQLite left beside it."""
+    for suffix in ("", *SIDECARS):
+        with contextlib.suppress(FileNotFoundError):
+            sidecar(temp, suffix).unlink()
+
+
+def remove_sidecars(path: Path) -> None:
+    for suffix in SIDECARS:
+        with contextlib.suppress(FileNotFoundError):
+            sidecar(path, suffix).unlink()
+
+
+def fsync_file(path: Path) -> None:
+    """Flush a file nobody in this process holds SQLite locks on (closing an fd of a file drops
+    every POSIX lock the process holds on it, so never call this on a live ledger)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename durable. Some file systems refuse fsync on a folder; that is not an error."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def place(temp: Path, target: Path, *, overwrite: bool, shown: str | None = None) -> None:
+    """Rename `temp` onto `target` atomically. Without `overwrite`, an existing target (even one
+    created a moment ago by another process) is a CONFLICT and is left alone."""
+    taken = Conflict(f"{shown or str(target)!r} already exists; add --force to replace it")
+    if overwrite:
+        os.replace(temp, target)
+    else:
+        try:
+            os.link(temp, target)  # fails if target exists: no check-then-rename race
+        except FileExistsError:
+            raise taken from None
+        except OSError:  # a file system without hard links
+            if target.exists():
+                raise taken from None
+            os.replace(temp, target)
+        else:
+            temp.unlink()
+    fsync_dir(target.parent)

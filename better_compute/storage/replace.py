@@ -1,0 +1,118 @@
+"""Replacing the ledger file atomically (init, init --force, restore): a kill -9 or a full disk at
+any moment leaves either the old ledger or the new one, whole, never a half-built file.
+
+The order, and why each step is where it is:
+
+1. Build the new ledger in a temp file beside the old one (same file system, so the rename is
+   atomic), with its mode set before anything is written. Checkpoint its WAL into it (TRUNCATE),
+   close it, insist no `-wal` is left, fsync it. A crash or a full disk here leaves a stray temp
+   file (swept by a later run) and the old ledger untouched.
+2. Take the old ledger's write lock (BEGIN IMMEDIATE, waiting its busy timeout; else UNAVAILABLE,
+   nothing changed), then check the path still names the file we locked (another replace may have
+   won the race). Writers now queue behind us.
+3. Checkpoint the old WAL fully into the old file: PASSIVE, from a second connection (ours is in a
+   transaction and may not checkpoint), retried while a reader holds an older snapshot. SQLite
+   fsyncs the old file once the whole WAL is in it. From here the old `-wal` holds nothing the old
+   file lacks, so removing it loses nothing even if we die the next instant.
+4. Remove the old `-wal`, `-shm` (and a stray `-journal`). They must go before the rename: SQLite
+   pairs a WAL with its database by name only, so a `-wal` left behind would be replayed onto the
+   new file, and a shared `-shm` would mix two files' indexes. Connections already open keep their
+   unlinked copies and go on reading the old ledger.
+5. Rename the temp file onto the ledger's name and fsync the folder. This is the commit point.
+6. Release the lock. Writers that queued get it on the unlinked old file; `Database.write` sees the
+   path now names another file and rolls back with UNAVAILABLE. Closing a connection to a moved
+   file neither checkpoints into nor deletes the new file's `-wal` (SQLite checks that the file
+   has not moved first).
+
+Known limit: a process that *first opens* the ledger in the microseconds between steps 4 and 5
+creates fresh sidecars our lock does not cover; it would have to open, begin and finish a write in
+that window for its pages to reach the new file's WAL.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from better_compute.errors import BetterComputeError, Unavailable
+from better_compute.storage import files
+from better_compute.storage.db import DEFAULT_BUSY_TIMEOUT_MS, Database, lock_out_writers
+
+Build = Callable[[Database], None]
+
+
+def build_temp(target: Path, mode: int, build: Build) -> Path:
+    """Step 1: a complete, closed, synced new database beside `target`; the caller renames it."""
+    temp = files.new_temp(target, mode)
+    try:
+        db = Database(temp, DEFAULT_BUSY_TIMEOUT_MS)
+        try:
+            build(db)
+            busy, log, done = db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            if busy or log != done:
+                raise Unavailable(f"could not finish the new database beside {target}")
+        finally:
+            db.close()
+        if files.sidecar(temp, "-wal").exists():
+            raise Unavailable(f"could not finish the new database beside {target}")
+        files.fsync_file(temp)
+    except BetterComputeError:
+        files.discard(temp)
+        raise
+    except (sqlite3.DatabaseError, OSError) as exc:
+        files.discard(temp)
+        raise Unavailable(
+            f"cannot write the new database beside {str(target)!r}: {exc} (disk full?);"
+            " the old one is untouched"
+        ) from None
+    except BaseException:
+        files.discard(temp)
+        raise
+    return temp
+
+
+def swap_in(target: Path, temp: Path, *, replacing: bool) -> None:
+    """Steps 2 to 6 (see the module docstring). `replacing` says a ledger of ours is there now."""
+    try:
+        if not replacing:
+            files.remove_sidecars(target)  # a missing or empty file: any -wal there is stale
+            files.place(temp, target, overwrite=target.exists())
+            return
+        old = lock_out_writers(target)
+        try:
+            _checkpoint_fully(target, old)
+            files.remove_sidecars(target)
+            os.replace(temp, target)
+            files.fsync_dir(target.parent)
+        finally:
+            if old.conn.in_transaction:
+                old.conn.execute("ROLLBACK")
+            old.close()
+    finally:
+        files.discard(temp)  # nothing left if renamed; the unused temp if anything failed
+
+
+def _checkpoint_fully(target: Path, old: Database) -> None:
+    """Step 3: copy every frame of the old WAL into the old file while we hold its write lock."""
+    timeout_ms = int(old.conn.execute("PRAGMA busy_timeout").fetchone()[0])
+    attempts = max(1, timeout_ms // 10)  # 10 ms apart: the busy timeout, without reading a clock
+    conn = sqlite3.connect(str(target), isolation_level=None, timeout=timeout_ms / 1000)
+    try:
+        for _ in range(attempts):
+            try:
+                _busy, log, done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            except sqlite3.DatabaseError as exc:
+                raise Unavailable(
+                    f"cannot checkpoint {str(target)!r}: {exc}; nothing was replaced"
+                ) from None
+            if log == done:  # both -1 when the file is not in WAL mode: nothing to copy
+                return
+            time.sleep(0.01)
+    finally:
+        conn.close()
+    raise Unavailable(
+        f"readers kept {str(target)!r} busy past the busy timeout; nothing was replaced, try again"
+    )

@@ -1,0 +1,249 @@
+"""`backup PATH` and `restore PATH` (PRODUCT.md §4, issue 7).
+
+- A backup taken while other processes write holds every reservation committed before it began
+  (including those still in the WAL, which a plain copy of the file misses), is whole, and holds
+  nothing that was never committed.
+- backup refuses an existing file without --force, writes mode 0600, and reports what it copied.
+- restore refuses a foreign file, a truncated or corrupt copy, a newer schema, a copy without a
+  db_id, and a non-admin, each with the ledger untouched and no temp file left behind.
+- restore killed with SIGKILL at random moments leaves the old ledger or the restored one, whole.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import sqlite3
+import stat
+import threading
+import time
+from pathlib import Path
+
+from conftest import Cli, init_db
+from test_init_atomic import kill_after_files_change, spawn, state
+
+from better_compute.storage.schema import SCHEMA_VERSION
+
+
+def reserve(cli: Cli, key: str) -> str:
+    doc = cli.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--key", key)
+    return str(doc["id"])
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if "tmp" in p.name)
+
+
+# ---------------------------------------------------------------- backup
+
+
+def test_backup_reports_what_it_copied_and_refuses_to_overwrite(run: Cli, db_dir: Path) -> None:
+    rid = reserve(run, "a")
+    dest = db_dir / "copy.db"
+    doc = run.ok("backup", dest)
+    assert doc["path"] == str(dest)
+    assert doc["bytes"] == dest.stat().st_size > 0
+    assert doc["schemaVersion"] == SCHEMA_VERSION
+    assert doc["reservations"] == 1 and doc["events"] >= 1
+    assert stat.S_IMODE(dest.stat().st_mode) == 0o600
+    assert state(dest)[1] == [rid]
+    assert not Path(str(dest) + "-wal").exists()  # standalone: no sidecar needed to read it
+
+    before = dest.read_bytes()
+    assert run.fails(4, "backup", dest)["code"] == "CONFLICT"
+    assert dest.read_bytes() == before
+    reserve(run, "b")
+    assert run.ok("backup", dest, "--force")["reservations"] == 2
+    assert run.fails(2, "backup", run.db, "--force")["code"] == "INVALID_INPUT"  # the ledger
+    assert run.fails(2, "backup", db_dir / "no" / "dir.db")["code"] == "INVALID_INPUT"
+    code, out, _ = run("backup", db_dir / "human.db", json=False)
+    assert code == 0 and "2 reservations" in out
+    assert leftovers(db_dir) == []
+
+
+def test_backup_while_others_write_holds_every_committed_reservation(
+    demo_db: Path, db_dir: Path
+) -> None:
+    # An idle connection keeps the WAL from being checkpointed when each writer closes the file,
+    # as on a busy ledger: a copy of the main file alone would miss recent reservations.
+    keeper = sqlite3.connect(demo_db)
+    keeper.execute("SELECT COUNT(*) FROM meta").fetchone()
+    finished: list[tuple[float, str]] = []
+    lock = threading.Lock()
+
+    def writer(w: int) -> None:
+        for k in range(5):
+            proc = spawn(
+                demo_db, "reserve", "--tenant", "globex", "--gpus", "1", "--for", "1h",
+                "--key", f"w{w}-{k}",
+            )  # fmt: skip
+            out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err
+            with lock:
+                finished.append((time.monotonic(), json.loads(out)["id"]))
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    backups = []
+    for n in range(3):
+        time.sleep(0.6)
+        started = time.monotonic()
+        with lock:
+            committed = {rid for when, rid in finished if when < started}
+        proc = spawn(demo_db, "backup", str(db_dir / f"b{n}.db"))
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        backups.append((committed, db_dir / f"b{n}.db", json.loads(out)))
+    for t in threads:
+        t.join()
+    keeper.close()
+
+    everything = {rid for _, rid in finished}
+    assert len(everything) == 20
+    assert any(committed for committed, _, _ in backups), "no backup ran during the writes"
+    for committed, path, doc in backups:
+        _, ids, _ = state(path)  # integrity_check ok
+        assert committed <= set(ids), f"{path.name} misses {sorted(committed - set(ids))}"
+        assert set(ids) <= everything
+        assert doc["reservations"] == len(ids)
+
+
+# ---------------------------------------------------------------- restore
+
+
+def test_restore_replaces_the_ledger_with_the_backup(run: Cli, db_dir: Path) -> None:
+    kept = reserve(run, "kept")
+    run.ok("backup", db_dir / "b.db")
+    reserve(run, "later")
+    mode = stat.S_IMODE(run.db.stat().st_mode)
+    doc = run.ok("restore", db_dir / "b.db")
+    assert doc["reservations"] == 1 and doc["from"] == str(db_dir / "b.db")
+    assert [r["id"] for r in run.ok("list")] == [kept]
+    assert stat.S_IMODE(run.db.stat().st_mode) == mode
+    assert reserve(run, "after") not in (kept,)  # the restored ledger takes writes
+    assert leftovers(db_dir) == []
+
+
+def test_restore_of_a_missing_ledger_creates_it(run: Cli, db_dir: Path) -> None:
+    rid = reserve(run, "k")
+    run.ok("backup", db_dir / "b.db")
+    fresh = Cli(db_dir / "fresh.db")
+    assert fresh.ok("restore", db_dir / "b.db")["reservations"] == 1
+    assert [r["id"] for r in fresh.ok("list")] == [rid]
+    assert stat.S_IMODE((db_dir / "fresh.db").stat().st_mode) == 0o600
+
+
+def _bad_copies(good: Path, folder: Path) -> dict[str, tuple[Path, str]]:
+    """name -> (file, a word its error message must contain)."""
+    foreign = folder / "foreign.db"
+    conn = sqlite3.connect(foreign)
+    conn.execute("CREATE TABLE t(x)")
+    conn.execute("INSERT INTO t VALUES (1)")
+    conn.commit()
+    conn.close()
+    text = folder / "notes.txt"
+    text.write_text("not a database\n" * 20)
+    data = good.read_bytes()
+    truncated = folder / "truncated.db"
+    truncated.write_bytes(data[: len(data) // 2])
+    corrupt = folder / "corrupt.db"
+    page = 4096
+    rng = random.Random(7)
+    noise = bytes(rng.randrange(256) for _ in range(page * 6))
+    corrupt.write_bytes(data[: page * 4] + noise + data[page * 10 :])
+    newer = folder / "newer.db"
+    shutil.copyfile(good, newer)
+    conn = sqlite3.connect(newer)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    no_id = folder / "no-id.db"
+    shutil.copyfile(good, no_id)
+    conn = sqlite3.connect(no_id)
+    conn.execute("DELETE FROM meta WHERE key = 'db_id'")
+    conn.commit()
+    conn.close()
+    return {
+        "foreign": (foreign, "not a better-compute"),
+        "text": (text, "not an SQLite file"),
+        "truncated": (truncated, "nothing was replaced"),
+        "corrupt": (corrupt, "nothing was replaced"),
+        "newer": (newer, "newer"),
+        "no db_id": (no_id, "db_id"),
+        "missing": (folder / "missing.db", "does not exist"),
+        "folder": (folder, "not a regular file"),
+    }
+
+
+def test_restore_refuses_bad_copies_and_leaves_the_ledger_alone(run: Cli, db_dir: Path) -> None:
+    reserve(run, "k")
+    good = db_dir / "good.db"
+    run.ok("backup", good)
+    reserve(run, "after-backup")
+    bad_folder = db_dir / "bad"
+    bad_folder.mkdir()
+    before = state(run.db)
+    for name, (path, word) in _bad_copies(good, bad_folder).items():
+        error = run.fails(2, "restore", path)
+        assert error["code"] == "INVALID_INPUT", (name, error)
+        assert word in error["message"], (name, error)
+        assert state(run.db) == before, name
+        assert leftovers(db_dir) == [], name
+    assert len(run.ok("list")) == 2
+
+
+def test_restore_by_a_non_admin_is_forbidden(run: Cli, db_dir: Path) -> None:
+    reserve(run, "k")
+    run.ok("backup", db_dir / "b.db")
+    reserve(run, "later")
+    before = state(run.db)
+    error = run.fails(6, "--as", "mallory", "restore", db_dir / "b.db", now=None)
+    assert error["code"] == "FORBIDDEN"
+    assert state(run.db) == before
+    assert Cli(db_dir / "new.db").fails(6, "--as", "mallory", "restore", db_dir / "b.db")
+    assert not (db_dir / "new.db").exists()
+
+
+def test_restore_onto_a_foreign_file_is_refused(run: Cli, db_dir: Path) -> None:
+    run.ok("backup", db_dir / "b.db")
+    notes = db_dir / "notes.txt"
+    notes.write_text("mine\n" * 50)
+    assert Cli(notes).fails(2, "restore", db_dir / "b.db")["code"] == "INVALID_INPUT"
+    assert notes.read_text() == "mine\n" * 50
+
+
+def test_restore_killed_at_random_moments_leaves_the_old_or_the_restored_ledger(
+    db_dir: Path,
+) -> None:
+    pristine = init_db(db_dir / "pristine.db", "--demo")
+    cli = Cli(pristine)
+    for k in range(30):  # a bigger copy: more moments to be killed in
+        reserve(cli, f"r{k}")
+    backup = db_dir / "b.db"
+    cli.ok("backup", backup)
+    restored = state(backup)
+    reserve(cli, "only-in-the-old")
+    db = db_dir / "ledger.db"
+    rng = random.Random()
+    seed = rng.randrange(1 << 30)
+    rng.seed(seed)
+    outcomes = []
+    for _ in range(10):
+        for suffix in ("", "-wal", "-shm"):
+            Path(str(db) + suffix).unlink(missing_ok=True)
+        shutil.copyfile(pristine, db)
+        keeper = sqlite3.connect(db)  # keeps the next reservation in the WAL
+        keeper.execute("SELECT COUNT(*) FROM meta").fetchone()
+        reserve(Cli(db), "in-the-wal")
+        old = state(db)
+        proc = spawn(db, "restore", str(backup))
+        delay = rng.uniform(0, 0.005)  # the whole job takes a few ms on /dev/shm
+        kill_after_files_change(proc, db_dir, delay)
+        keeper.close()
+        got = state(db)
+        where = f"seed {seed}, killed {delay:.3f}s into the work"
+        assert got in (old, restored), f"neither the old nor the restored ledger ({where})"
+        outcomes.append("old" if got == old else "restored")
+        assert len(Cli(db).ok("list")) == len(got[1])
+    print("outcomes:", outcomes, seed)

@@ -269,3 +269,15 @@ class Settings:
     busy_timeout_ms: int = 30_000
     pending_max_wait_ms: int = 604_800_000  # 7 days, then a pending reservation times out
     inventory_max_bytes: int = 268_435_456  # 256 MiB: the most `inventory import` reads
+
+
+@dataclass(frozen=True)
+class LedgerCopy:
+    """What a backup or restore copied."""
+
+    path: str
+    bytes: int
+    schema_version: int
+    db_id: str
+    reservations: int
+    events: int

@@ -13,31 +13,9 @@ from better_compute.cli import (  # noqa: F401  (registered first: backup and re
     setup_commands,
 )
 from better_compute.cli.app import G, JsonFlag, app, ctx, emit, handled, me
-from better_compute.model import JsonValue
+from better_compute.render import human
+from better_compute.render import json as js
 from better_compute.service import backups
-from better_compute.storage.backup import Copy
-
-
-def _doc(copy: Copy) -> JsonValue:
-    return _doc_fields(copy)
-
-
-def _doc_fields(copy: Copy) -> dict[str, JsonValue]:
-    return {
-        "path": copy.path,
-        "bytes": copy.bytes,
-        "schemaVersion": copy.schema_version,
-        "dbId": copy.db_id,
-        "reservations": copy.reservations,
-        "events": copy.events,
-    }
-
-
-def _counts(copy: Copy) -> str:
-    return (
-        f"{copy.bytes} bytes, schema version {copy.schema_version},"
-        f" {copy.reservations} reservations, {copy.events} events"
-    )
 
 
 @app.command()
@@ -53,7 +31,9 @@ def backup(
         copy = backups.backup(c, path, force)
     finally:
         c.db.close()
-    emit(as_json, _doc(copy), f"backed up {G.db} to {copy.path}: {_counts(copy)}")
+    emit(
+        as_json, js.ledger_copy(copy), f"backed up {G.db} to {copy.path}: {human.ledger_copy(copy)}"
+    )
 
 
 @app.command()
@@ -64,5 +44,5 @@ def restore(
 ) -> None:
     """Replace the ledger with a backup, after checking it (admin only)."""
     copy = backups.restore(G.db, path, me(), G.principal)
-    doc = {"from": path, **_doc_fields(copy)}
-    emit(as_json, doc, f"restored {G.db} from {path}: {_counts(copy)}")
+    doc = {"from": path, **js.ledger_copy(copy)}
+    emit(as_json, doc, f"restored {G.db} from {path}: {human.ledger_copy(copy)}")

@@ -9,7 +9,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from better_compute.model import Event, Node, Reservation
+from better_compute.model import Event, LedgerCopy, Node, Reservation
 from better_compute.render.json import dumps
 from better_compute.service.accounting import Policy, UsageWindow
 from better_compute.service.booking import Preview
@@ -242,3 +242,10 @@ def policies(rows: Sequence[Policy]) -> RenderableType:
             "yes" if p.deny else "no",
         )
     return table
+
+
+def ledger_copy(c: LedgerCopy) -> str:
+    return (
+        f"{c.bytes} bytes, schema version {c.schema_version},"
+        f" {c.reservations} reservations, {c.events} events"
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from better_compute.model import Event, JsonValue, Node, NodePlan, Reservation
+from better_compute.model import Event, JsonValue, LedgerCopy, Node, NodePlan, Reservation
 from better_compute.service.accounting import Policy, UsageWindow
 from better_compute.service.booking import Preview
 from better_compute.service.views import Assignment, Bucket, Rollup, Timeline
@@ -170,4 +170,15 @@ def policy(p: Policy) -> dict[str, JsonValue]:
         "maxGpus": p.max_gpus,
         "spotOnly": p.spot_only,
         "deny": p.deny,
+    }
+
+
+def ledger_copy(c: LedgerCopy) -> dict[str, JsonValue]:
+    return {
+        "path": c.path,
+        "bytes": c.bytes,
+        "schemaVersion": c.schema_version,
+        "dbId": c.db_id,
+        "reservations": c.reservations,
+        "events": c.events,
     }

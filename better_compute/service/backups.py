@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from better_compute.errors import Forbidden
+from better_compute.model import LedgerCopy
 from better_compute.service.authz import require_admin
 from better_compute.service.context import Ctx, open_ctx
-from better_compute.storage.backup import Copy, backup_to, restore_from
+from better_compute.storage.backup import backup_to, restore_from
 
 
-def backup(ctx: Ctx, dest: str, force: bool) -> Copy:
+def backup(ctx: Ctx, dest: str, force: bool) -> LedgerCopy:
     """Anyone who can read the ledger may copy it: on SQLite the file's permissions are the
     boundary, and whoever may read the file can copy it anyway (only less consistently)."""
     return backup_to(ctx.db, dest, force=force)
@@ -35,7 +36,7 @@ def replacer(path: str, me: str, as_name: str | None, what: str) -> str:
     return me
 
 
-def restore(path: str, source: str, me: str, as_name: str | None) -> Copy:
+def restore(path: str, source: str, me: str, as_name: str | None) -> LedgerCopy:
     """Replacing the ledger rewrites everyone's reservations: its admins only."""
     replacer(path, me, as_name, "restore a ledger")
     return restore_from(path, source)

@@ -14,10 +14,10 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 
 from better_compute.errors import Conflict, InvalidInput, Unavailable
+from better_compute.model import LedgerCopy as Copy
 from better_compute.storage import files, replace
 from better_compute.storage.db import (
     SQLITE_MAGIC,
@@ -28,18 +28,6 @@ from better_compute.storage.db import (
     _require_path,
 )
 from better_compute.storage.schema import APPLICATION_ID, SCHEMA_VERSION
-
-
-@dataclass(frozen=True)
-class Copy:
-    """What a backup or restore copied."""
-
-    path: str
-    bytes: int
-    schema_version: int
-    db_id: str
-    reservations: int
-    events: int
 
 
 def _summary(conn: sqlite3.Connection) -> tuple[int, str, int, int]:

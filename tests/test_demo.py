@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from better_compute.demo import TOUR
+from better_compute.cli.tour import TOUR
 
 
 def _demo(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

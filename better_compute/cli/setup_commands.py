@@ -71,7 +71,7 @@ def demo(
     ] = None,
 ) -> None:
     """A guided tour on a fresh demo database: calendar, gang, spot, repair, timeline."""
-    from better_compute.demo import run_tour
+    from better_compute.cli.tour import run_tour
 
     run_tour(out, keep)
 

@@ -466,3 +466,21 @@ def test_a_version_1_ledger_with_rows_migrates_to_actors_admins_and_a_real_clock
     assert cli.fails(6, "admin", "add", "mallory", now=None)["code"] == "FORBIDDEN"
     be(monkeypatch, ME)
     assert cli.ok("admin", "add", ME, now=None) == [ME]
+
+
+def test_report_bound_of_another_tenants_reservation_is_not_found(
+    run: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run.ok("policy", "set", "--tenant", "acme", "--principal", "alice")
+    rsv = run.ok("reserve", "--tenant", "acme", "--gpus", "4", "--for", "1h")
+    run.ok("pool", "set", "west", "--auto-bind", "off")
+    run.ok("tick")
+    node = rsv["allocations"][0]["nodeId"]
+    be(monkeypatch, "mallory")
+    assert run.fails(3, "node", "report-bound", node, rsv["id"])["code"] == "NOT_FOUND"
+    be(monkeypatch, "alice")
+    assert run.ok("node", "report-bound", node, rsv["id"])["state"] == "active"
+
+
+def test_system_is_not_a_principal_name(run: Cli) -> None:
+    assert run.fails(2, "admin", "add", "system")["code"] == "INVALID_INPUT"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from better_compute.errors import Conflict, InvalidInput, NotFound
+from better_compute.model import SYSTEM
 from better_compute.service.authz import require_admin
 from better_compute.service.context import Ctx
 from better_compute.storage import ledger
@@ -13,6 +14,8 @@ WHAT = "add or remove admins"
 def _principal_name(name: str) -> str:
     if not name.strip() or len(name) > 256 or not name.isprintable():
         raise InvalidInput(f"{name[:40]!r} is not a principal: give a user (or role) name")
+    if name == SYSTEM:
+        raise InvalidInput(f"{SYSTEM!r} names the lifecycle's own work in events, not a principal")
     return name
 
 

@@ -253,10 +253,11 @@ def activate_if_bound(ctx: Ctx, rsv_id: str) -> None:
 
 
 def report_bound(ctx: Ctx, node: str, rsv_id: str) -> Reservation:
-    """What a node agent calls once it has bound its devices for a reservation."""
+    """What a node agent calls once it has bound its devices for a reservation. The agent acts
+    for the reservation's tenant (in practice, an admin account): the answer prints it."""
     with ctx.write() as conn:
         repo.get_node(conn, node)
-        rsv = repo.get_reservation(conn, rsv_id)
+        rsv = booking.mine(ctx, rsv_id)
         if rsv.state not in (State.BINDING, State.ACTIVE):
             raise Conflict(
                 f"cannot report {rsv_id} bound on {node}: it is {rsv.state}; nodes bind once"

@@ -8,7 +8,8 @@ import pytest
 
 from better_compute.engine.atoms import pick_atoms
 from better_compute.engine.explain import atom_ranges, explain
-from better_compute.engine.place import place, plan_node
+from better_compute.engine.fit import plan_node
+from better_compute.engine.place import place
 from better_compute.model import Atom, Node, NodeSnapshot, NoFit, Plan, Request, Window
 
 

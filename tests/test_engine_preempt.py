@@ -6,7 +6,8 @@ from collections.abc import Iterable, Mapping
 
 import pytest
 
-from better_compute.engine.place import place, plan_node
+from better_compute.engine.fit import plan_node
+from better_compute.engine.place import place
 from better_compute.engine.preempt import plan_preemption
 from better_compute.model import Atom, Node, NodeSnapshot, NoFit, Plan, Request, Window
 

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 
 from better_compute.engine.atoms import spot_held
 from better_compute.engine.explain import explain
+from better_compute.engine.fit import plan_node
 from better_compute.engine.gang import gang_candidates
-from better_compute.engine.place import place, plan_node
+from better_compute.engine.place import place
 from better_compute.engine.preempt import plan_preemption
 from better_compute.model import Atom, Node, NodeSnapshot, NoFit, Plan, Request, Window
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import io
+import itertools
 import tokenize
 from pathlib import Path
 
@@ -221,3 +222,97 @@ def test_the_clock_grep_sees_through_spacing() -> None:
     assert _clock_readers("import time\nx = time . time_ns()")
     assert _clock_readers("from datetime import datetime as d\nx = datetime.now()")
     assert not _clock_readers('"""Nothing calls datetime.now() here."""\n# nor time.time()\n')
+
+
+# ---------------------------------------------------------------- no import cycles
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_of(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imported_modules(source: str, module: str, is_package: bool, known: set[str]) -> dict[str, int]:
+    """Modules of ours that `module` imports, anywhere in it (a function-level import too) -> line.
+
+    `from X import n` imports X and, when n is a submodule, X.n as well. A module's own ancestor
+    packages are left out: Python imports them before the module anyway, so naming them (as
+    cli/backup_commands.py does to order the commands) adds no dependency.
+    """
+    parts = module.split(".")
+    ancestors = {".".join(parts[:i]) for i in range(1, len(parts))}
+    found: dict[str, int] = {}
+    for node in ast.walk(ast.parse(source)):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(module, is_package, node.module, node.level)
+            targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        for target in targets:
+            if target in known and target != module and target not in ancestors:
+                found.setdefault(target, node.lineno)
+    return found
+
+
+def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, dict[str, int]]:
+    """Module -> {imported module of ours -> line}, from (source, is_package) per module."""
+    known = set(sources)
+    return {m: imported_modules(src, m, pkg, known) for m, (src, pkg) in sorted(sources.items())}
+
+
+def import_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """One cycle per back edge found by a depth-first walk, as [a, b, ..., a]; [] when acyclic."""
+    cycles: list[list[str]] = []
+    state: dict[str, str] = {}  # "open" while on the walk's path, "done" once fully explored
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = "open"
+        path.append(module)
+        for target in sorted(graph.get(module, {})):
+            if state.get(target) == "open":
+                cycles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+    return cycles
+
+
+def test_no_import_cycles() -> None:
+    """No module of better_compute imports itself back through others, lazily or not.
+
+    A function-level import counts: it only postpones the cycle to the first call, and it hides
+    which module belongs below which. There are no exceptions; when two modules need each other,
+    what both need moves into a module below them (engine/fit.py under place.py and gang.py,
+    storage/create.py beside db.py).
+    """
+    modules = _modules()
+    graph = import_graph({m: (p.read_text(), p.name == "__init__.py") for m, p in modules.items()})
+    described = [
+        " -> ".join(f"{a} (line {graph[a][b]})" for a, b in itertools.pairwise(cycle))
+        + f" -> {cycle[-1]}"
+        for cycle in import_cycles(graph)
+    ]
+    assert not described, "import cycles:\n" + "\n".join(described)
+
+
+def test_the_cycle_check_sees_lazy_and_relative_imports() -> None:
+    """The check is not vacuous: a cycle closed by a function-level or relative import is found."""
+    sources = {
+        "better_compute.engine": ("", True),
+        "better_compute.engine.a": ("from better_compute.engine.b import f\n", False),
+        "better_compute.engine.b": ("def f():\n    from . import a\n    return a\n", False),
+        "better_compute.engine.c": ("import better_compute.engine.a\n", False),
+    }
+    graph = import_graph(sources)
+    assert graph["better_compute.engine.b"] == {"better_compute.engine.a": 2}
+    assert import_cycles(graph) == [
+        ["better_compute.engine.a", "better_compute.engine.b", "better_compute.engine.a"]
+    ]
+    del sources["better_compute.engine.b"]
+    assert import_cycles(import_graph(sources)) == []

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from better_compute.errors import Conflict, InvalidInput, Unavailable
-from better_compute.storage.db import create_database, open_database
+from better_compute.storage.create import create_database
+from better_compute.storage.db import open_database
 from better_compute.storage.schema import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from better_compute.engine.fit import plan_nodes, seeded_pick
 from better_compute.engine.gang import gang_size, group_fits, rank_gangs
-from better_compute.engine.place import plan_nodes, rank_single, seeded_pick
+from better_compute.engine.place import rank_single
 from better_compute.model import NodeSnapshot, Plan, Request
 
 

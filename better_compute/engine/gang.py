@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from better_compute.engine.atoms import victims_of
-from better_compute.engine.place import Fit, plan_nodes, seeded_pick
+from better_compute.engine.fit import Fit, plan_nodes, seeded_pick
 from better_compute.model import NodeSnapshot, NoFit, Plan, Request
 
 

@@ -1,53 +1,17 @@
-"""One node's share over candidate nodes; the seeded pick among the best topN (PRODUCT.md §5.1)."""
+"""Single-node placement over candidate nodes, and the dispatch to gangs (PRODUCT.md §5.1).
+
+The shared planning (plan_node, plan_nodes, seeded_pick) lives in fit.py, below gang.py and this
+module, so this module can import gang.py at the top without a cycle.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TypeVar
 
-from better_compute.engine.atoms import pick_atoms, victims_of
-from better_compute.engine.filters import refusal
-from better_compute.engine.scorers import score
-from better_compute.model import NodePlan, NodeSnapshot, NoFit, Plan, Request
-
-T = TypeVar("T")
-
-#: A fitting node: its snapshot and its plan.
-Fit = tuple[NodeSnapshot, NodePlan]
-
-
-def plan_node(request: Request, snap: NodeSnapshot, *, free_spot: bool = False) -> NodePlan | str:
-    """Plan one node's share for request.window; a str is the refusal reason.
-
-    With free_spot, atoms listed in snap.spot_holders count as free.
-    """
-    reason = refusal(request, snap, free_spot=free_spot)
-    if reason is not None:
-        return reason
-    taken = pick_atoms(request, snap, free_spot=free_spot)
-    return NodePlan(
-        node_id=snap.node.name, atoms=taken, score=score(snap, taken, free_spot=free_spot)
-    )
-
-
-def plan_nodes(
-    request: Request,
-    snapshots: Sequence[NodeSnapshot],
-    *,
-    exclude: frozenset[str] = frozenset(),
-    free_spot: bool = False,
-) -> tuple[list[Fit], list[tuple[str, str]]]:
-    """Every node planned, in node-name order: (fitting nodes, (node name, refusal) pairs)."""
-    fits: list[Fit] = []
-    refused: list[tuple[str, str]] = []
-    for snap in sorted(snapshots, key=lambda s: s.node.name):
-        name = snap.node.name
-        result = "excluded" if name in exclude else plan_node(request, snap, free_spot=free_spot)
-        if isinstance(result, str):
-            refused.append((name, result))
-        else:
-            fits.append((snap, result))
-    return fits, refused
+from better_compute.engine.atoms import victims_of
+from better_compute.engine.fit import Fit, plan_nodes, seeded_pick
+from better_compute.engine.gang import place_gang
+from better_compute.model import NodeSnapshot, NoFit, Plan, Request
 
 
 def single_plan(fit: Fit) -> Plan:
@@ -59,13 +23,6 @@ def rank_single(fits: Iterable[Fit]) -> list[Plan]:
     """Single-node plans, best first: score descending, then node name."""
     plans = [single_plan(fit) for fit in fits]
     return sorted(plans, key=lambda p: (-p.score, p.members[0].node_id))
-
-
-def seeded_pick(ranked: Sequence[T], *, seed: int, top_n: int) -> T:
-    """`ranked[seed % min(top_n, len(ranked))]`: one of the best topN, reproducible by seed."""
-    if not ranked:
-        raise ValueError("nothing to pick from")
-    return ranked[seed % min(max(1, top_n), len(ranked))]
 
 
 def count_reasons(reasons: Iterable[str]) -> str:
@@ -96,9 +53,6 @@ def place(
     Nodes named in `exclude` are refused with reason 'excluded'.
     """
     if request.gang_size is not None:
-        # Imported here: gang placement is built on plan_node, so gang.py imports this module.
-        from better_compute.engine.gang import place_gang
-
         return place_gang(request, snapshots, seed=seed, top_n=top_n, exclude=exclude)
     fits, refused = plan_nodes(request, snapshots, exclude=exclude)
     if not fits:

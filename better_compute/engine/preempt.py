@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from better_compute.engine.fit import plan_nodes
 from better_compute.engine.gang import no_gang_fits, rank_gangs
-from better_compute.engine.place import no_node_fits, plan_nodes, single_plan
+from better_compute.engine.place import no_node_fits, single_plan
 from better_compute.model import NodeSnapshot, NoFit, Plan, Request
 
 NEVER_PREEMPTS = "spot and node-lease requests never preempt"

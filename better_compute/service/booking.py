@@ -7,8 +7,8 @@ import sqlite3
 from dataclasses import dataclass, replace
 
 from better_compute.engine.explain import explain as explain_plan
+from better_compute.engine.fit import plan_node
 from better_compute.engine.gang import gang_candidates
-from better_compute.engine.place import plan_node
 from better_compute.engine.preempt import plan_preemption
 from better_compute.errors import Conflict, InvalidInput
 from better_compute.inventory import MODEL_RE

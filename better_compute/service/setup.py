@@ -37,7 +37,8 @@ from better_compute.service.admission import held_charge
 from better_compute.service.authz import require_admin
 from better_compute.service.context import Ctx
 from better_compute.storage import ledger, repo
-from better_compute.storage.db import Database, create_database
+from better_compute.storage.create import create_database
+from better_compute.storage.db import Database
 from better_compute.storage.repo import Conn
 
 Labels = tuple[tuple[str, str], ...]

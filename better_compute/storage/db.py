@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sqlite3
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from better_compute.errors import Conflict, Forbidden, InvalidInput, Unavailable
+from better_compute.errors import Forbidden, InvalidInput, Unavailable
 from better_compute.storage.schema import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -330,47 +329,3 @@ def lock_out_writers(file: Path) -> Database:
         old.close()
         raise
     return old
-
-
-def create_database(
-    path: str,
-    *,
-    force: bool,
-    seed_text: str,
-    mode: int = 0o600,
-    fill: Callable[[Database], None] | None = None,
-) -> Database:
-    """Create a fresh database (file mode `mode`) and return it open. An existing one needs
-    --force; a foreign file is never replaced. `fill` adds content (the demo inventory) before the
-    new file takes the name, so a crash never leaves a half-filled ledger (see storage/replace.py).
-    """
-    from better_compute.storage import files, replace  # they build on Database
-
-    _require_path(path)
-    kind = _header_kind(Path(path))
-    if kind == "foreign":
-        raise InvalidInput(
-            f"{path!r} exists and is not a better-compute database; not replacing it"
-        )
-    if kind == "ours" and not force:
-        raise Conflict(
-            f"{path!r} already holds a better-compute database; add --force to replace it"
-        )
-    target = files.real_target(path)
-    if not target.parent.is_dir():
-        raise InvalidInput(f"cannot create {path!r}: folder {str(target.parent)!r} does not exist")
-
-    def build(db: Database) -> None:
-        db.conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-        _configure(db)
-        _migrate(db)
-        # The database id seeds ids and the topN pick: copies of one database replay identically.
-        db_id = hashlib.sha256(seed_text.encode()).hexdigest()[:16]
-        with db.write():
-            db.conn.execute("INSERT INTO meta(key, value) VALUES ('db_id', ?)", (db_id,))
-        if fill is not None:
-            fill(db)
-
-    temp = replace.build_temp(target, mode, build)
-    replace.swap_in(target, temp, replacing=kind == "ours")
-    return open_database(path)

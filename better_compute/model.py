@@ -281,3 +281,14 @@ class LedgerCopy:
     db_id: str
     reservations: int
     events: int
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What one principal may reserve in one tenant (PRODUCT.md §6)."""
+
+    tenant_id: str
+    principal: str
+    max_gpus: int | None
+    spot_only: bool
+    deny: bool

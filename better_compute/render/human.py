@@ -9,9 +9,9 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from better_compute.model import Event, LedgerCopy, Node, Reservation
+from better_compute.model import Event, LedgerCopy, Node, Policy, Reservation
 from better_compute.render.json import dumps
-from better_compute.service.accounting import Policy, UsageWindow
+from better_compute.service.accounting import UsageWindow
 from better_compute.service.booking import Preview
 from better_compute.service.views import Assignment, Rollup
 from better_compute.timeparse import human_duration, iso

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from better_compute.model import Event, JsonValue, LedgerCopy, Node, NodePlan, Reservation
-from better_compute.service.accounting import Policy, UsageWindow
+from better_compute.model import Event, JsonValue, LedgerCopy, Node, NodePlan, Policy, Reservation
+from better_compute.service.accounting import UsageWindow
 from better_compute.service.booking import Preview
 from better_compute.service.views import Assignment, Bucket, Rollup, Timeline
 

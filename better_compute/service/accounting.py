@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from better_compute.errors import Conflict, InvalidInput, NotFound
 from better_compute.inventory import MAX_INT
+from better_compute.model import Policy
 from better_compute.service import authz
 from better_compute.service.authz import require_admin
 from better_compute.service.context import Ctx
@@ -24,17 +25,15 @@ def meter_create(ctx: Ctx, name: str) -> None:
             " like gpu.h100.hours"
         )
     with ctx.write() as conn:
-        if conn.execute("SELECT 1 FROM meters WHERE name = ?", (name,)).fetchone():
+        if repo.meter_exists(conn, name):
             raise Conflict(f"meter {name!r} already exists")
-        conn.execute(
-            "INSERT INTO meters(name, seq) VALUES (?, ?)", (name, repo.next_seq(conn, "meters"))
-        )
+        repo.insert_meter(conn, name)
         ctx.event("meter.created", None, None, {"meter": name, "by": ctx.principal})
 
 
 def meter_list(ctx: Ctx) -> list[str]:
     with ctx.db.read() as conn:
-        return [str(r[0]) for r in conn.execute("SELECT name FROM meters ORDER BY name")]
+        return repo.meter_names(conn)
 
 
 @dataclass(frozen=True)
@@ -61,28 +60,10 @@ def usage(
             repo.require_tenant(conn, tenant)
             authz.require_tenant(conn, ctx.who, tenant)
         seen = authz.visible_tenants(conn, ctx.who)
-        # The reservation's end caps an open window: a tick may not have closed it yet.
-        sql = "SELECT u.*, r.during_end, a.node_id FROM usage u"
-        sql += " JOIN reservations r ON r.id = u.reservation_id"
-        sql += " JOIN allocations a ON a.id = u.allocation_id"
-        sql += " WHERE "
-        sql += "NOT EXISTS" if dead_letter else "EXISTS"
-        sql += " (SELECT 1 FROM meters m WHERE m.name = u.meter)"
-        args: list[object] = []
-        if tenant is not None:
-            sql += " AND u.tenant_id = ?"
-            args.append(tenant)
-        elif seen is not None:
-            sql += f" AND u.tenant_id IN ({','.join('?' * len(seen))})"
-            args.extend(seen)
-        if end is not None:
-            sql += " AND u.start < ?"
-            args.append(end)
-        if start is not None:
-            sql += " AND (u.end IS NULL OR u.end > ?)"
-            args.append(start)
-        rows = conn.execute(sql + " ORDER BY u.start, u.id", args).fetchall()
+        tenants = [tenant] if tenant is not None else seen
+        rows = repo.usage_rows(conn, dead_letter=dead_letter, tenants=tenants, start=start, end=end)
     windows = []
+    # The reservation's end caps an open window: a tick may not have closed it yet.
     for r in rows:
         lo = max(r["start"], start) if start is not None else r["start"]
         open_until = max(r["start"], min(ctx.now, r["during_end"] or ctx.now))
@@ -105,15 +86,6 @@ def usage(
     return windows
 
 
-@dataclass(frozen=True)
-class Policy:
-    tenant_id: str
-    principal: str
-    max_gpus: int | None
-    spot_only: bool
-    deny: bool
-
-
 def policy_set(
     ctx: Ctx, tenant: str, principal: str, max_gpus: int | None, spot_only: bool, deny: bool
 ) -> Policy:
@@ -124,11 +96,7 @@ def policy_set(
         raise InvalidInput("--principal must not be empty")
     with ctx.write() as conn:
         repo.require_tenant(conn, tenant)
-        conn.execute(
-            "INSERT OR REPLACE INTO policies(tenant_id, principal, max_gpus, spot_only, deny)"
-            " VALUES (?, ?, ?, ?, ?)",
-            (tenant, principal, max_gpus, int(spot_only), int(deny)),
-        )
+        repo.set_policy(conn, Policy(tenant, principal, max_gpus, spot_only, deny))
         ctx.event(
             "policy.set",
             tenant,
@@ -146,26 +114,14 @@ def policy_set(
 
 def policy_list(ctx: Ctx, tenant: str | None) -> list[Policy]:
     with ctx.db.read() as conn:
-        sql, args = "SELECT * FROM policies", []  # type: str, list[object]
         if tenant is not None:
             repo.require_tenant(conn, tenant)
-            sql += " WHERE tenant_id = ?"
-            args.append(tenant)
-        rows = conn.execute(sql + " ORDER BY tenant_id, principal", args)
-        return [
-            Policy(
-                r["tenant_id"], r["principal"], r["max_gpus"], bool(r["spot_only"]), bool(r["deny"])
-            )
-            for r in rows
-        ]
+        return repo.policies(conn, tenant)
 
 
 def policy_delete(ctx: Ctx, tenant: str, principal: str) -> None:
     require_admin(ctx.who, "delete policies")
     with ctx.write() as conn:
-        gone = conn.execute(
-            "DELETE FROM policies WHERE tenant_id = ? AND principal = ?", (tenant, principal)
-        ).rowcount
-        if not gone:
+        if not repo.delete_policy(conn, tenant, principal):
             raise NotFound(f"no policy for principal {principal!r} in tenant {tenant!r}")
         ctx.event("policy.deleted", tenant, None, {"principal": principal, "by": ctx.principal})

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from better_compute.errors import Forbidden, QuotaExceeded
 from better_compute.model import JsonValue, Principal
+from better_compute.storage import repo
 from better_compute.storage.repo import Conn
 
 
@@ -38,49 +39,28 @@ def check_policy(conn: Conn, who: Principal, draft: Draft) -> None:
     if who.admin:
         return
     name = who.name
-    rows = list(
-        conn.execute(
-            "SELECT principal, max_gpus, spot_only, deny FROM policies WHERE tenant_id = ?",
-            (draft.tenant_id,),
-        )
-    )
+    rows = repo.policies(conn, draft.tenant_id)
     if not rows:
         return
-    mine = next((r for r in rows if r["principal"] == name), None)
+    mine = next((r for r in rows if r.principal == name), None)
     whom = f"principal {name!r} in tenant {draft.tenant_id!r}"
     if mine is None:
         raise Forbidden(f"{whom} has no policy; ask an admin for `policy set`")
-    if mine["deny"]:
+    if mine.deny:
         raise Forbidden(f"policy deny: {whom} may not reserve")
-    if mine["spot_only"] and not draft.spot:
+    if mine.spot_only and not draft.spot:
         raise Forbidden(f"policy spot-only: {whom} may reserve only with --spot")
-    if mine["max_gpus"] is not None and draft.gpu_count > mine["max_gpus"]:
+    if mine.max_gpus is not None and draft.gpu_count > mine.max_gpus:
         raise Forbidden(
-            f"policy max-gpus {mine['max_gpus']}: {whom} may not reserve {draft.gpu_count} GPUs"
+            f"policy max-gpus {mine.max_gpus}: {whom} may not reserve {draft.gpu_count} GPUs"
             + (f" (a gang of {draft.gang_size})" if draft.gang_size > 1 else "")
         )
 
 
-def held_charge(conn: Conn, tenant: str, pool_id: str) -> int:
-    """GPUs a tenant holds now: every reservation not released; pool_id '' means every pool."""
-    sql = "SELECT COALESCE(SUM(quota_charge), 0) FROM reservations"
-    sql += " WHERE tenant_id = ? AND state != 'released'"
-    args: list[object] = [tenant]
-    if pool_id:
-        sql += " AND pool_id = ?"
-        args.append(pool_id)
-    return int(conn.execute(sql, args).fetchone()[0])
-
-
 def check_quota(conn: Conn, tenant: str, pool_id: str, pool_name: str, charge: int) -> None:
     """Every cap that applies (this pool's and the tenant-wide one) must hold the new charge."""
-    caps = conn.execute(
-        "SELECT pool_id, gpus FROM quotas WHERE tenant_id = ? AND pool_id IN ('', ?)"
-        " ORDER BY pool_id",
-        (tenant, pool_id),
-    )
-    for cap_pool, cap in caps:
-        held = held_charge(conn, tenant, cap_pool)
+    for cap_pool, cap in repo.quota_caps(conn, tenant, pool_id):
+        held = repo.held_charge(conn, tenant, cap_pool)
         if held + charge > cap:
             where = f"pool {pool_name}" if cap_pool else "all pools"
             raise QuotaExceeded(

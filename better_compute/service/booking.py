@@ -119,12 +119,7 @@ def _charge(ctx: Ctx, args: ReserveArgs, pool_id: str) -> int:
     if not args.node_lease:
         assert args.gpus is not None  # validate() guarantees it
         return args.gpus * size
-    row = ctx.db.conn.execute(
-        "SELECT COALESCE(MAX(n), 0) FROM (SELECT COUNT(*) AS n FROM atoms a JOIN nodes d"
-        " ON d.name = a.node_id WHERE d.pool_id = ? GROUP BY a.node_id)",
-        (pool_id,),
-    ).fetchone()
-    return max(int(row[0]), args.gpus or 0) * size
+    return max(repo.largest_node_size(ctx.db.conn, pool_id), args.gpus or 0) * size
 
 
 def _draft(args: ReserveArgs, pool_id: str, charge: int) -> Draft:
@@ -368,25 +363,17 @@ def list_reservations(
             names = ", ".join(s.value for s in State)
             raise InvalidInput(f"--state {name!r} is not a state; use one of {names}")
     with ctx.db.read() as conn:
-        clauses, args = ["1"], []  # type: tuple[list[str], list[object]]
+        tenants: list[str] | None = None
         if tenant is not None:
             repo.require_tenant(conn, tenant)
             authz.require_tenant(conn, ctx.who, tenant)
-            clauses.append("tenant_id = ?")
-            args.append(tenant)
+            tenants = [tenant]
         elif (seen := authz.visible_tenants(conn, ctx.who)) is not None:
-            clauses.append(f"tenant_id IN ({','.join('?' * len(seen))})")
-            args.extend(seen)
-        if pool is not None:
-            clauses.append("pool_id = ?")
-            args.append(repo.find_pool(conn, pool)["id"])
-        if key is not None:
-            clauses.append("idempotency_key = ?")
-            args.append(key)
-        if state_names:
-            clauses.append(f"state IN ({','.join('?' * len(state_names))})")
-            args.extend(state_names)
-        return repo.reservations_where(conn, " AND ".join(clauses), args)
+            tenants = list(seen)
+        pool_id = repo.find_pool(conn, pool)["id"] if pool is not None else None
+        return repo.list_reservations(
+            conn, tenants=tenants, pool_id=pool_id, key=key, states=state_names
+        )
 
 
 # ---------------------------------------------------------------- changing
@@ -404,12 +391,9 @@ def finish(ctx: Ctx, rsv: Reservation, reason: ReleaseReason, at: int) -> Reserv
         done = replace(done, during=Window(done.during.start, at))
     repo.save_reservation(conn, done)
     data: dict[str, JsonValue] = {"reason": reason.value}
-    if reason == ReleaseReason.PREEMPTED and rsv.preempted_by is not None:
-        by = conn.execute(
-            "SELECT tenant_id FROM reservations WHERE id = ?", (rsv.preempted_by,)
-        ).fetchone()
-        if by is not None and by[0] == rsv.tenant_id:  # never name another tenant's reservation
-            data["by"] = rsv.preempted_by
+    by = rsv.preempted_by if reason == ReleaseReason.PREEMPTED else None
+    if by is not None and repo.tenant_of(conn, by) == rsv.tenant_id:
+        data["by"] = by  # never name another tenant's reservation
     ctx.event("reservation.released", rsv.tenant_id, rsv.id, data)
     return done
 
@@ -453,16 +437,10 @@ def extend(ctx: Ctx, rsv_id: str, by_ms: int) -> Reservation:
             raise Conflict(f"cannot extend {rsv.id}: its window has already ended")
         extra = Window(old_end, new_end)
         for alloc in rsv.allocations:
-            marks = ",".join("?" * len(alloc.atoms))
-            clash = conn.execute(
-                "SELECT reservation_id, atom FROM bookings WHERE node_id = ? AND end > ?"
-                f" AND start < ? AND reservation_id != ? AND atom IN ({marks})"
-                " ORDER BY atom LIMIT 1",
-                (alloc.node_id, extra.start, extra.end, rsv.id, *alloc.atoms),
-            ).fetchone()
+            clash = repo.first_clash(conn, alloc.node_id, alloc.atoms, extra, rsv.id)
             if clash is not None:
                 raise Conflict(
-                    f"cannot extend {rsv.id} by that much: GPU {alloc.node_id}:{clash['atom']}"
+                    f"cannot extend {rsv.id} by that much: GPU {alloc.node_id}:{clash}"
                     " is booked by another reservation in the extra time; nothing was changed"
                 )
             maintenance = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from better_compute.model import Reservation
+from better_compute.storage import repo
 from better_compute.storage.repo import Conn
 
 
@@ -12,26 +13,10 @@ def meter_name(model: str, spot: bool) -> str:
 
 def open_windows(conn: Conn, rsv: Reservation, at: int) -> None:
     for alloc in rsv.allocations:
-        row = conn.execute(
-            "SELECT model FROM atoms WHERE node_id = ? ORDER BY idx LIMIT 1", (alloc.node_id,)
-        ).fetchone()
-        conn.execute(
-            "INSERT INTO usage(meter, tenant_id, reservation_id, allocation_id, gpus, start)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            (
-                meter_name(str(row[0]), rsv.spot),
-                rsv.tenant_id,
-                rsv.id,
-                alloc.id,
-                len(alloc.atoms),
-                at,
-            ),
-        )
+        meter = meter_name(repo.first_model(conn, alloc.node_id), rsv.spot)
+        repo.open_usage(conn, meter, rsv, alloc, at)
 
 
 def close_windows(conn: Conn, rsv_id: str, at: int) -> None:
     """Close every open window of a reservation at `at` (never before the window opened)."""
-    conn.execute(
-        "UPDATE usage SET end = MAX(start, ?) WHERE reservation_id = ? AND end IS NULL",
-        (at, rsv_id),
-    )
+    repo.close_usage(conn, rsv_id, at)

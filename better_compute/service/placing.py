@@ -45,12 +45,7 @@ def commit(ctx: Ctx, rsv: Reservation, chosen: Plan, window: Window) -> Reservat
     with ctx.db.savepoint("place"):
         allocations = []
         for member in chosen.members:
-            clash = conn.execute(
-                "SELECT COUNT(*) FROM bookings WHERE node_id = ? AND end > ? AND start < ?"
-                f" AND atom IN ({','.join('?' * len(member.atoms))})",
-                (member.node_id, window.start, window.end, *member.atoms),
-            ).fetchone()[0]
-            if clash:
+            if repo.atoms_booked(conn, member.node_id, member.atoms, window):
                 raise LostRace(member.node_id)
             allocations.append(
                 repo.insert_allocation(conn, rsv, member.node_id, member.atoms, window)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import grp
-import json
 import os
 import stat
 import sys
@@ -33,7 +32,6 @@ from better_compute.model import (
     Window,
 )
 from better_compute.service import authz, backups, ticking
-from better_compute.service.admission import held_charge
 from better_compute.service.authz import require_admin
 from better_compute.service.context import Ctx
 from better_compute.storage import ledger, repo
@@ -135,7 +133,7 @@ def pool_create(ctx: Ctx, name: str, labels: Labels) -> str:
     require_admin(ctx.who, "create pools")
     _pool_name(name)
     with ctx.write() as conn:
-        if conn.execute("SELECT 1 FROM pools WHERE name = ?", (name,)).fetchone():
+        if repo.pool_name_taken(conn, name):
             raise Conflict(f"pool {name!r} already exists")
         pool_id = repo.insert_pool(conn, name, labels)
         ctx.event("pool.created", None, None, {"poolId": pool_id, "name": name})
@@ -146,8 +144,7 @@ def pool_set_auto_bind(ctx: Ctx, ref: str, auto_bind: bool | None) -> None:
     require_admin(ctx.who, "change pool settings")
     with ctx.write() as conn:
         pool = repo.find_pool(conn, ref)
-        value = None if auto_bind is None else int(auto_bind)
-        conn.execute("UPDATE pools SET auto_bind = ? WHERE id = ?", (value, pool["id"]))
+        repo.set_pool_auto_bind(conn, pool["id"], auto_bind)
         ctx.event(
             "pool.updated",
             None,
@@ -207,7 +204,7 @@ def node_add(ctx: Ctx, pool_ref: str | None, spec: InventoryNode) -> None:
     require_admin(ctx.who, "add nodes")
     with ctx.write() as conn:
         pool = repo.find_pool(conn, pool_ref)
-        if conn.execute("SELECT 1 FROM nodes WHERE name = ?", (spec.name,)).fetchone():
+        if repo.node_pool_id(conn, spec.name) is not None:
             raise Conflict(f"node {spec.name!r} already exists; `node show {spec.name}`")
         repo.insert_node(conn, spec.name, pool["id"], spec.labels, _atoms(spec))
         ctx.event("node.added", None, None, {"nodeId": spec.name, "poolId": pool["id"]})
@@ -232,10 +229,9 @@ def node_show(ctx: Ctx, name: str) -> NodeDetail:
 
     with ctx.db.read() as conn:
         node = repo.get_node(conn, name)
-        pool = conn.execute("SELECT name FROM pools WHERE id = ?", (node.pool_id,)).fetchone()
         return NodeDetail(
             node,
-            pool["name"],
+            repo.pool_name(conn, node.pool_id),
             tuple(repo.maintenance_for_node(conn, name, ctx.now)),
             tuple(desired_state(conn, name)),
         )
@@ -297,12 +293,7 @@ def node_maintenance(ctx: Ctx, name: str, window: Window, reason: str | None) ->
             data["reason"] = reason
         ctx.event("node.maintenance", None, None, data)
         # Bookings that overlap the window are repaired ahead of time, in the same transaction.
-        for rsv in repo.reservations_where(
-            conn,
-            "state = 'placed' AND during_end > ? AND during_start < ? AND id IN"
-            " (SELECT reservation_id FROM allocations WHERE node_id = ? AND released = 0)",
-            (window.start, window.end, name),
-        ):
+        for rsv in repo.placed_on_node_during(conn, name, window):
             ticking.repair_one(ctx, rsv)
         return Maintenance(mid, name, window, reason)
 
@@ -393,8 +384,8 @@ def quota_show(ctx: Ctx, tenant: str) -> list[QuotaLine]:
         for pool_id, cap in repo.quotas(conn, tenant):
             name = None
             if pool_id:
-                name = conn.execute("SELECT name FROM pools WHERE id = ?", (pool_id,)).fetchone()[0]
-            held = held_charge(conn, tenant, pool_id)
+                name = repo.pool_name(conn, pool_id)
+            held = repo.held_charge(conn, tenant, pool_id)
             lines.append(QuotaLine(pool_id or None, name, cap, held))
         return lines
 
@@ -456,15 +447,6 @@ def ctx_fresh(ctx: Ctx) -> Ctx:
 # ---------------------------------------------------------------- inventory
 
 
-def _live_atoms(conn: Conn, node: str, now: int) -> set[int]:
-    rows = conn.execute(
-        "SELECT DISTINCT b.atom FROM bookings b JOIN reservations r ON r.id = b.reservation_id"
-        " WHERE b.node_id = ? AND b.end > ? AND r.state != 'released'",
-        (node, now),
-    )
-    return {int(r[0]) for r in rows}
-
-
 def read_inventory(ctx: Ctx, file: str) -> Inventory:
     """Read and parse an inventory file (or - for stdin), refusing what could never be one: a
     device, FIFO or folder (`/dev/zero` would be read forever), and more than inventory.maxBytes
@@ -517,15 +499,12 @@ def inventory_import(
     with ctx.write() as conn:
         for pool in inv.pools:
             _pool_name(pool.name)
-            row = conn.execute("SELECT id FROM pools WHERE name = ?", (pool.name,)).fetchone()
-            if row is None:
+            found = repo.pool_id_named(conn, pool.name)
+            if found is None:
                 pool_id = repo.insert_pool(conn, pool.name, pool.labels)
             else:
-                pool_id = row["id"]
-                conn.execute(
-                    "UPDATE pools SET labels = ? WHERE id = ?",
-                    (json.dumps(dict(pool.labels), sort_keys=True), pool_id),
-                )
+                pool_id = found
+                repo.set_pool_labels(conn, pool_id, pool.labels)
             counts["pools"] += 1
             for node in pool.nodes:
                 # Parsed inventories are sorted, so the path names the pool and node, not indexes.
@@ -575,12 +554,12 @@ def gang_split(conn: Conn, node: Node, labels: dict[str, str]) -> tuple[str, str
 
 
 def _upsert_node(ctx: Ctx, conn: Conn, pool_id: str, node: InventoryNode, path: str) -> None:
-    existing = conn.execute("SELECT pool_id FROM nodes WHERE name = ?", (node.name,)).fetchone()
+    existing = repo.node_pool_id(conn, node.name)
     if existing is None:
         repo.insert_node(conn, node.name, pool_id, node.labels, _atoms(node))
         return
-    live = _live_atoms(conn, node.name, ctx.now)
-    if existing["pool_id"] != pool_id and live:
+    live = repo.live_atoms(conn, node.name, ctx.now)
+    if existing != pool_id and live:
         raise InvalidInput(
             f"{path}.name: node {node.name} holds live bookings; it cannot change pool"
         )
@@ -592,27 +571,7 @@ def _upsert_node(ctx: Ctx, conn: Conn, pool_id: str, node: InventoryNode, path: 
         )
     if live:
         _keep_what_bookings_rely_on(conn, node, path)
-    conn.execute(
-        "UPDATE nodes SET pool_id = ?, labels = ? WHERE name = ?",
-        (pool_id, json.dumps(dict(node.labels), sort_keys=True), node.name),
-    )
-    conn.execute("DELETE FROM atoms WHERE node_id = ? AND idx >= ?", (node.name, node.gpus))
-    for atom in _atoms(node):
-        conn.execute(
-            "INSERT INTO atoms(node_id, idx, model, nvlink_group, fabric_cluster, fabric_clique)"
-            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(node_id, idx) DO UPDATE SET"
-            " model = excluded.model,"
-            " nvlink_group = excluded.nvlink_group, fabric_cluster = excluded.fabric_cluster,"
-            " fabric_clique = excluded.fabric_clique",
-            (
-                node.name,
-                atom.index,
-                atom.model,
-                atom.nvlink_group,
-                atom.fabric_cluster,
-                atom.fabric_clique,
-            ),
-        )
+    repo.move_node(conn, node.name, pool_id, node.labels, _atoms(node))
 
 
 def inventory_export(ctx: Ctx) -> Inventory:

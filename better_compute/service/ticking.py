@@ -67,20 +67,12 @@ def tick_until(
 
 
 def _last_seq(ctx: Ctx) -> int:
-    return int(ctx.db.conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0])
-
-
-def _live(ctx: Ctx, where: str, args: tuple[object, ...]) -> list[Reservation]:
-    return repo.reservations_where(ctx.db.conn, where, args)
+    return repo.last_event_seq(ctx.db.conn)
 
 
 def _release_due(ctx: Ctx) -> None:
     """Step 1: preemption deadlines and ends that have come."""
-    candidates = _live(
-        ctx,
-        "state IN ('placed', 'binding', 'active') AND (during_end <= ? OR preempt_deadline <= ?)",
-        (ctx.now, ctx.now),
-    )
+    candidates = repo.reservations_ending(ctx.db.conn, ctx.now)
     for rsv in candidates:
         reason = due_release(rsv, ctx.now)
         if reason is not None and rsv.during is not None:
@@ -92,14 +84,14 @@ def _time_out_pending(ctx: Ctx) -> None:
     """Release, oldest first, pending reservations that waited pending.maxWaitMs; only those
     created that long ago can have, so the event log is read for few of them."""
     limit = ctx.settings.pending_max_wait_ms
-    for rsv in _live(ctx, "state = 'pending' AND created_at <= ?", (ctx.now - limit,)):
+    for rsv in repo.pending_created_by(ctx.db.conn, ctx.now - limit):
         if timed_out(rsv, repo.pending_since(ctx.db.conn, rsv), ctx.now, limit):
             booking.finish(ctx, rsv, ReleaseReason.TIMEOUT, ctx.now)
 
 
 def _retry_pending(ctx: Ctx) -> None:
     """Step 2: pending reservations whose next attempt is due, oldest first."""
-    pending = _live(ctx, "state = 'pending' AND next_attempt_at <= ?", (ctx.now,))
+    pending = repo.pending_due(ctx.db.conn, ctx.now)
     for rsv in due_retries(pending, ctx.now):
         after = booking.place_or_pend(ctx, rsv, _pending_reason(rsv))
         booking.record_outcome(ctx, after, previous=rsv)
@@ -113,7 +105,7 @@ def _pending_reason(rsv: Reservation) -> str:
 def _repair_due(ctx: Ctx) -> None:
     """Step 3: BookingRepair at start - leadMs (once) and again at the start."""
     lead = ctx.settings.repair_lead_ms
-    placed = _live(ctx, "state = 'placed' AND during_start <= ?", (ctx.now + lead,))
+    placed = repo.placed_starting_by(ctx.db.conn, ctx.now + lead)
     for rsv in placed:
         point = due_repair(rsv, ctx.now, lead)
         if point is None:
@@ -201,7 +193,7 @@ def repair(ctx: Ctx, rsv_id: str | None) -> list[Event]:
             states.require(rsv, frozenset({State.PLACED}), "repair")
             targets = [rsv]
         else:
-            targets = _live(ctx, "state = 'placed'", ())
+            targets = repo.reservations_in(conn, State.PLACED)
         for rsv in targets:
             repair_one(ctx, rsv)
         return repo.events(conn, tenant=None, reservation=None, since=first)
@@ -209,7 +201,7 @@ def repair(ctx: Ctx, rsv_id: str | None) -> list[Event]:
 
 def _start_binding(ctx: Ctx) -> None:
     """Step 4: placed reservations whose start has come; nodes' desired state lists them."""
-    for rsv in _live(ctx, "state = 'placed' AND during_start <= ?", (ctx.now,)):
+    for rsv in repo.placed_starting_by(ctx.db.conn, ctx.now):
         if due_binding(rsv, ctx.now):
             repo.save_reservation(ctx.db.conn, states.move(rsv, State.BINDING))
             ctx.event(
@@ -221,14 +213,14 @@ def _start_binding(ctx: Ctx) -> None:
 
 
 def _auto_bind(ctx: Ctx, pool_id: str) -> bool:
-    row = ctx.db.conn.execute("SELECT auto_bind FROM pools WHERE id = ?", (pool_id,)).fetchone()
-    return ctx.settings.auto_bind if row["auto_bind"] is None else bool(row["auto_bind"])
+    own = repo.pool_auto_bind(ctx.db.conn, pool_id)
+    return ctx.settings.auto_bind if own is None else own
 
 
 def _bind(ctx: Ctx) -> None:
     """Step 5: autoBind reachable nodes; a reservation with every allocation bound is active."""
     conn = ctx.db.conn
-    for rsv in _live(ctx, "state = 'binding'", ()):
+    for rsv in repo.reservations_in(conn, State.BINDING):
         nodes = {n.name: n for n in repo.load_nodes(conn, rsv.pool_id)}
         auto = _auto_bind(ctx, rsv.pool_id)
         for alloc in rsv.allocations:

@@ -52,25 +52,8 @@ def rollup(conn: Conn, row: sqlite3.Row, now: int) -> Rollup:
     pool_id = row["id"]
     nodes = repo.load_nodes(conn, pool_id)
     usable = allocatable_atoms(conn, pool_id, nodes, now)
-    busy = {
-        (str(n), int(a))
-        for n, a in conn.execute(
-            "SELECT DISTINCT node_id, atom FROM bookings b"
-            " JOIN reservations r ON r.id = b.reservation_id"
-            " WHERE b.pool_id = ? AND b.start <= ? AND b.end > ? AND r.state != 'released'",
-            (pool_id, now, now),
-        )
-    }
-    # `b.end > now` (implied by start > now) keeps released history out of the index range; the
-    # in-use check runs once per distinct atom, not once per future booking.
-    reserved = conn.execute(
-        "SELECT COUNT(*) FROM (SELECT DISTINCT b.node_id, b.atom FROM bookings b"
-        " JOIN reservations r ON r.id = b.reservation_id"
-        " WHERE b.pool_id = ? AND b.end > ? AND b.start > ? AND r.state != 'released') f"
-        " WHERE NOT EXISTS (SELECT 1 FROM bookings c WHERE c.node_id = f.node_id"
-        " AND c.atom = f.atom AND c.start <= ? AND c.end > ?)",
-        (pool_id, now, now, now, now),
-    ).fetchone()[0]
+    busy = repo.atoms_in_use(conn, pool_id, now)
+    reserved = repo.atoms_reserved_later(conn, pool_id, now)
     return Rollup(
         pool_id=pool_id,
         name=row["name"],
@@ -110,13 +93,7 @@ class Assignment:
 
 def desired_state(conn: Conn, node: str) -> list[Assignment]:
     """Derived from binding and active reservations, so it can never drift from the bookings."""
-    rows = conn.execute(
-        "SELECT r.id, r.tenant_id, a.id AS alloc, a.atoms, r.state, r.during_start, r.during_end,"
-        " a.bound FROM allocations a JOIN reservations r ON r.id = a.reservation_id"
-        " WHERE a.node_id = ? AND a.released = 0 AND r.state IN ('binding', 'active')"
-        " ORDER BY r.during_start, r.id",
-        (node,),
-    )
+    rows = repo.node_assignment_rows(conn, node)
     return [
         Assignment(
             r["id"],

@@ -26,6 +26,7 @@ from better_compute.model import (
     Maintenance,
     Node,
     NodeSnapshot,
+    Policy,
     ReleaseReason,
     Reservation,
     Settings,
@@ -198,6 +199,36 @@ def find_pool(conn: Conn, ref: str | None) -> sqlite3.Row:
     return row  # type: ignore[no-any-return]
 
 
+def pool_name_taken(conn: Conn, name: str) -> bool:
+    return conn.execute("SELECT 1 FROM pools WHERE name = ?", (name,)).fetchone() is not None
+
+
+def pool_id_named(conn: Conn, name: str) -> str | None:
+    """The id of the pool with this exact name (ids are not matched, unlike find_pool)."""
+    row = conn.execute("SELECT id FROM pools WHERE name = ?", (name,)).fetchone()
+    return None if row is None else str(row["id"])
+
+
+def pool_name(conn: Conn, pool_id: str) -> str:
+    """The name of a pool known to exist (a node's or a quota's pool)."""
+    return str(conn.execute("SELECT name FROM pools WHERE id = ?", (pool_id,)).fetchone()[0])
+
+
+def set_pool_labels(conn: Conn, pool_id: str, labels: Sequence[tuple[str, str]]) -> None:
+    conn.execute("UPDATE pools SET labels = ? WHERE id = ?", (_labels_json(labels), pool_id))
+
+
+def pool_auto_bind(conn: Conn, pool_id: str) -> bool | None:
+    """The pool's own binding.autoBind; None means the ledger-wide setting applies."""
+    row = conn.execute("SELECT auto_bind FROM pools WHERE id = ?", (pool_id,)).fetchone()
+    return None if row["auto_bind"] is None else bool(row["auto_bind"])
+
+
+def set_pool_auto_bind(conn: Conn, pool_id: str, auto_bind: bool | None) -> None:
+    value = None if auto_bind is None else int(auto_bind)
+    conn.execute("UPDATE pools SET auto_bind = ? WHERE id = ?", (value, pool_id))
+
+
 def pool_labels(conn: Conn, row: sqlite3.Row) -> tuple[tuple[str, str], ...]:
     return decoded(conn, f"the labels of pool {row['name']}", lambda: _labels(row["labels"]))
 
@@ -279,6 +310,60 @@ def get_node(conn: Conn, name: str) -> Node:
 def update_node(conn: Conn, name: str, **columns: object) -> None:
     sets = ", ".join(f"{k} = ?" for k in columns)
     conn.execute(f"UPDATE nodes SET {sets} WHERE name = ?", (*columns.values(), name))
+
+
+def node_pool_id(conn: Conn, name: str) -> str | None:
+    """The pool a node belongs to; None when there is no such node."""
+    row = conn.execute("SELECT pool_id FROM nodes WHERE name = ?", (name,)).fetchone()
+    return None if row is None else str(row["pool_id"])
+
+
+def move_node(
+    conn: Conn, name: str, pool_id: str, labels: Sequence[tuple[str, str]], atoms: Sequence[Atom]
+) -> None:
+    """An inventory upsert of an existing node: its pool, its labels, and exactly `atoms`.
+
+    GPUs past the new count go; the others are updated in place, keeping their health.
+    """
+    conn.execute(
+        "UPDATE nodes SET pool_id = ?, labels = ? WHERE name = ?",
+        (pool_id, _labels_json(labels), name),
+    )
+    conn.execute("DELETE FROM atoms WHERE node_id = ? AND idx >= ?", (name, len(atoms)))
+    for atom in atoms:
+        conn.execute(
+            "INSERT INTO atoms(node_id, idx, model, nvlink_group, fabric_cluster, fabric_clique)"
+            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(node_id, idx) DO UPDATE SET"
+            " model = excluded.model,"
+            " nvlink_group = excluded.nvlink_group, fabric_cluster = excluded.fabric_cluster,"
+            " fabric_clique = excluded.fabric_clique",
+            (
+                name,
+                atom.index,
+                atom.model,
+                atom.nvlink_group,
+                atom.fabric_cluster,
+                atom.fabric_clique,
+            ),
+        )
+
+
+def largest_node_size(conn: Conn, pool_id: str) -> int:
+    """GPUs on the pool's largest node (0 without nodes): a node lease's charge until placed."""
+    row = conn.execute(
+        "SELECT COALESCE(MAX(n), 0) FROM (SELECT COUNT(*) AS n FROM atoms a JOIN nodes d"
+        " ON d.name = a.node_id WHERE d.pool_id = ? GROUP BY a.node_id)",
+        (pool_id,),
+    ).fetchone()
+    return int(row[0])
+
+
+def first_model(conn: Conn, node: str) -> str:
+    """The model of a node's lowest GPU: it names the meter its usage is counted on."""
+    row = conn.execute(
+        "SELECT model FROM atoms WHERE node_id = ? ORDER BY idx LIMIT 1", (node,)
+    ).fetchone()
+    return str(row[0])
 
 
 def set_node_labels(conn: Conn, name: str, labels: Sequence[tuple[str, str]]) -> None:
@@ -433,6 +518,62 @@ def quotas(conn: Conn, tenant: str) -> list[tuple[str, int]]:
     return [(str(p), int(g)) for p, g in rows]
 
 
+def quota_caps(conn: Conn, tenant: str, pool_id: str) -> list[tuple[str, int]]:
+    """The caps that bind a request in one pool: that pool's and the tenant-wide one ('')."""
+    rows = conn.execute(
+        "SELECT pool_id, gpus FROM quotas WHERE tenant_id = ? AND pool_id IN ('', ?)"
+        " ORDER BY pool_id",
+        (tenant, pool_id),
+    )
+    return [(str(p), int(g)) for p, g in rows]
+
+
+def held_charge(conn: Conn, tenant: str, pool_id: str) -> int:
+    """GPUs a tenant holds now: every reservation not released; pool_id '' means every pool."""
+    sql = "SELECT COALESCE(SUM(quota_charge), 0) FROM reservations"
+    sql += " WHERE tenant_id = ? AND state != 'released'"
+    args: list[object] = [tenant]
+    if pool_id:
+        sql += " AND pool_id = ?"
+        args.append(pool_id)
+    return int(conn.execute(sql, args).fetchone()[0])
+
+
+def set_policy(conn: Conn, policy: Policy) -> None:
+    conn.execute(
+        "INSERT OR REPLACE INTO policies(tenant_id, principal, max_gpus, spot_only, deny)"
+        " VALUES (?, ?, ?, ?, ?)",
+        (
+            policy.tenant_id,
+            policy.principal,
+            policy.max_gpus,
+            int(policy.spot_only),
+            int(policy.deny),
+        ),
+    )
+
+
+def policies(conn: Conn, tenant: str | None) -> list[Policy]:
+    """Every principal's policy (in one tenant, if given), by tenant then principal."""
+    sql, args = "SELECT * FROM policies", []  # type: str, list[object]
+    if tenant is not None:
+        sql += " WHERE tenant_id = ?"
+        args.append(tenant)
+    rows = conn.execute(sql + " ORDER BY tenant_id, principal", args)
+    return [
+        Policy(r["tenant_id"], r["principal"], r["max_gpus"], bool(r["spot_only"]), bool(r["deny"]))
+        for r in rows
+    ]
+
+
+def delete_policy(conn: Conn, tenant: str, principal: str) -> bool:
+    """True when there was such a policy."""
+    cur = conn.execute(
+        "DELETE FROM policies WHERE tenant_id = ? AND principal = ?", (tenant, principal)
+    )
+    return cur.rowcount > 0
+
+
 # ---------------------------------------------------------------- reservations
 
 
@@ -546,6 +687,75 @@ def reservations_where(
     return _with_allocations(conn, rows)
 
 
+def reservations_in(conn: Conn, state: State) -> list[Reservation]:
+    return reservations_where(conn, "state = ?", (state.value,))
+
+
+def reservations_ending(conn: Conn, at: int) -> list[Reservation]:
+    """Live reservations whose window or preemption deadline has come by `at`."""
+    return reservations_where(
+        conn,
+        "state IN ('placed', 'binding', 'active') AND (during_end <= ? OR preempt_deadline <= ?)",
+        (at, at),
+    )
+
+
+def pending_created_by(conn: Conn, at: int) -> list[Reservation]:
+    """Pending reservations created at or before `at` (those that may have waited too long)."""
+    return reservations_where(conn, "state = 'pending' AND created_at <= ?", (at,))
+
+
+def pending_due(conn: Conn, at: int) -> list[Reservation]:
+    """Pending reservations whose next placement attempt is due by `at`."""
+    return reservations_where(conn, "state = 'pending' AND next_attempt_at <= ?", (at,))
+
+
+def placed_starting_by(conn: Conn, at: int) -> list[Reservation]:
+    """Placed reservations whose window starts at or before `at`."""
+    return reservations_where(conn, "state = 'placed' AND during_start <= ?", (at,))
+
+
+def placed_on_node_during(conn: Conn, node: str, window: Window) -> list[Reservation]:
+    """Placed reservations holding an allocation on `node` whose window overlaps `window`."""
+    return reservations_where(
+        conn,
+        "state = 'placed' AND during_end > ? AND during_start < ? AND id IN"
+        " (SELECT reservation_id FROM allocations WHERE node_id = ? AND released = 0)",
+        (window.start, window.end, node),
+    )
+
+
+def list_reservations(
+    conn: Conn,
+    *,
+    tenants: Sequence[str] | None,
+    pool_id: str | None,
+    key: str | None,
+    states: Sequence[str],
+) -> list[Reservation]:
+    """`list`: reservations of `tenants` (all, when None), narrowed by pool, key and states."""
+    clauses, args = ["1"], []  # type: tuple[list[str], list[object]]
+    if tenants is not None:
+        clauses.append(f"tenant_id IN ({','.join('?' * len(tenants))})")
+        args.extend(tenants)
+    if pool_id is not None:
+        clauses.append("pool_id = ?")
+        args.append(pool_id)
+    if key is not None:
+        clauses.append("idempotency_key = ?")
+        args.append(key)
+    if states:
+        clauses.append(f"state IN ({','.join('?' * len(states))})")
+        args.extend(states)
+    return reservations_where(conn, " AND ".join(clauses), args)
+
+
+def tenant_of(conn: Conn, rsv_id: str) -> str | None:
+    """The tenant of a reservation; None when there is no such reservation."""
+    row = conn.execute("SELECT tenant_id FROM reservations WHERE id = ?", (rsv_id,)).fetchone()
+    return None if row is None else str(row[0])
+
+
 def insert_reservation(conn: Conn, rsv: Reservation, params: str) -> None:
     conn.execute(
         "INSERT INTO reservations(id, seq, tenant_id, pool_id, principal, state, gpus, models,"
@@ -641,6 +851,83 @@ def insert_allocation(
 
 def set_bound(conn: Conn, allocation_id: str) -> None:
     conn.execute("UPDATE allocations SET bound = 1 WHERE id = ?", (allocation_id,))
+
+
+def atoms_booked(conn: Conn, node: str, atoms: Sequence[int], window: Window) -> bool:
+    """Whether any of these atoms is booked in the window: a plan made from a snapshot may have
+    lost the race to another writer since."""
+    row = conn.execute(
+        "SELECT COUNT(*) FROM bookings WHERE node_id = ? AND end > ? AND start < ?"
+        f" AND atom IN ({','.join('?' * len(atoms))})",
+        (node, window.start, window.end, *atoms),
+    ).fetchone()
+    return bool(row[0])
+
+
+def first_clash(
+    conn: Conn, node: str, atoms: Sequence[int], window: Window, rsv_id: str
+) -> int | None:
+    """The lowest of these atoms another reservation books in the window (extend's check)."""
+    row = conn.execute(
+        "SELECT reservation_id, atom FROM bookings WHERE node_id = ? AND end > ?"
+        f" AND start < ? AND reservation_id != ? AND atom IN ({','.join('?' * len(atoms))})"
+        " ORDER BY atom LIMIT 1",
+        (node, window.start, window.end, rsv_id, *atoms),
+    ).fetchone()
+    return None if row is None else int(row["atom"])
+
+
+def live_atoms(conn: Conn, node: str, now: int) -> set[int]:
+    """A node's atoms booked from `now` on by reservations not released: what must not vanish."""
+    rows = conn.execute(
+        "SELECT DISTINCT b.atom FROM bookings b JOIN reservations r ON r.id = b.reservation_id"
+        " WHERE b.node_id = ? AND b.end > ? AND r.state != 'released'",
+        (node, now),
+    )
+    return {int(r[0]) for r in rows}
+
+
+def atoms_in_use(conn: Conn, pool_id: str, now: int) -> set[tuple[str, int]]:
+    """(node, atom) booked at `now` by a reservation not released."""
+    rows = conn.execute(
+        "SELECT DISTINCT node_id, atom FROM bookings b"
+        " JOIN reservations r ON r.id = b.reservation_id"
+        " WHERE b.pool_id = ? AND b.start <= ? AND b.end > ? AND r.state != 'released'",
+        (pool_id, now, now),
+    )
+    return {(str(n), int(a)) for n, a in rows}
+
+
+def atoms_reserved_later(conn: Conn, pool_id: str, now: int) -> int:
+    """Atoms booked only later than `now` (not in use now) by reservations not released.
+
+    `b.end > now` (implied by start > now) keeps released history out of the index range; the
+    in-use check runs once per distinct atom, not once per future booking.
+    """
+    row = conn.execute(
+        "SELECT COUNT(*) FROM (SELECT DISTINCT b.node_id, b.atom FROM bookings b"
+        " JOIN reservations r ON r.id = b.reservation_id"
+        " WHERE b.pool_id = ? AND b.end > ? AND b.start > ? AND r.state != 'released') f"
+        " WHERE NOT EXISTS (SELECT 1 FROM bookings c WHERE c.node_id = f.node_id"
+        " AND c.atom = f.atom AND c.start <= ? AND c.end > ?)",
+        (pool_id, now, now, now, now),
+    ).fetchone()
+    return int(row[0])
+
+
+def node_assignment_rows(conn: Conn, node: str) -> list[sqlite3.Row]:
+    """A node's allocations of binding and active reservations, by start then reservation id:
+    id, tenant_id, alloc, atoms (JSON), state, during_start, during_end, bound."""
+    return list(
+        conn.execute(
+            "SELECT r.id, r.tenant_id, a.id AS alloc, a.atoms, r.state, r.during_start,"
+            " r.during_end, a.bound FROM allocations a JOIN reservations r"
+            " ON r.id = a.reservation_id"
+            " WHERE a.node_id = ? AND a.released = 0 AND r.state IN ('binding', 'active')"
+            " ORDER BY r.during_start, r.id",
+            (node,),
+        )
+    )
 
 
 def end_bookings(conn: Conn, rsv_id: str, at: int) -> None:
@@ -739,3 +1026,70 @@ def _event(r: sqlite3.Row) -> Event:
         _str(r["actor"]),
         _opt_str(r["acting_admin"]),
     )
+
+
+def last_event_seq(conn: Conn) -> int:
+    """The seq of the latest event, 0 when there is none."""
+    return int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0])
+
+
+# ---------------------------------------------------------------- meters and usage
+
+
+def meter_exists(conn: Conn, name: str) -> bool:
+    return conn.execute("SELECT 1 FROM meters WHERE name = ?", (name,)).fetchone() is not None
+
+
+def insert_meter(conn: Conn, name: str) -> None:
+    conn.execute("INSERT INTO meters(name, seq) VALUES (?, ?)", (name, next_seq(conn, "meters")))
+
+
+def meter_names(conn: Conn) -> list[str]:
+    return [str(r[0]) for r in conn.execute("SELECT name FROM meters ORDER BY name")]
+
+
+def open_usage(conn: Conn, meter: str, rsv: Reservation, allocation: Allocation, at: int) -> None:
+    """Open one allocation's usage window at `at` (closed by close_usage)."""
+    conn.execute(
+        "INSERT INTO usage(meter, tenant_id, reservation_id, allocation_id, gpus, start)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        (meter, rsv.tenant_id, rsv.id, allocation.id, len(allocation.atoms), at),
+    )
+
+
+def close_usage(conn: Conn, rsv_id: str, at: int) -> None:
+    """Close every open window of a reservation at `at` (never before the window opened)."""
+    conn.execute(
+        "UPDATE usage SET end = MAX(start, ?) WHERE reservation_id = ? AND end IS NULL",
+        (at, rsv_id),
+    )
+
+
+def usage_rows(
+    conn: Conn,
+    *,
+    dead_letter: bool,
+    tenants: Sequence[str] | None,
+    start: int | None,
+    end: int | None,
+) -> list[sqlite3.Row]:
+    """Usage windows overlapping [start, end), with their reservation's during_end and node_id,
+    by start then id; `dead_letter`: only windows whose meter does not exist, else only those
+    whose meter does; `tenants` (when given) limits them to those tenants'."""
+    sql = "SELECT u.*, r.during_end, a.node_id FROM usage u"
+    sql += " JOIN reservations r ON r.id = u.reservation_id"
+    sql += " JOIN allocations a ON a.id = u.allocation_id"
+    sql += " WHERE "
+    sql += "NOT EXISTS" if dead_letter else "EXISTS"
+    sql += " (SELECT 1 FROM meters m WHERE m.name = u.meter)"
+    args: list[object] = []
+    if tenants is not None:
+        sql += f" AND u.tenant_id IN ({','.join('?' * len(tenants))})"
+        args.extend(tenants)
+    if end is not None:
+        sql += " AND u.start < ?"
+        args.append(end)
+    if start is not None:
+        sql += " AND (u.end IS NULL OR u.end > ?)"
+        args.append(start)
+    return conn.execute(sql + " ORDER BY u.start, u.id", args).fetchall()

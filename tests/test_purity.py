@@ -316,3 +316,47 @@ def test_the_cycle_check_sees_lazy_and_relative_imports() -> None:
     ]
     del sources["better_compute.engine.b"]
     assert import_cycles(import_graph(sources)) == []
+
+
+# ---------------------------------------------------------------- storage owns the SQL
+
+#: Layers that reach the database only through better_compute/storage (repo.py, ledger.py).
+NO_SQL_DIRS = ("service", "cli", "render", "engine", "lifecycle")
+SQL_CALLS = ("execute", "executemany", "executescript")
+
+
+def sql_calls(source: str) -> list[str]:
+    """Every `<anything>.execute(` (or executemany, executescript) call, as `line: call`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in SQL_CALLS
+        ):
+            found.append(f"{node.lineno}: {_dotted(node.func) or node.func.attr}(")
+    return found
+
+
+def _no_sql_files() -> list[Path]:
+    files = sorted(p for d in NO_SQL_DIRS for p in (PACKAGE / d).rglob("*.py"))
+    assert files, f"no Python files under {PACKAGE}/{{{','.join(NO_SQL_DIRS)}}}"
+    return files
+
+
+@pytest.mark.parametrize("path", _no_sql_files(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_only_storage_runs_sql(path: Path) -> None:
+    """Use cases, commands, output and the engine call named storage functions, never SQL.
+
+    No module is exempt: when a use case needs a new query, it becomes a repo.py function.
+    """
+    found = sql_calls(path.read_text())
+    assert not found, f"{path.relative_to(PACKAGE.parent)} runs SQL itself:\n" + "\n".join(found)
+
+
+def test_the_sql_check_catches_execute() -> None:
+    assert sql_calls("conn.execute('SELECT 1')")
+    assert sql_calls("x = ctx.db.conn.execute('SELECT 1').fetchone()")
+    assert sql_calls("cur.executemany('INSERT', rows)")
+    assert sql_calls("def f(c):\n    return c().executescript('x')")
+    assert not sql_calls("repo.insert_meter(conn, name)\n# conn.execute( in a comment\n")

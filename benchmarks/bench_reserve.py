@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from better_compute.identity import os_user
 from better_compute.inventory import parse_inventory
 from better_compute.service import booking, setup, ticking, views
 from better_compute.service.booking import ReserveArgs
@@ -264,8 +265,15 @@ def populate(db: Database, nodes: int, future: int, seed: int) -> Counts:
 
 def build(path: str, nodes: int, future: int, seed: int) -> tuple[Database, Counts, float]:
     t0 = time.perf_counter()
-    db = setup.init(path, NOW, force=True)
-    setup.inventory_import(Ctx(db, NOW), parse_inventory(inventory_doc(nodes)))
+    db, _ = setup.init(
+        path,
+        NOW,
+        force=True,
+        manual=True,
+        admin=os_user(),
+        group=None,
+        fill=parse_inventory(inventory_doc(nodes)),
+    )
     counts = populate(db, nodes, future, seed)
     return db, counts, time.perf_counter() - t0
 

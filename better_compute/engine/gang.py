@@ -92,6 +92,11 @@ def place_gang(
     exclude: frozenset[str] = frozenset(),
 ) -> Plan | NoFit:
     fits, _ = plan_nodes(request, snapshots, exclude=exclude)
+    return pick_gang(request, fits, seed=seed, top_n=top_n)
+
+
+def pick_gang(request: Request, fits: Sequence[Fit], *, seed: int, top_n: int) -> Plan | NoFit:
+    """One of the best topN gangs made of `fits`; the outcome depends on the fitting nodes only."""
     ranked = rank_gangs(request, fits)
     if not ranked:
         return no_gang_fits(request, fits)

@@ -57,4 +57,9 @@ def place(
     fits, refused = plan_nodes(request, snapshots, exclude=exclude)
     if not fits:
         return no_node_fits(len(snapshots), refused)
+    return pick_single(fits, seed=seed, top_n=top_n)
+
+
+def pick_single(fits: Sequence[Fit], *, seed: int, top_n: int) -> Plan:
+    """One of the best topN single-node plans among `fits` (at least one)."""
     return seeded_pick(rank_single(fits), seed=seed, top_n=top_n)

@@ -19,19 +19,27 @@ def busy_count(snap: NodeSnapshot, *, free_spot: bool = False) -> int:
     return sum(1 for i in sorted(snap.busy) if i in indices and i not in freed)
 
 
-def packing(snap: NodeSnapshot, taken: Sequence[int], *, free_spot: bool = False) -> int:
-    """0..10000: how full the node is once `taken` is booked."""
-    total = len(snap.node.atoms)
+def fill(held: int, total: int) -> int:
+    """0..10000 in steps of 10: how full a node of `total` GPUs is with `held` of them booked."""
     if total == 0:
         return 0
-    return 10 * ((busy_count(snap, free_spot=free_spot) + len(taken)) * 1000 // total)
+    return 10 * (held * 1000 // total)
+
+
+def packing(snap: NodeSnapshot, taken: Sequence[int], *, free_spot: bool = False) -> int:
+    """0..10000: how full the node is once `taken` is booked."""
+    return fill(busy_count(snap, free_spot=free_spot) + len(taken), len(snap.node.atoms))
+
+
+#: The most the topology term adds: packing (steps of 10) always outweighs it.
+TOPOLOGY_MAX = 9
 
 
 def topology(snap: NodeSnapshot, taken: Sequence[int]) -> int:
     """9 when the taken atoms share one NVLink group, one less per extra group spanned, floor 0."""
     group = {a.index: a.nvlink_group for a in snap.node.atoms}
     spanned = len({group[i] for i in taken if i in group})
-    return max(0, 10 - max(1, spanned))
+    return max(0, TOPOLOGY_MAX + 1 - max(1, spanned))
 
 
 def score(snap: NodeSnapshot, taken: Sequence[int], *, free_spot: bool = False) -> int:

@@ -7,8 +7,7 @@ import sqlite3
 from dataclasses import dataclass, replace
 
 from better_compute.engine.explain import explain as explain_plan
-from better_compute.engine.fit import plan_node
-from better_compute.engine.gang import gang_candidates
+from better_compute.engine.gang import rank_gangs
 from better_compute.engine.preempt import plan_preemption
 from better_compute.errors import Conflict, InvalidInput
 from better_compute.inventory import MODEL_RE
@@ -325,13 +324,14 @@ def preview(ctx: Ctx, args: ReserveArgs) -> Preview:
 
 def _candidates(ctx: Ctx, draft: Reservation, window: Window) -> tuple[NodePlan, ...]:
     """Single node: the best topN nodes, ranked. Gang: the members of the best gang."""
-    snaps = repo.snapshots(ctx.db.conn, draft.pool_id, window)
     request = draft.request(window)
     if request.gang_size:
-        gangs = gang_candidates(request, snaps)
+        fits = placing.shortlisted_fits(ctx, draft.pool_id, request, None, enough=None)
+        gangs = rank_gangs(request, fits)
         return gangs[0].members if gangs else ()
-    plans = [p for s in snaps if isinstance(p := plan_node(request, s), NodePlan)]
-    plans.sort(key=lambda p: (-p.score, p.node_id))
+    top = max(1, ctx.settings.top_n)
+    fits = placing.shortlisted_fits(ctx, draft.pool_id, request, None, enough=top)
+    plans = sorted((plan for _, plan in fits), key=lambda p: (-p.score, p.node_id))
     return tuple(plans[: max(1, ctx.settings.top_n)])
 
 

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from better_compute.engine.place import place
+from better_compute.engine import shortlist
+from better_compute.engine.fit import Fit, plan_nodes
+from better_compute.engine.gang import pick_gang
+from better_compute.engine.place import pick_single, place
 from better_compute.model import (
     Condition,
     NoFit,
     Plan,
+    Request,
     Reservation,
     State,
     Window,
@@ -29,6 +33,24 @@ class LostRace(Exception):
 def plan(
     ctx: Ctx, rsv: Reservation, window: Window, exclude: frozenset[str] = frozenset()
 ) -> Plan | NoFit:
+    """What full_plan answers, planning only the shortlisted nodes (engine/shortlist.py says why
+    that is the same answer). A single-node request that fits nowhere asks full_plan, whose
+    no-fit reason counts every node's refusal."""
+    request = rsv.request(window)
+    seed, top_n = ctx.seed(rsv.id, window.start), ctx.settings.top_n
+    if request.gang_size is not None:
+        fits = shortlisted_fits(ctx, rsv.pool_id, request, rsv.id, exclude, enough=None)
+        return pick_gang(request, fits, seed=seed, top_n=top_n)
+    fits = shortlisted_fits(ctx, rsv.pool_id, request, rsv.id, exclude, enough=max(1, top_n))
+    if fits:
+        return pick_single(fits, seed=seed, top_n=top_n)
+    return full_plan(ctx, rsv, window, exclude)
+
+
+def full_plan(
+    ctx: Ctx, rsv: Reservation, window: Window, exclude: frozenset[str] = frozenset()
+) -> Plan | NoFit:
+    """Every node of the pool planned: the reference the shortlist must agree with."""
     snaps = repo.snapshots(ctx.db.conn, rsv.pool_id, window, ignore_reservation=rsv.id)
     return place(
         rsv.request(window),
@@ -37,6 +59,49 @@ def plan(
         top_n=ctx.settings.top_n,
         exclude=exclude,
     )
+
+
+#: Nodes loaded and planned in the first round of shortlisted_fits; each round doubles it.
+FIRST_ROUND = 8
+
+
+def shortlisted_fits(
+    ctx: Ctx,
+    pool_id: str,
+    request: Request,
+    ignore: str | None,
+    exclude: frozenset[str] = frozenset(),
+    *,
+    enough: int | None,
+) -> list[Fit]:
+    """Fitting nodes, planned most promising first (engine/shortlist.py), until the best `enough`
+    single-node plans are known (None: every candidate, as gangs need), by node name."""
+    conn = ctx.db.conn
+    candidates = [
+        shortlist.Candidate(name, busy, gpus)
+        for name, busy, gpus in repo.fit_candidates(
+            conn,
+            pool_id,
+            request.window,
+            ignore_reservation=ignore,
+            need=request.gpus or 0,
+            whole_node=request.node_lease,
+        )
+    ]
+    order = shortlist.ordered(request, candidates)
+    fits: list[Fit] = []
+    done, size = 0, max(FIRST_ROUND, 2 * (enough or 0))
+    while done < len(order):
+        names = [name for _, name in order[done : done + size]]
+        done, size = done + len(names), 2 * size
+        snaps = repo.snapshots(
+            conn, pool_id, request.window, ignore_reservation=ignore, names=names
+        )
+        fits.extend(plan_nodes(request, snaps, exclude=exclude)[0])
+        following = order[done][0] if done < len(order) else None
+        if enough is not None and shortlist.settled([p for _, p in fits], enough, following):
+            break
+    return sorted(fits, key=lambda fit: fit[1].node_id)
 
 
 def commit(ctx: Ctx, rsv: Reservation, chosen: Plan, window: Window) -> Reservation:

@@ -436,6 +436,81 @@ def delete_maintenance(conn: Conn, node: str) -> int:
 # ---------------------------------------------------------------- snapshots for the engine
 
 
+def longest_booking(conn: Conn, pool_id: str) -> int:
+    """An upper bound on the length of any booking of the pool (0 without bookings): an overlap
+    query adds "end < :to + longest" so its index range stops where no overlap can lie."""
+    row = conn.execute(
+        "SELECT longest FROM booking_bounds WHERE pool_id = ?", (pool_id,)
+    ).fetchone()
+    return 0 if row is None else max(0, int(row[0]))
+
+
+def load_nodes_named(conn: Conn, names: Sequence[str]) -> list[Node]:
+    """These nodes (by name order), as load_nodes builds them."""
+    rows: list[sqlite3.Row] = []
+    for chunk_start in range(0, len(names), 500):
+        chunk = list(names[chunk_start : chunk_start + 500])
+        marks = ",".join("?" * len(chunk))
+        rows.extend(conn.execute(f"SELECT * FROM nodes WHERE name IN ({marks})", chunk))
+    rows.sort(key=lambda r: r["name"])
+    return _nodes_from_rows(conn, rows)
+
+
+FIT_CANDIDATES_SQL = """
+WITH held AS (
+  SELECT DISTINCT b.node_id, b.atom FROM bookings b
+  WHERE b.pool_id = :pool AND b.end > :from AND b.end < :bound AND b.start < :to
+    AND b.reservation_id IS NOT :ignore
+), busy AS (
+  SELECT h.node_id, COUNT(*) AS busy, SUM(a.healthy != 0) AS busy_healthy
+  FROM held h JOIN atoms a ON a.node_id = h.node_id AND a.idx = h.atom
+  GROUP BY h.node_id
+), sizes AS (
+  SELECT a.node_id, COUNT(*) AS gpus, SUM(a.healthy != 0) AS healthy
+  FROM nodes n JOIN atoms a ON a.node_id = n.name
+  WHERE n.pool_id = :pool AND n.schedulable AND n.reachable
+  GROUP BY a.node_id
+)
+SELECT s.node_id, COALESCE(busy.busy, 0), s.gpus FROM sizes s
+LEFT JOIN busy ON busy.node_id = s.node_id
+WHERE s.healthy - COALESCE(busy.busy_healthy, 0) >= CASE WHEN :whole THEN s.gpus ELSE :need END
+  AND s.gpus >= :least
+  AND NOT EXISTS (SELECT 1 FROM maintenance m
+                  WHERE m.node_id = s.node_id AND m.end > :from AND m.start < :to)
+ORDER BY s.node_id
+"""
+
+
+def fit_candidates(
+    conn: Conn,
+    pool_id: str,
+    window: Window,
+    *,
+    ignore_reservation: str | None,
+    need: int,
+    whole_node: bool,
+) -> list[tuple[str, int, int]]:
+    """(node, GPUs booked in the window, GPUs) of every node of the pool that might take a share:
+    schedulable, reachable, out of maintenance, with at least `need` healthy GPUs free in the
+    window (`whole_node`: every GPU healthy and free, and at least max(need, 1) of them). A
+    superset of the nodes the planner finds fitting: models and NVLink groups are its business.
+    One aggregate query; no node or booking becomes a Python object."""
+    rows = conn.execute(
+        FIT_CANDIDATES_SQL,
+        {
+            "pool": pool_id,
+            "from": window.start,
+            "to": window.end,
+            "bound": window.end + longest_booking(conn, pool_id),
+            "ignore": ignore_reservation,
+            "need": need,
+            "whole": int(whole_node),
+            "least": max(need, 1),
+        },
+    )
+    return [(str(n), int(b), int(g)) for n, b, g in rows]
+
+
 def snapshots(
     conn: Conn,
     pool_id: str,
@@ -443,18 +518,43 @@ def snapshots(
     *,
     ignore_reservation: str | None = None,
     nodes: Sequence[Node] | None = None,
+    names: Sequence[str] | None = None,
 ) -> list[NodeSnapshot]:
-    """The pool's nodes as the engine needs them for one window: only overlapping bookings load."""
-    pool_nodes = load_nodes(conn, pool_id) if nodes is None else list(nodes)
+    """The pool's nodes (only those `names`, if given) as the engine needs them for one window:
+    only overlapping bookings load."""
+    if nodes is not None:
+        pool_nodes = list(nodes)
+    elif names is not None:
+        pool_nodes = load_nodes_named(conn, names)
+    else:
+        pool_nodes = load_nodes(conn, pool_id)
     busy: dict[str, set[int]] = defaultdict(set)
     regular: dict[str, set[int]] = defaultdict(set)
     holders: dict[str, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
-    rows = conn.execute(
-        "SELECT b.node_id, b.atom, b.reservation_id, b.spot, r.state FROM bookings b"
-        " JOIN reservations r ON r.id = b.reservation_id"
-        " WHERE b.pool_id = ? AND b.end > ? AND b.start < ? AND b.reservation_id IS NOT ?",
-        (pool_id, window.start, window.end, ignore_reservation),
-    )
+    bound = window.end + longest_booking(conn, pool_id)
+    if names is None:
+        rows = list(
+            conn.execute(
+                "SELECT b.node_id, b.atom, b.reservation_id, b.spot, r.state FROM bookings b"
+                " JOIN reservations r ON r.id = b.reservation_id"
+                " WHERE b.pool_id = ? AND b.end > ? AND b.end < ? AND b.start < ?"
+                " AND b.reservation_id IS NOT ?",
+                (pool_id, window.start, bound, window.end, ignore_reservation),
+            )
+        )
+    else:
+        rows = []
+        for chunk_start in range(0, len(names), 500):
+            chunk = list(names[chunk_start : chunk_start + 500])
+            rows.extend(
+                conn.execute(
+                    "SELECT b.node_id, b.atom, b.reservation_id, b.spot, r.state FROM bookings b"
+                    " JOIN reservations r ON r.id = b.reservation_id"
+                    f" WHERE b.node_id IN ({','.join('?' * len(chunk))}) AND b.pool_id = ?"
+                    " AND b.end > ? AND b.end < ? AND b.start < ? AND b.reservation_id IS NOT ?",
+                    (*chunk, pool_id, window.start, bound, window.end, ignore_reservation),
+                )
+            )
     for node_id, atom, rsv_id, spot, state in rows:
         busy[node_id].add(atom)
         if spot and state in LIVE_STATES:

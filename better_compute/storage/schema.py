@@ -185,10 +185,45 @@ INSERT OR IGNORE INTO meta(key, value) VALUES ('clock', 'real');
 INSERT OR IGNORE INTO meta(key, value) SELECT 'last_at', COALESCE(MAX(at), 0) FROM events;
 """
 
+MIGRATION_3 = """
+-- Issue 8: a command costs what its answer costs, not what the fleet holds.
+-- The longest booking of each pool, kept by the triggers below on every write to bookings, so an
+-- overlap query "end > :from AND start < :to" also bounds its index range by
+-- "end < :to + longest" instead of walking every booking that ends after the window opens.
+-- It only ever grows (a booking cut short leaves it as it was): an upper bound is all it must be.
+CREATE TABLE booking_bounds (
+  pool_id TEXT PRIMARY KEY,
+  longest INTEGER NOT NULL
+);
+INSERT INTO booking_bounds(pool_id, longest)
+  SELECT pool_id, MAX(end - start) FROM bookings GROUP BY pool_id;
+CREATE TRIGGER bookings_bound_insert AFTER INSERT ON bookings BEGIN
+  INSERT INTO booking_bounds(pool_id, longest) VALUES (NEW.pool_id, NEW.end - NEW.start)
+    ON CONFLICT(pool_id) DO UPDATE SET longest = MAX(longest, excluded.longest);
+END;
+CREATE TRIGGER bookings_bound_update AFTER UPDATE OF pool_id, start, end ON bookings BEGIN
+  INSERT INTO booking_bounds(pool_id, longest) VALUES (NEW.pool_id, NEW.end - NEW.start)
+    ON CONFLICT(pool_id) DO UPDATE SET longest = MAX(longest, excluded.longest);
+END;
+-- The overlap queries read only these indexes: which atom of which node is held, by whom, over
+-- when. They replace bookings_pool and bookings_node, their prefixes.
+DROP INDEX bookings_pool;
+DROP INDEX bookings_node;
+CREATE INDEX bookings_window ON bookings(pool_id, end, start, node_id, atom, reservation_id, spot);
+CREATE INDEX bookings_node_window ON bookings(node_id, end, start, atom, reservation_id, spot);
+-- A tenant's held quota sums live reservations without reading the rows.
+CREATE INDEX reservations_charge ON reservations(tenant_id, state, pool_id, quota_charge);
+"""
+
 #: Append-only. Index i holds the SQL that brings user_version i to i + 1.
-MIGRATIONS: tuple[str, ...] = (MIGRATION_1, MIGRATION_2)
+MIGRATIONS: tuple[str, ...] = (MIGRATION_1, MIGRATION_2, MIGRATION_3)
 
 SCHEMA_VERSION = len(MIGRATIONS)
 
 #: Written to the SQLite header (PRAGMA application_id) so foreign files are recognised unopened.
 APPLICATION_ID = 0x42434D50  # "BCMP"
+
+#: sha256 of the sorted (type, name, tbl_name, sql) rows of sqlite_master that MIGRATIONS make:
+#: opening a ledger compares its schema with this instead of rebuilding every migration in memory
+#: (storage/db.py). tests/test_speed.py fails with the new value whenever a migration is added.
+SCHEMA_DIGEST = "c665a0d4a4b051788e5452314c9ca8bbc13cc5380e86d446e4bf895830946410"

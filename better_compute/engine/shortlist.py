@@ -1,0 +1,56 @@
+"""Which nodes to plan, best first, and when planning more cannot change the outcome (issue 8).
+
+Storage names the nodes that could possibly take one node's share (schedulable, reachable, out of
+maintenance, enough healthy GPUs free in the window) with how many of their GPUs the window
+books. Every node the full planner finds fitting is among them, so planning all of them finds
+every fit (gangs need that). For a single node only the best topN plans matter: a candidate's
+packing term is exact from those counts (scorers.fill) and its topology term is at most
+TOPOLOGY_MAX, so `best_key` bounds the rank it could reach. Planning candidates in order of that
+bound (then name, the planner's own tie-break) and stopping once the topN plans found so far all
+rank before the next candidate's bound gives exactly the full planner's best topN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from better_compute.engine.scorers import TOPOLOGY_MAX, fill
+from better_compute.model import NodePlan, Request
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A node that might fit: `busy` of its `gpus` GPUs are booked in the window."""
+
+    name: str
+    busy: int
+    gpus: int
+
+
+def share(request: Request, gpus: int) -> int:
+    """The GPUs one node's share takes on a node of `gpus` (a node lease takes them all)."""
+    if request.node_lease:
+        return gpus
+    if request.gpus is None:
+        raise ValueError("request.gpus is required unless the request is a node lease")
+    return request.gpus
+
+
+def best_key(request: Request, c: Candidate) -> tuple[int, str]:
+    """The best ranking key (-score, node) a plan on this node could have: rank_single's order."""
+    return (-(fill(c.busy + share(request, c.gpus), c.gpus) + TOPOLOGY_MAX), c.name)
+
+
+def ordered(request: Request, candidates: Sequence[Candidate]) -> list[tuple[tuple[int, str], str]]:
+    """(best key, name) of every candidate, most promising first."""
+    return sorted((best_key(request, c), c.name) for c in candidates)
+
+
+def settled(plans: Sequence[NodePlan], enough: int, next_best: tuple[int, str] | None) -> bool:
+    """Whether the best `enough` of `plans` are the best `enough` overall: no candidate left
+    (next_best None), or the `enough`-th best plan ranks before any plan the next could make."""
+    if next_best is None:
+        return True
+    keys = sorted((-p.score, p.node_id) for p in plans)
+    return len(keys) >= enough and keys[enough - 1] < next_best

@@ -1,0 +1,304 @@
+"""Issue 8: placement plans only the nodes SQL shortlists, and must answer exactly as the full
+planner does (every node of the pool loaded and planned), on random fleets and bookings.
+
+Each example writes a fleet and its bookings into a real ledger inside a transaction, asks both
+paths, and rolls back: the shortlist is SQL, so only a real database tests it.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from better_compute.engine.fit import plan_nodes
+from better_compute.engine.gang import rank_gangs
+from better_compute.engine.place import rank_single
+from better_compute.model import (
+    Atom,
+    Binding,
+    Plan,
+    Reservation,
+    Settings,
+    State,
+    Window,
+)
+from better_compute.service import placing, setup
+from better_compute.service.context import Ctx
+from better_compute.storage import repo
+from better_compute.storage.db import Database
+
+H = 3_600_000
+T0 = 1_790_582_400_000
+WINDOW = Window(T0 + 100 * H, T0 + 130 * H)
+
+_DB: dict[str, tuple[Database, str]] = {}
+
+
+def ledger() -> tuple[Database, str]:
+    """One ledger for the whole module (each example rolls its rows back): (db, pool id)."""
+    if "db" not in _DB:
+        path = Path(tempfile.mkdtemp(prefix="bc-shortlist-")) / "ledger.db"
+        db = setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)[0]
+        with db.write() as conn:
+            pool_id = repo.insert_pool(conn, "p", ())
+            repo.insert_tenant(conn, "t")
+        _DB["db"] = (db, pool_id)
+    return _DB["db"]
+
+
+@contextmanager
+def rolled_back(db: Database) -> Iterator[None]:
+    db.conn.execute("BEGIN")
+    try:
+        yield
+    finally:
+        db.conn.execute("ROLLBACK")
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    atoms: tuple[Atom, ...]
+    rack: str | None
+    schedulable: bool
+    reachable: bool
+    maintenance: tuple[int, int] | None  # hours from T0
+
+
+@dataclass(frozen=True)
+class BookingSpec:
+    node: int  # index into the fleet
+    atoms: tuple[int, ...]
+    start: int  # hours from T0
+    hours: int
+    spot: bool
+    state: State
+    subject: bool  # held by the reservation being planned (placement ignores its own bookings)
+
+
+@st.composite
+def nodes(draw: st.DrawFn, i: int) -> NodeSpec:
+    gpus = draw(st.sampled_from([0, 1, 2, 4, 8, 8, 8]))
+    groups = draw(st.integers(1, 4))
+    model = draw(st.sampled_from(["h100", "h100", "a100"]))
+    mixed = draw(st.integers(0, 5)) == 0
+    clique = draw(st.integers(1, 2))
+    atoms = tuple(
+        Atom(
+            index=j,
+            model="a100" if mixed and j % 2 else model,
+            nvlink_group=j * groups // gpus,
+            fabric_cluster="c1",
+            fabric_clique=clique,
+            healthy=draw(st.integers(0, 7)) > 0,
+        )
+        for j in range(gpus)
+    )
+    maintenance = None
+    if draw(st.integers(0, 7)) == 0:
+        start = draw(st.integers(60, 160))
+        maintenance = (start, start + draw(st.integers(1, 40)))
+    return NodeSpec(
+        f"n{i:02d}",
+        atoms,
+        draw(st.sampled_from([None, "r1", "r2"])),
+        schedulable=draw(st.integers(0, 7)) > 0,
+        reachable=draw(st.integers(0, 7)) > 0,
+        maintenance=maintenance,
+    )
+
+
+@st.composite
+def bookings(draw: st.DrawFn, fleet: list[NodeSpec]) -> list[BookingSpec]:
+    out = []
+    sized = [i for i, n in enumerate(fleet) if n.atoms]
+    if not sized:
+        return []
+    for _ in range(draw(st.integers(0, 3 * len(sized)))):
+        node = draw(st.sampled_from(sized))
+        count = len(fleet[node].atoms)
+        atoms = draw(st.frozensets(st.integers(0, count - 1), min_size=1, max_size=count))
+        # Around the window [100, 130): before, across, inside, after, touching its edges, and
+        # some long ones that start long before it (the longest-booking bound must hold them).
+        start = draw(st.sampled_from([0, 40, 70, 90, 99, 100, 110, 129, 130, 150]))
+        hours = draw(st.sampled_from([1, 10, 30, 31, 60, 120]))
+        out.append(
+            BookingSpec(
+                node,
+                tuple(sorted(atoms)),
+                start + draw(st.integers(0, 3)),
+                hours,
+                spot=draw(st.booleans()),
+                state=draw(st.sampled_from([State.PLACED, State.ACTIVE, State.RELEASED])),
+                subject=draw(st.integers(0, 9)) == 0,
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class Ask:
+    gpus: int | None
+    lease: bool
+    models: tuple[str, ...]
+    topology: str | None
+    gang: int | None
+    key: str | None
+    exclude: frozenset[str]
+    top_n: int
+
+
+@st.composite
+def asks(draw: st.DrawFn, fleet: list[NodeSpec]) -> Ask:
+    lease = draw(st.integers(0, 5)) == 0
+    gang = draw(st.sampled_from([None, None, None, 2, 3]))
+    names = [n.name for n in fleet]
+    return Ask(
+        gpus=draw(st.sampled_from([None, 1, 4, 8])) if lease else draw(st.integers(1, 8)),
+        lease=lease,
+        models=draw(st.sampled_from([(), ("h100",), ("H100",), ("a100", "h100")])),
+        topology=draw(st.sampled_from([None, None, "nvlink-all"])),
+        gang=gang,
+        key=draw(st.sampled_from([None, "fabric.domain", "rack"])) if gang else None,
+        exclude=frozenset(draw(st.lists(st.sampled_from(names), max_size=3)))
+        if names
+        else frozenset(),
+        top_n=draw(st.integers(1, 4)),
+    )
+
+
+@st.composite
+def worlds(draw: st.DrawFn) -> tuple[list[NodeSpec], list[BookingSpec], Ask]:
+    fleet = [draw(nodes(i)) for i in range(draw(st.integers(0, 12)))]
+    return fleet, draw(bookings(fleet)), draw(asks(fleet))
+
+
+def reservation(rsv_id: str, seq: int, pool_id: str, **kw: object) -> Reservation:
+    base: dict[str, object] = {
+        "id": rsv_id,
+        "seq": seq,
+        "tenant_id": "t",
+        "pool_id": pool_id,
+        "state": State.PENDING,
+        "gpus": 1,
+        "models": (),
+        "topology": None,
+        "gang_size": None,
+        "topology_key": None,
+        "spot": False,
+        "binding": Binding.DEVICE,
+        "duration_ms": WINDOW.duration,
+        "start": WINDOW.start,
+        "during": None,
+        "conditions": (),
+        "quota_charge": 1,
+        "idempotency_key": None,
+        "release_reason": None,
+        "created_at": T0,
+        "next_attempt_at": None,
+    }
+    base.update(kw)
+    return Reservation(**base)  # type: ignore[arg-type]
+
+
+def write_world(
+    db: Database, pool_id: str, fleet: list[NodeSpec], held: list[BookingSpec], ask: Ask
+) -> Reservation:
+    conn = db.conn
+    for spec in fleet:
+        labels = (("rack", spec.rack),) if spec.rack else ()
+        repo.insert_node(conn, spec.name, pool_id, labels, spec.atoms)
+        repo.update_node(
+            conn, spec.name, schedulable=int(spec.schedulable), reachable=int(spec.reachable)
+        )
+        for atom in spec.atoms:
+            if not atom.healthy:
+                repo.set_atom_health(conn, spec.name, atom.index, False, "xid-79")
+        if spec.maintenance is not None:
+            window = Window(T0 + spec.maintenance[0] * H, T0 + spec.maintenance[1] * H)
+            repo.insert_maintenance(conn, spec.name, window, "bios")
+    subject = reservation(
+        "rsv_subject",
+        1,
+        pool_id,
+        gpus=ask.gpus,
+        models=ask.models,
+        topology=ask.topology,
+        gang_size=ask.gang,
+        topology_key=ask.key,
+        binding=Binding.NODE if ask.lease else Binding.DEVICE,
+    )
+    repo.insert_reservation(conn, subject, "{}")
+    for k, b in enumerate(held):
+        window = Window(T0 + b.start * H, T0 + (b.start + b.hours) * H)
+        if b.subject:
+            rsv = subject
+        else:
+            rsv = reservation(f"rsv_{k:04d}", k + 2, pool_id, spot=b.spot, state=b.state)
+            repo.insert_reservation(conn, rsv, "{}")
+        repo.insert_allocation(conn, rsv, fleet[b.node].name, b.atoms, window)
+    return subject
+
+
+def context(db: Database, top_n: int) -> Ctx:
+    ctx = Ctx(db, T0)
+    ctx.__dict__["settings"] = Settings(top_n=top_n)
+    return ctx
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(worlds())
+def test_the_shortlist_answers_as_the_full_planner(
+    world: tuple[list[NodeSpec], list[BookingSpec], Ask],
+) -> None:
+    fleet, held, ask = world
+    db, pool_id = ledger()
+    with rolled_back(db):
+        subject = write_world(db, pool_id, fleet, held, ask)
+        ctx = context(db, ask.top_n)
+        request = subject.request(WINDOW)
+
+        # The outcome: the same plan (members, atoms, score, group), or the same no-fit reason.
+        short = placing.plan(ctx, subject, WINDOW, ask.exclude)
+        full = placing.full_plan(ctx, subject, WINDOW, ask.exclude)
+        assert short == full
+        kind = "gang" if ask.gang else "lease" if ask.lease else "single"
+        event(f"{kind}: {'plan' if isinstance(full, Plan) else 'no fit'}")
+
+        # No node the full planner finds fitting is missing from the shortlist's candidates.
+        snaps = repo.snapshots(db.conn, pool_id, WINDOW, ignore_reservation=subject.id)
+        all_fits, _ = plan_nodes(request, snaps, exclude=ask.exclude)
+        candidates = {
+            name
+            for name, _, _ in repo.fit_candidates(
+                db.conn,
+                pool_id,
+                WINDOW,
+                ignore_reservation=subject.id,
+                need=request.gpus or 0,
+                whole_node=request.node_lease,
+            )
+        }
+        assert {plan.node_id for _, plan in all_fits} <= candidates
+
+        # The ranking among the best topN is the full planner's, plan by plan.
+        enough = max(1, ask.top_n)
+        fits = placing.shortlisted_fits(
+            ctx, pool_id, request, subject.id, ask.exclude, enough=None if ask.gang else enough
+        )
+        if ask.gang:
+            assert rank_gangs(request, fits) == rank_gangs(request, all_fits)
+        else:
+            assert rank_single(fits)[:enough] == rank_single(all_fits)[:enough]
+            if isinstance(full, Plan):
+                assert full.members[0].node_id in {plan.node_id for _, plan in fits}

@@ -10,8 +10,6 @@ import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from dateutil.parser import isoparse
-
 from better_compute.errors import InvalidInput
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -38,6 +36,8 @@ _ISO_RE = re.compile(
     r"(?:[Tt ]\d{2}(?::\d{2}(?::\d{2}(?:[.,]\d+)?)?)?(?:[Zz]|[+-]\d{2}(?::?\d{2})?)?)?",
     re.ASCII,
 )
+# The common form, whole seconds in UTC: read without importing dateutil (start-up, issue 8).
+_PLAIN_UTC_RE = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})Z?", re.ASCII)
 _MAX_TEXT = 64  # longer inputs are never valid; also keeps int() away from huge digit strings
 
 
@@ -72,7 +72,11 @@ def parse_time(text: str, now: int) -> int:
         ms = int(s) if len(s) <= _MAX_TEXT else MAX_MS + 1
     elif s[:1] in ("+", "-") and (delta := _units_ms(s[1:])) is not None:
         ms = now + delta if s[0] == "+" else now - delta  # +0s is allowed: it is now
+    elif (plain := _plain_utc(s)) is not None:
+        ms = plain
     elif _ISO_RE.fullmatch(s):
+        from dateutil.parser import isoparse
+
         try:
             dt = isoparse(s)
         except (ValueError, OverflowError) as e:  # e.g. 2026-02-30: name the field that is wrong
@@ -85,6 +89,20 @@ def parse_time(text: str, now: int) -> int:
     if not MIN_MS <= ms <= MAX_MS:
         raise InvalidInput(f"bad TIME {text!r}: out of range (from {iso(MIN_MS)} to {iso(MAX_MS)})")
     return ms
+
+
+def _plain_utc(text: str) -> int | None:
+    """`2026-09-28T08:00:00Z` (or without the Z) → epoch ms, as isoparse reads it; None for any
+    other form or an impossible date, which isoparse then reads or explains."""
+    m = _PLAIN_UTC_RE.fullmatch(text)
+    if m is None:
+        return None
+    try:
+        year, month, day, hour, minute, second = (int(g) for g in m.groups())
+        dt = datetime(year, month, day, hour, minute, second, tzinfo=UTC)
+    except ValueError:
+        return None
+    return (dt - _EPOCH) // timedelta(milliseconds=1)
 
 
 def parse_range(

@@ -10,19 +10,29 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 
 import typer
-from rich.console import Console, RenderableType
-from rich.progress import Progress
 
 from better_compute import identity
 from better_compute.errors import BetterComputeError, InvalidInput, Unavailable
+from better_compute.lazy import lazy
 from better_compute.model import JsonValue, Window
-from better_compute.render import json as js
-from better_compute.service.context import Ctx, open_ctx
-from better_compute.storage.db import read_only_refusal
 from better_compute.timeparse import parse_time
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+
+    from better_compute.render import json as js
+    from better_compute.service import context
+    from better_compute.service.context import Ctx
+    from better_compute.storage import db as storage_db
+
+    HumanView = RenderableType | str | Callable[[], RenderableType | str] | None
+else:
+    js = lazy("better_compute.render.json")
+    context = lazy("better_compute.service.context")
+    storage_db = lazy("better_compute.storage.db")
 
 app = typer.Typer(
     name="better-compute",
@@ -42,8 +52,25 @@ class Globals:
 
 
 G = Globals()
-out = Console(soft_wrap=False, highlight=False)
-err = Console(stderr=True, highlight=False)
+
+
+class _LazyConsole:
+    """A rich Console made on first use: a command that prints JSON never imports rich."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._console: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._options)
+        return getattr(self._console, name)
+
+
+out = cast("Console", _LazyConsole(soft_wrap=False, highlight=False))
+err = cast("Console", _LazyConsole(stderr=True, highlight=False))
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 TenantOpt = Annotated[str, typer.Option("--tenant", help="The tenant (its id).")]
@@ -80,7 +107,7 @@ def handled(fn: F) -> F:
             )
         except sqlite3.DatabaseError as exc:  # a damaged or unreadable file, not a bug of ours
             if "readonly" in str(exc).lower():
-                _fail(read_only_refusal(G.db), as_json)
+                _fail(storage_db.read_only_refusal(G.db), as_json)
             _fail(Unavailable(f"database {G.db!r} cannot be used: {exc}"), as_json)
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
@@ -107,10 +134,7 @@ def me() -> str:
 
 def ctx() -> Ctx:
     """The ledger, the instant reads see, and the principal acting: resolved once per command."""
-    return open_ctx(G.db, G.now_text, me(), G.principal)
-
-
-HumanView = RenderableType | str | Callable[[], RenderableType | str] | None
+    return context.open_ctx(G.db, G.now_text, me(), G.principal)
 
 
 def emit(as_json: bool, doc: JsonValue, human_view: HumanView = None) -> None:
@@ -124,6 +148,8 @@ def emit(as_json: bool, doc: JsonValue, human_view: HumanView = None) -> None:
 @contextmanager
 def progress_bar(as_json: bool, what: str) -> Iterator[Callable[[int, int], None]]:
     """A transient progress bar on stderr, only for people at a terminal; yields `advance`."""
+    from rich.progress import Progress
+
     show = not (as_json or G.json) and err.is_terminal
     with Progress(console=err, transient=True, disable=not show) as bar:
         task = bar.add_task(what, total=None)

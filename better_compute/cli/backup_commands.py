@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -13,9 +13,16 @@ from better_compute.cli import (  # noqa: F401  (registered first: backup and re
     setup_commands,
 )
 from better_compute.cli.app import G, JsonFlag, app, ctx, emit, handled, me
-from better_compute.render import human
-from better_compute.render import json as js
-from better_compute.service import backups
+from better_compute.lazy import lazy
+
+if TYPE_CHECKING:
+    from better_compute.render import human
+    from better_compute.render import json as js
+    from better_compute.service import backups
+else:
+    human = lazy("better_compute.render.human")
+    js = lazy("better_compute.render.json")
+    backups = lazy("better_compute.service.backups")
 
 
 @app.command()

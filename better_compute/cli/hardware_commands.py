@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -16,10 +16,16 @@ from better_compute.cli.app import (
 )
 from better_compute.cli.setup_commands import node_app
 from better_compute.errors import InvalidInput
+from better_compute.lazy import lazy
 from better_compute.model import JsonValue
-from better_compute.render import json as js
-from better_compute.service import setup
 from better_compute.timeparse import iso
+
+if TYPE_CHECKING:
+    from better_compute.render import json as js
+    from better_compute.service import setup
+else:
+    js = lazy("better_compute.render.json")
+    setup = lazy("better_compute.service.setup")
 
 
 @node_app.command("cordon")

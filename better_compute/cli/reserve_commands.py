@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import replace
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -21,11 +21,20 @@ from better_compute.cli.app import (
     out,
 )
 from better_compute.errors import InvalidInput
-from better_compute.render import human
-from better_compute.render import json as js
-from better_compute.service import booking
-from better_compute.service.booking import ReserveArgs
+from better_compute.lazy import lazy
 from better_compute.timeparse import is_relative, parse_duration, parse_time
+
+if TYPE_CHECKING:
+    from better_compute.render import human
+    from better_compute.render import json as js
+    from better_compute.service import booking, reading
+    from better_compute.service.booking import ReserveArgs
+else:
+    human = lazy("better_compute.render.human")
+    js = lazy("better_compute.render.json")
+    booking = lazy("better_compute.service.booking")
+    reading = lazy("better_compute.service.reading")
+
 
 GpusOpt = Annotated[int | None, typer.Option("--gpus", help="GPUs (per node with --gang).")]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="A model or a comma-separated list.")]
@@ -59,7 +68,7 @@ def _reserve_args(
     models = tuple(sorted({m.strip() for m in model.split(",") if m.strip()})) if model else ()
     if model is not None and not models:
         raise InvalidInput("--model needs a model or a comma-separated list, such as h100,a100")
-    return ReserveArgs(
+    return booking.ReserveArgs(
         tenant=tenant,
         pool=pool,
         gpus=gpus,
@@ -175,7 +184,7 @@ RsvArg = Annotated[str, typer.Argument(help="The reservation id (rsv_…).")]
 @handled
 def get(rsv: RsvArg, as_json: JsonFlag = False) -> None:
     """One reservation."""
-    r = booking.get(ctx(), rsv)
+    r = reading.get(ctx(), rsv)
     emit(as_json, js.reservation(r), lambda: human.reservation(r))
 
 

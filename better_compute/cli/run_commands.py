@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -22,12 +22,21 @@ from better_compute.cli.app import (
     progress_bar,
 )
 from better_compute.errors import InvalidInput
+from better_compute.lazy import lazy
 from better_compute.model import Event
-from better_compute.render import human
-from better_compute.render import json as js
-from better_compute.render.chart import timeline_chart
-from better_compute.service import accounting, ticking, views
 from better_compute.timeparse import parse_duration, parse_time
+
+if TYPE_CHECKING:
+    from better_compute.render import chart, human
+    from better_compute.render import json as js
+    from better_compute.service import accounting, ticking, views
+else:
+    human = lazy("better_compute.render.human")
+    js = lazy("better_compute.render.json")
+    chart = lazy("better_compute.render.chart")
+    accounting = lazy("better_compute.service.accounting")
+    ticking = lazy("better_compute.service.ticking")
+    views = lazy("better_compute.service.views")
 
 
 @app.command()
@@ -95,7 +104,7 @@ def timeline(
     start = parse_time(from_, c.now) if from_ is not None else None
     end = parse_time(to, c.now) if to is not None else None
     t = views.timeline(c, pool, tenant, start, end, step)
-    emit(as_json, js.timeline(t), lambda: timeline_chart(t, width=min(out.width, 100)))
+    emit(as_json, js.timeline(t), lambda: chart.timeline_chart(t, width=min(out.width, 100)))
 
 
 @app.command()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json as jsonlib
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -23,12 +23,23 @@ from better_compute.cli.app import (
     progress_bar,
 )
 from better_compute.errors import InvalidInput
-from better_compute.inventory import inventory_to_json
+from better_compute.lazy import lazy
 from better_compute.model import JsonValue
-from better_compute.render import human
-from better_compute.render import json as js
-from better_compute.service import admins, setup, ticking, views
 from better_compute.timeparse import iso
+
+if TYPE_CHECKING:
+    from better_compute import inventory
+    from better_compute.render import human
+    from better_compute.render import json as js
+    from better_compute.service import admins, setup, ticking, views
+else:
+    human = lazy("better_compute.render.human")
+    js = lazy("better_compute.render.json")
+    inventory = lazy("better_compute.inventory")
+    admins = lazy("better_compute.service.admins")
+    setup = lazy("better_compute.service.setup")
+    ticking = lazy("better_compute.service.ticking")
+    views = lazy("better_compute.service.views")
 
 
 @app.command()
@@ -106,7 +117,7 @@ def inventory_import(
 @handled
 def inventory_export(as_json: JsonFlag = False) -> None:
     """Print the inventory in the import format."""
-    doc = inventory_to_json(setup.inventory_export(ctx()))
+    doc = inventory.inventory_to_json(setup.inventory_export(ctx()))
     sys.stdout.write(jsonlib.dumps(doc, indent=None if (as_json or G.json) else 2) + "\n")
 
 

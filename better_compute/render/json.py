@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from better_compute.model import Event, JsonValue, LedgerCopy, Node, NodePlan, Policy, Reservation
-from better_compute.service.accounting import UsageWindow
-from better_compute.service.booking import Preview
-from better_compute.service.views import Assignment, Bucket, Rollup, Timeline
+
+if TYPE_CHECKING:  # types only: rendering a reservation must not load every use case
+    from better_compute.service.accounting import UsageWindow
+    from better_compute.service.booking import Preview
+    from better_compute.service.views import Assignment, Bucket, Rollup, Timeline
 
 
 def dumps(doc: JsonValue) -> str:

@@ -24,7 +24,7 @@ from better_compute.model import (
     State,
     Window,
 )
-from better_compute.service import authz, metering, placing
+from better_compute.service import authz, metering, placing, reading
 from better_compute.service.admission import Draft, check_policy, check_quota
 from better_compute.service.context import Ctx
 from better_compute.service.preemption import try_preempt
@@ -338,16 +338,9 @@ def _candidates(ctx: Ctx, draft: Reservation, window: Window) -> tuple[NodePlan,
 # ---------------------------------------------------------------- reading
 
 
-def get(ctx: Ctx, rsv_id: str) -> Reservation:
-    with ctx.db.read():
-        return mine(ctx, rsv_id)
-
-
-def mine(ctx: Ctx, rsv_id: str) -> Reservation:
-    """A reservation of a tenant this principal acts for; any other is NOT_FOUND (§6)."""
-    rsv = repo.get_reservation(ctx.db.conn, rsv_id)
-    authz.require_visible(ctx.db.conn, ctx.who, rsv.id, rsv.tenant_id)
-    return rsv
+# get and mine live in service/reading.py (no placement code to load); kept here by name.
+get = reading.get
+mine = reading.mine
 
 
 def list_reservations(

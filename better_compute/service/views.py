@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from better_compute.errors import InvalidInput
-from better_compute.model import Event, Node, Window
+from better_compute.model import Event, Window
 from better_compute.service import authz
 from better_compute.service.context import Ctx
 from better_compute.storage import repo
@@ -34,36 +34,22 @@ class Rollup:
     free: int
 
 
-def allocatable_atoms(
-    conn: Conn, pool_id: str, nodes: list[Node], now: int
-) -> set[tuple[str, int]]:
-    """Healthy GPUs on schedulable nodes that are not under a maintenance window now."""
-    blocked = {m.node_id for m in repo.maintenance_overlapping(conn, pool_id, Window(now, now + 1))}
-    return {
-        (n.name, a.index)
-        for n in nodes
-        if n.schedulable and n.name not in blocked
-        for a in n.atoms
-        if a.healthy
-    }
-
-
 def rollup(conn: Conn, row: sqlite3.Row, now: int) -> Rollup:
+    """Counted in SQL: no node or booking becomes a Python object (issue 8)."""
     pool_id = row["id"]
-    nodes = repo.load_nodes(conn, pool_id)
-    usable = allocatable_atoms(conn, pool_id, nodes, now)
-    busy = repo.atoms_in_use(conn, pool_id, now)
+    nodes, gpus, usable = repo.pool_inventory_counts(conn, pool_id, now)
+    busy = repo.count_atoms_in_use(conn, pool_id, now)
     reserved = repo.atoms_reserved_later(conn, pool_id, now)
     return Rollup(
         pool_id=pool_id,
         name=row["name"],
         labels=repo.pool_labels(conn, row),
-        nodes=len(nodes),
-        gpus=sum(len(n.atoms) for n in nodes),
-        allocatable=len(usable),
-        in_use=len(busy),
+        nodes=nodes,
+        gpus=gpus,
+        allocatable=usable,
+        in_use=busy,
         reserved=int(reserved),
-        free=max(0, len(usable) - len(busy)),  # PRODUCT.md §4: free = allocatable − inUse
+        free=max(0, usable - busy),  # PRODUCT.md §4: free = allocatable − inUse
     )
 
 
@@ -163,27 +149,50 @@ def timeline(
             repo.require_tenant(conn, tenant)
             authz.require_tenant(conn, ctx.who, tenant)
         # Only the allocatable count: a full rollup would also count every future booking.
-        nodes = repo.load_nodes(conn, row["id"])
-        allocatable = len(allocatable_atoms(conn, row["id"], nodes, ctx.now))
+        allocatable = repo.pool_inventory_counts(conn, row["id"], ctx.now)[2]
         # Free is always the pool's: another tenant's booking is just as taken (issue 7).
-        spans = repo.booking_spans(conn, row["id"], Window(first, last))
+        window = Window(first, last)
+        booked = _distinct_per_bucket(repo.booking_buckets(conn, row["id"], window, step), count)
         own = (
             None
             if tenant is None
-            else repo.booking_spans(conn, row["id"], Window(first, last), tenant)
+            else _distinct_per_bucket(
+                repo.booking_buckets(conn, row["id"], window, step, tenant), count
+            )
         )
     buckets = []
     for i in range(count):
         b = Window(first + i * step, min(first + (i + 1) * step, last))
-        booked = _distinct_atoms(spans, b)
-        mine = None if own is None else _distinct_atoms(own, b)
-        buckets.append(Bucket(b.start, b.end, booked, max(0, allocatable - booked), mine))
+        mine = None if own is None else own[i]
+        buckets.append(Bucket(b.start, b.end, booked[i], max(0, allocatable - booked[i]), mine))
     return Timeline(row["id"], row["name"], allocatable, step_minutes, tuple(buckets), tenant)
 
 
-def _distinct_atoms(spans: list[tuple[str, int, int, int]], bucket: Window) -> int:
-    """GPUs with any booking overlapping the bucket, each counted once (§5.7)."""
-    return len({(n, a) for n, a, s, e in spans if s < bucket.end and e > bucket.start})
+def _distinct_per_bucket(ranges: list[tuple[str, int, int, int]], count: int) -> list[int]:
+    """Per bucket, the GPUs with any booking overlapping it, each counted once (§5.7).
+
+    `ranges` are (node, atom, first bucket, last bucket) by node, atom, first: one GPU's ranges
+    that share a bucket are merged first, so a GPU counts once per bucket however many of its
+    bookings touch it; then a difference array counts the merged ranges."""
+    delta = [0] * (count + 1)
+    gpu: tuple[str, int] | None = None
+    lo = hi = -1
+    for node, atom, first, last in ranges:
+        if (node, atom) == gpu and first <= hi:
+            hi = max(hi, last)
+            continue
+        if gpu is not None:
+            delta[lo] += 1
+            delta[hi + 1] -= 1
+        gpu, lo, hi = (node, atom), first, last
+    if gpu is not None:
+        delta[lo] += 1
+        delta[hi + 1] -= 1
+    out, running = [], 0
+    for i in range(count):
+        running += delta[i]
+        out.append(running)
+    return out
 
 
 def follow_events(

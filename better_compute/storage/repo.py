@@ -445,6 +445,12 @@ def longest_booking(conn: Conn, pool_id: str) -> int:
     return 0 if row is None else max(0, int(row[0]))
 
 
+def longest_booking_anywhere(conn: Conn) -> int:
+    """longest_booking over every pool: for checks on a node's bookings whatever their pool."""
+    row = conn.execute("SELECT MAX(longest) FROM booking_bounds").fetchone()
+    return 0 if row[0] is None else max(0, int(row[0]))
+
+
 def load_nodes_named(conn: Conn, names: Sequence[str]) -> list[Node]:
     """These nodes (by name order), as load_nodes builds them."""
     rows: list[sqlite3.Row] = []
@@ -678,6 +684,8 @@ def delete_policy(conn: Conn, tenant: str, principal: str) -> bool:
 
 
 def _conditions(text: str) -> tuple[Condition, ...]:
+    if text == "[]":  # most rows: skip the JSON parser (issue 8: list of thousands)
+        return ()
     return tuple(
         Condition(_str(c["type"]), _str(c["reason"]), _str(c["message"]))
         for c in _json_of(text, list)
@@ -704,7 +712,9 @@ def _reservation(row: sqlite3.Row, allocations: tuple[Allocation, ...]) -> Reser
         pool_id=_str(row["pool_id"]),
         state=State(row["state"]),
         gpus=_opt_int(row["gpus"]),
-        models=tuple(_str(m) for m in _json_of(row["models"], list)),
+        models=()
+        if row["models"] == "[]"
+        else tuple(_str(m) for m in _json_of(row["models"], list)),
         topology=_opt_str(row["topology"]),
         gang_size=_opt_int(row["gang_size"]),
         topology_key=_opt_str(row["topology_key"]),
@@ -987,30 +997,51 @@ def live_atoms(conn: Conn, node: str, now: int) -> set[int]:
     return {int(r[0]) for r in rows}
 
 
-def atoms_in_use(conn: Conn, pool_id: str, now: int) -> set[tuple[str, int]]:
-    """(node, atom) booked at `now` by a reservation not released."""
-    rows = conn.execute(
-        "SELECT DISTINCT node_id, atom FROM bookings b"
+def count_atoms_in_use(conn: Conn, pool_id: str, now: int) -> int:
+    """(node, atom) pairs booked at `now` by a reservation not released, counted in SQL."""
+    row = conn.execute(
+        "SELECT COUNT(*) FROM (SELECT DISTINCT node_id, atom FROM bookings b"
         " JOIN reservations r ON r.id = b.reservation_id"
-        " WHERE b.pool_id = ? AND b.start <= ? AND b.end > ? AND r.state != 'released'",
-        (pool_id, now, now),
-    )
-    return {(str(n), int(a)) for n, a in rows}
+        " WHERE b.pool_id = ? AND b.end > ? AND b.end <= ? AND b.start <= ?"
+        " AND r.state != 'released')",
+        (pool_id, now, now + longest_booking(conn, pool_id), now),
+    ).fetchone()
+    return int(row[0])
+
+
+def pool_inventory_counts(conn: Conn, pool_id: str, now: int) -> tuple[int, int, int]:
+    """(nodes, GPUs, allocatable GPUs) of a pool: allocatable GPUs are healthy GPUs of
+    schedulable nodes with no maintenance window at `now`."""
+    row = conn.execute(
+        "SELECT (SELECT COUNT(*) FROM nodes WHERE pool_id = :pool),"
+        " (SELECT COUNT(*) FROM nodes n JOIN atoms a ON a.node_id = n.name"
+        "  WHERE n.pool_id = :pool),"
+        " (SELECT COUNT(*) FROM nodes n JOIN atoms a ON a.node_id = n.name"
+        "  WHERE n.pool_id = :pool AND n.schedulable AND a.healthy AND NOT EXISTS"
+        "  (SELECT 1 FROM maintenance m WHERE m.node_id = n.name AND m.end > :now"
+        "   AND m.start < :now + 1))",
+        {"pool": pool_id, "now": now},
+    ).fetchone()
+    return int(row[0]), int(row[1]), int(row[2])
 
 
 def atoms_reserved_later(conn: Conn, pool_id: str, now: int) -> int:
     """Atoms booked only later than `now` (not in use now) by reservations not released.
 
-    `b.end > now` (implied by start > now) keeps released history out of the index range; the
-    in-use check runs once per distinct atom, not once per future booking.
+    The distinct atoms with a booking starting later come from the covering index alone; each
+    is then checked once: some such booking belongs to a reservation not released, and nothing
+    holds the atom now (a range bounded by the longest booking). `+b.pool_id` keeps SQLite on
+    the node's index there rather than walking the pool's future.
     """
     row = conn.execute(
-        "SELECT COUNT(*) FROM (SELECT DISTINCT b.node_id, b.atom FROM bookings b"
-        " JOIN reservations r ON r.id = b.reservation_id"
-        " WHERE b.pool_id = ? AND b.end > ? AND b.start > ? AND r.state != 'released') f"
+        "SELECT COUNT(*) FROM (SELECT DISTINCT node_id, atom FROM bookings"
+        " WHERE pool_id = :pool AND end > :now AND start > :now) f"
         " WHERE NOT EXISTS (SELECT 1 FROM bookings c WHERE c.node_id = f.node_id"
-        " AND c.atom = f.atom AND c.start <= ? AND c.end > ?)",
-        (pool_id, now, now, now, now),
+        " AND c.atom = f.atom AND c.start <= :now AND c.end > :now AND c.end <= :bound)"
+        " AND EXISTS (SELECT 1 FROM bookings b JOIN reservations r ON r.id = b.reservation_id"
+        " WHERE b.node_id = f.node_id AND b.atom = f.atom AND +b.pool_id = :pool"
+        " AND b.end > :now AND b.start > :now AND r.state != 'released')",
+        {"pool": pool_id, "now": now, "bound": now + longest_booking_anywhere(conn)},
     ).fetchone()
     return int(row[0])
 
@@ -1051,22 +1082,32 @@ def move_bookings_end(conn: Conn, rsv_id: str, old_end: int, new_end: int) -> No
     )
 
 
-def booking_spans(
-    conn: Conn, pool_id: str, window: Window, tenant: str | None = None
+def booking_buckets(
+    conn: Conn, pool_id: str, window: Window, step: int, tenant: str | None = None
 ) -> list[tuple[str, int, int, int]]:
-    """(node, atom, start, end) of every booking overlapping a window (only one tenant's, if
-    given), for the timeline."""
+    """(node, atom, first, last) for every booking overlapping a window (only one tenant's, if
+    given): the indexes of the first and last of the window's `step`-wide buckets it overlaps
+    (the last bucket ends at the window's end), ordered by node, atom, first. For the timeline."""
+    count = -(-(window.end - window.start) // step)
     sql = (
-        "SELECT b.node_id, b.atom, b.start, b.end FROM bookings b"
+        "SELECT b.node_id, b.atom, (MAX(b.start, :from) - :from) / :step,"
+        " MIN((b.end - :from - 1) / :step, :count - 1) FROM bookings b"
         " JOIN reservations r ON r.id = b.reservation_id"
-        " WHERE b.pool_id = ? AND b.end > ? AND b.start < ?"
+        " WHERE b.pool_id = :pool AND b.end > :from AND b.end < :bound AND b.start < :to"
     )
-    args: list[object] = [pool_id, window.start, window.end]
+    args: dict[str, object] = {
+        "pool": pool_id,
+        "from": window.start,
+        "to": window.end,
+        "bound": window.end + longest_booking(conn, pool_id),
+        "step": step,
+        "count": count,
+    }
     if tenant is not None:
-        sql += " AND r.tenant_id = ?"
-        args.append(tenant)
-    rows = conn.execute(sql + " ORDER BY b.node_id, b.atom, b.start", args)
-    return [(str(n), int(a), int(s), int(e)) for n, a, s, e in rows]
+        sql += " AND r.tenant_id = :tenant"
+        args["tenant"] = tenant
+    rows = conn.execute(sql + " ORDER BY b.node_id, b.atom, 3", args)
+    return [(str(n), int(a), int(lo), int(hi)) for n, a, lo, hi in rows]
 
 
 # ---------------------------------------------------------------- events

@@ -210,7 +210,8 @@ END;
 DROP INDEX bookings_pool;
 DROP INDEX bookings_node;
 CREATE INDEX bookings_window ON bookings(pool_id, end, start, node_id, atom, reservation_id, spot);
-CREATE INDEX bookings_node_window ON bookings(node_id, end, start, atom, reservation_id, spot);
+CREATE INDEX bookings_node_window
+  ON bookings(node_id, end, start, atom, reservation_id, spot, pool_id);
 -- A tenant's held quota sums live reservations without reading the rows.
 CREATE INDEX reservations_charge ON reservations(tenant_id, state, pool_id, quota_charge);
 """
@@ -226,4 +227,4 @@ APPLICATION_ID = 0x42434D50  # "BCMP"
 #: sha256 of the sorted (type, name, tbl_name, sql) rows of sqlite_master that MIGRATIONS make:
 #: opening a ledger compares its schema with this instead of rebuilding every migration in memory
 #: (storage/db.py). tests/test_speed.py fails with the new value whenever a migration is added.
-SCHEMA_DIGEST = "c665a0d4a4b051788e5452314c9ca8bbc13cc5380e86d446e4bf895830946410"
+SCHEMA_DIGEST = "99251b7600fca667790445e2702305ebcbea3f30d8dd3171bbe6b6978a0e3017"

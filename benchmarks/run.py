@@ -155,20 +155,25 @@ class Figure:
     rss_kb: float
 
 
-def median_of(
-    argv: Sequence[str], repeat: int, after: Callable[[str], None] | None = None
-) -> Figure:
-    """Median wall time and median peak RSS of `repeat` runs after one warm-up run."""
-    samples: list[Sample] = []
+Job = tuple[Sequence[str], Callable[[str], None] | None]
+
+
+def interleaved(jobs: dict[str, Job], repeat: int) -> dict[str, Figure]:
+    """Median wall time and peak RSS of each job over `repeat` rounds after one warm-up round;
+    every round runs each job once, so a change of load on the machine hits all of them alike
+    (the figures are ratios between jobs)."""
+    samples: dict[str, list[Sample]] = {name: [] for name in jobs}
     for i in range(repeat + 1):
-        sample, out = run_measured(argv)
-        if after is not None:
-            after(out)
-        if i:
-            samples.append(sample)
-    return Figure(
-        statistics.median(s.ms for s in samples), statistics.median(s.rss_kb for s in samples)
-    )
+        for name, (argv, after) in jobs.items():
+            sample, out = run_measured(argv)
+            if after is not None:
+                after(out)
+            if i:
+                samples[name].append(sample)
+    return {
+        name: Figure(statistics.median(s.ms for s in got), statistics.median(s.rss_kb for s in got))
+        for name, got in samples.items()
+    }
 
 
 def in_process_reserve_ms(path: Path, repeat: int) -> float:
@@ -293,12 +298,14 @@ def main() -> int:
 
     big = paths["big"]
     python = sys.executable
-    floor = median_of([python, str(HERE / "minimal_typer.py")], repeat)
-    version = median_of([*cli(big)[:1], "--version"], repeat)
-
-    rows: list[tuple[str, Figure]] = []
-    for name, (argv, after) in commands(big).items():
-        rows.append((name, median_of(argv, repeat, after)))
+    jobs: dict[str, Job] = {
+        "minimal": ([python, str(HERE / "minimal_typer.py")], None),
+        "version": ([*cli(big)[:1], "--version"], None),
+        **commands(big),
+    }
+    figures = interleaved(jobs, repeat)
+    floor, version = figures.pop("minimal"), figures.pop("version")
+    rows: list[tuple[str, Figure]] = list(figures.items())
 
     print(
         "## One command at fleet scale"
@@ -313,11 +320,10 @@ def main() -> int:
         print(f"| `{name}` | {fig.ms:.0f} | {t:.2f} | {fig.rss_kb / 1024:.1f} | {m:.2f} | {ok} |")
 
     print("\n## Growth of `reserve --json` (limits 1.5x for nodes, 1.3x for bookings)\n")
-    grow: dict[str, tuple[float, float]] = {}
-    for key in ("big", "few-nodes", "few-bookings"):
-        argv, _ = commands(paths[key])["reserve --json"]
-        proc = median_of(argv, repeat, canceller(paths[key])).ms
-        grow[key] = (proc, in_process_reserve_ms(paths[key], repeat))
+    keys = ("big", "few-nodes", "few-bookings")
+    reserve_jobs: dict[str, Job] = {k: commands(paths[k])["reserve --json"] for k in keys}
+    processes = interleaved(reserve_jobs, repeat)
+    grow = {k: (processes[k].ms, in_process_reserve_ms(paths[k], repeat)) for k in keys}
     print("| comparison | process ms | ratio | in-process ms | ratio | |")
     print("|---|---:|---:|---:|---:|---|")
     for label, small, limit in (

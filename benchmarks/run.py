@@ -292,6 +292,8 @@ def main() -> int:
         if path.exists() and not opts.rebuild:
             print(f"{pool.label}: reusing {path}")
         else:
+            for stale in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+                stale.unlink(missing_ok=True)  # the benchmark's own scratch files
             print(BUILDERS[opts.builder](path, pool, opts.seed))
         paths[key] = path
     print()

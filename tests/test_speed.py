@@ -184,3 +184,34 @@ def test_the_hot_queries_use_the_intended_indexes(small_ledger: Path) -> None:
             assert any(wanted in line for line in plan), (name, plan)
     finally:
         db.close()
+
+
+def _registered_by(modules: tuple[str, ...]) -> list[str]:
+    """Top-level command and group names an interpreter has after loading only `modules`."""
+    script = (
+        "import json, sys\n"
+        "import better_compute.cli as cli\n"
+        f"cli.load({modules!r})\n"
+        "a = cli._app_module.app\n"
+        "names = [c.name or c.callback.__name__.replace('_', '-') for c in a.registered_commands]\n"
+        "names += [g.name for g in a.registered_groups]\n"
+        "print(json.dumps(names))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    return list(json.loads(out.stdout))
+
+
+def test_each_mapped_command_lives_wholly_in_its_module() -> None:
+    """main() loads only COMMANDS[word]: that module must register the word, and no other module
+    may add to it (a group extended elsewhere would lose commands)."""
+    import better_compute.cli as cli
+
+    everything = _registered_by(cli.MODULES)
+    for module in sorted(set(cli.COMMANDS.values())):
+        alone = _registered_by((module,))
+        for word, owner in cli.COMMANDS.items():
+            if owner == module:
+                assert word in alone, (word, module)
+                assert everything.count(word) == 1, word
+        # Loading the module alone registers nothing it would not register with the others.
+        assert set(alone) <= set(everything)

@@ -18,6 +18,7 @@ from better_compute.model import (
     Binding,
     JsonValue,
     NodePlan,
+    NoFit,
     Plan,
     ReleaseReason,
     Reservation,
@@ -308,7 +309,19 @@ def preview(ctx: Ctx, args: ReserveArgs) -> Preview:
         # Preview takes no id: a draft named "preview" plans exactly as the real request would.
         draft = _new_reservation(ctx, args, pool["id"], charge, "preview", 0)
         window = retry_window(draft, ctx.now)
-        outcome = placing.plan(ctx, draft, window)
+        request = draft.request(window)
+        outcome: Plan | NoFit
+        if request.gang_size is None:
+            # One shortlist answers both: a node fits (the plan reserve would make exists) and
+            # the best topN. None fits: the full planner words why (placing.plan does the same).
+            top = max(1, ctx.settings.top_n)
+            fits = placing.shortlisted_fits(ctx, draft.pool_id, request, None, enough=top)
+            if fits:
+                plans = sorted((plan for _, plan in fits), key=lambda p: (-p.score, p.node_id))
+                return Preview(True, tuple(plans[:top]), None, None, window)
+            outcome = placing.full_plan(ctx, draft, window)
+        else:
+            outcome = placing.plan(ctx, draft, window)
         if isinstance(outcome, Plan):
             return Preview(True, _candidates(ctx, draft, window), None, None, window)
         preemptible = None
@@ -323,16 +336,11 @@ def preview(ctx: Ctx, args: ReserveArgs) -> Preview:
 
 
 def _candidates(ctx: Ctx, draft: Reservation, window: Window) -> tuple[NodePlan, ...]:
-    """Single node: the best topN nodes, ranked. Gang: the members of the best gang."""
+    """Gang: the members of the best gang (single nodes are answered in preview itself)."""
     request = draft.request(window)
-    if request.gang_size:
-        fits = placing.shortlisted_fits(ctx, draft.pool_id, request, None, enough=None)
-        gangs = rank_gangs(request, fits)
-        return gangs[0].members if gangs else ()
-    top = max(1, ctx.settings.top_n)
-    fits = placing.shortlisted_fits(ctx, draft.pool_id, request, None, enough=top)
-    plans = sorted((plan for _, plan in fits), key=lambda p: (-p.score, p.node_id))
-    return tuple(plans[: max(1, ctx.settings.top_n)])
+    fits = placing.shortlisted_fits(ctx, draft.pool_id, request, None, enough=None)
+    gangs = rank_gangs(request, fits)
+    return gangs[0].members if gangs else ()
 
 
 # ---------------------------------------------------------------- reading

@@ -1106,8 +1106,12 @@ def booking_buckets(
     if tenant is not None:
         sql += " AND r.tenant_id = :tenant"
         args["tenant"] = tenant
-    rows = conn.execute(sql + " ORDER BY b.node_id, b.atom, 3", args)
-    return [(str(n), int(a), int(lo), int(hi)) for n, a, lo, hi in rows]
+    cursor = conn.cursor()
+    cursor.row_factory = None  # plain tuples: a week holds a hundred thousand of these rows
+    rows: list[tuple[str, int, int, int]] = cursor.execute(
+        sql + " ORDER BY b.node_id, b.atom, 3", args
+    ).fetchall()
+    return rows
 
 
 # ---------------------------------------------------------------- events

@@ -48,17 +48,17 @@ def init(
     real clock. You become its first admin."""
     from better_compute.demo import DEMO_INVENTORY
 
-    admin = setup.init_admin(G.db, me(), G.principal, force)
+    manual = G.now_text is not None
+    admin = setup.init_admin(G.db, me(), G.principal, force, manual)
     at = clock.now_ms(G.now_text)
     fill = DEMO_INVENTORY if demo else None
-    db, counts = setup.init(
-        G.db, at, force, manual=G.now_text is not None, admin=admin, group=group, fill=fill
-    )
+    db, counts = setup.init(G.db, at, force, manual=manual, admin=admin, group=group, fill=fill)
     db.close()
+    clock_doc = "manual" if manual else "real"
     emit(
         as_json,
-        {"db": G.db, "demo": demo, **counts},
-        f"created {G.db}" + (f" with the demo inventory ({counts['nodes']} nodes)" if demo else ""),
+        {"db": G.db, "demo": demo, "clock": clock_doc, "admin": admin, **counts},
+        lambda: human.created(G.db, demo, counts, manual, at, admin),
     )
 
 

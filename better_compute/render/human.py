@@ -249,3 +249,10 @@ def ledger_copy(c: LedgerCopy) -> str:
         f"{c.bytes} bytes, schema version {c.schema_version},"
         f" {c.reservations} reservations, {c.events} events"
     )
+
+
+def created(db: str, demo: bool, counts: dict[str, int], manual: bool, at: int, admin: str) -> str:
+    """What `init` made: the clock it runs on is worth saying, a manual one above all."""
+    what = f" with the demo inventory ({counts['nodes']} nodes)" if demo else ""
+    clock_text = f"a manual clock at {iso(at)} (--now moves it)" if manual else "the real clock"
+    return f"created {db}{what}; it runs on {clock_text}; {admin} is its admin"

@@ -225,7 +225,8 @@ def _admit(ctx: Ctx, args: ReserveArgs) -> tuple[sqlite3.Row, int]:
 def _require_possible(conn: sqlite3.Connection, args: ReserveArgs, pool: sqlite3.Row) -> None:
     """Refuse what no node of the pool could ever hold, whatever its state (cordoned, unhealthy
     or booked nodes count): waiting could never place it, and it would hold quota meanwhile.
-    Checked after policy and quota, so an over-quota request still reads QUOTA_EXCEEDED."""
+    Checked after policy (which may refuse the principal outright) and before quota: a request
+    no pool could ever hold is wrong whatever the tenant holds."""
     share = args.gpus or 1
     sizes = repo.node_sizes(conn, pool["id"], args.models)
     gpus = f"{'/'.join(args.models)} GPUs" if args.models else "GPUs"
@@ -244,11 +245,15 @@ def _require_possible(conn: sqlite3.Connection, args: ReserveArgs, pool: sqlite3
 
 def _replay(ctx: Ctx, args: ReserveArgs) -> Reservation | None:
     """A key already used by the tenant: the same request returns its reservation as it is (even
-    if a policy or the pools changed since), other parameters are a CONFLICT (PRODUCT.md §7)."""
+    if a policy's limits or the pools changed since), other parameters are a CONFLICT (PRODUCT.md
+    §7). Only to a principal that acts for the tenant: to anyone else a key is no way to learn
+    whether it was used (admission refuses them as if it was not)."""
     if args.key is None:
         return None
     conn = ctx.db.conn
     repo.require_tenant(conn, args.tenant)
+    if not authz.may_act_for(conn, ctx.who, args.tenant):
+        return None
     existing = repo.reservation_by_key(conn, args.tenant, args.key)
     if existing is None:
         return None
@@ -271,8 +276,8 @@ def reserve(ctx: Ctx, args: ReserveArgs) -> Reservation:
             return replay
         pool, charge = _admit(ctx, args)
         params = _params(args, pool["id"])
-        check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
         _require_possible(conn, args, pool)
+        check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
         rsv_id, seq = repo.next_id(conn, "rsv"), repo.next_seq(conn, "reservations")
         rsv = _new_reservation(ctx, args, pool["id"], charge, rsv_id, seq)
         repo.insert_reservation(conn, rsv, params)
@@ -304,8 +309,8 @@ def preview(ctx: Ctx, args: ReserveArgs) -> Preview:
     check_horizon(ctx, args)
     with ctx.db.read() as conn:
         pool, charge = _admit(ctx, args)
-        check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
         _require_possible(conn, args, pool)
+        check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
         # Preview takes no id: a draft named "preview" plans exactly as the real request would.
         draft = _new_reservation(ctx, args, pool["id"], charge, "preview", 0)
         window = retry_window(draft, ctx.now)

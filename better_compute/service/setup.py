@@ -79,11 +79,12 @@ def init(
     return db, counts
 
 
-def init_admin(path: str, me: str, as_name: str | None, force: bool) -> str:
+def init_admin(path: str, me: str, as_name: str | None, force: bool, manual: bool) -> str:
     """Who `init` makes the first admin: replacing a ledger is its admins' decision (without
     --force nothing is replaced: an existing ledger is a CONFLICT further on)."""
     target = path if force else ""
-    return backups.replacer(target, me, as_name, "replace the ledger (init --force)")
+    what = "replace the ledger (init --force)"
+    return backups.replacer(target, me, as_name, what, pinned_clock=manual)
 
 
 def _group_id(name: str) -> int:
@@ -229,11 +230,13 @@ def node_show(ctx: Ctx, name: str) -> NodeDetail:
 
     with ctx.db.read() as conn:
         node = repo.get_node(conn, name)
+        seen = authz.visible_tenants(conn, ctx.who)  # other tenants' assignments stay private
+        desired = [a for a in desired_state(conn, name) if seen is None or a.tenant_id in seen]
         return NodeDetail(
             node,
             repo.pool_name(conn, node.pool_id),
             tuple(repo.maintenance_for_node(conn, name, ctx.now)),
-            tuple(desired_state(conn, name)),
+            tuple(desired),
         )
 
 

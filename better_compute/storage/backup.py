@@ -29,6 +29,9 @@ from better_compute.storage.db import (
 )
 from better_compute.storage.schema import APPLICATION_ID, SCHEMA_VERSION
 
+#: SQLite's primary result codes for a failed write of the copy (sqlite3 exposes only the number).
+SQLITE_IOERR, SQLITE_FULL = 10, 13
+
 
 def _summary(conn: sqlite3.Connection) -> tuple[int, str, int, int]:
     version = int(conn.execute("PRAGMA user_version").fetchone()[0])
@@ -116,6 +119,11 @@ def _fill_from(source: Path, name: str, summary: list[tuple[int, str, int, int]]
                 src.close()
             problems = [row[0] for row in db.conn.execute("PRAGMA integrity_check(5)")]
         except sqlite3.DatabaseError as exc:
+            if exc.sqlite_errorcode & 0xFF in (SQLITE_IOERR, SQLITE_FULL):  # writing the copy
+                raise Unavailable(
+                    f"cannot write the restored ledger beside {str(db.path)!r}: {exc} (disk"
+                    " full?); nothing was replaced"
+                ) from None
             raise bad(f"cannot be read: {exc}") from None
         if problems != ["ok"]:
             raise bad(f"is damaged (integrity_check: {'; '.join(problems)})")
@@ -143,8 +151,8 @@ def _fill_from(source: Path, name: str, summary: list[tuple[int, str, int, int]]
 def restore_from(path: str, source: str, *, mode: int | None = None) -> Copy:
     """Replace the ledger at `path` (or create it) with a checked copy of the backup `source`.
 
-    The restored file keeps the permission bits of the ledger it replaces (0600 for a new one):
-    a team that shares the file must not lose access by restoring it.
+    The restored file keeps the permission bits and the group of the ledger it replaces (0600
+    for a new one): a team that shares the file must not lose access by restoring it.
     """
     _require_path(path)
     kind = _header_kind(Path(path))
@@ -155,9 +163,17 @@ def restore_from(path: str, source: str, *, mode: int | None = None) -> Copy:
     target = files.real_target(path)
     if mode is None:
         mode = stat.S_IMODE(target.stat().st_mode) if kind == "ours" else 0o600
+    group = target.stat().st_gid if kind == "ours" else None
     checked = _check_source(source, target)
     summary: list[tuple[int, str, int, int]] = []
-    temp = replace.build_temp(target, mode, _fill_from(checked, source, summary))
+    fill = _fill_from(checked, source, summary)
+
+    def build(db: Database) -> None:
+        if group is not None:  # a team's ledger stays the team's
+            os.chown(db.path, -1, group)
+        fill(db)
+
+    temp = replace.build_temp(target, mode, build)
     replace.swap_in(target, temp, replacing=kind == "ours")
     version, db_id, reservations, events = summary[0]
     return Copy(path, target.stat().st_size, version, db_id, reservations, events)

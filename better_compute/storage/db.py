@@ -43,6 +43,11 @@ def _header_kind(path: Path) -> str:
         return "foreign"
     try:
         header = _read_header(path)
+    except PermissionError:
+        raise Forbidden(
+            f"you may not read the ledger {str(path)!r} (its file permissions): ask its owner"
+            " for access, e.g. `init --group`"
+        ) from None
     except OSError as exc:
         raise InvalidInput(f"cannot read {str(path)!r}: {exc.strerror}") from None
     if len(header) == 0:

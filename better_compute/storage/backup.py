@@ -26,6 +26,7 @@ from better_compute.storage.db import (
     _header_kind,
     _migrate,
     _require_path,
+    file_identity,
 )
 from better_compute.storage.schema import APPLICATION_ID, SCHEMA_VERSION
 
@@ -49,7 +50,7 @@ def backup_to(db: Database, dest: str, *, force: bool, mode: int = 0o600) -> Cop
     if target.exists():
         if not target.is_file():
             raise InvalidInput(f"{dest!r} is not a regular file; name a file for the backup")
-        if db.identity == _file_id(target):
+        if db.identity == file_identity(target):
             raise InvalidInput(f"{dest!r} is the ledger itself; name another file")
         if not force:
             raise Conflict(f"{dest!r} already exists; add --force to replace it")
@@ -73,21 +74,13 @@ def backup_to(db: Database, dest: str, *, force: bool, mode: int = 0o600) -> Cop
     return Copy(str(dest), target.stat().st_size, version, db_id, reservations, events)
 
 
-def _file_id(path: Path) -> tuple[int, int] | None:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return (info.st_dev, info.st_ino)
-
-
 def _check_source(source: str, ledger: Path) -> Path:
     """The cheap checks, from the header, before anything is copied."""
     path = Path(source)
     if not path.is_file():
         what = "does not exist" if not path.exists() else "is not a regular file"
         raise InvalidInput(f"backup {source!r} {what}")
-    if _file_id(path) == _file_id(ledger):
+    if file_identity(path) == file_identity(ledger):
         raise InvalidInput(f"backup {source!r} is the ledger itself")
     try:
         with path.open("rb") as handle:

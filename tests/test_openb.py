@@ -205,7 +205,7 @@ def test_model_names_compare_without_regard_to_case(empty: Cli, db_dir: Path) ->
 
 
 #: How many rows of the default task list the slow replay takes. The whole list (7,063 GPU tasks)
-#: takes about 20 minutes with today's engine (README, "Simulate real demand"), too slow for every
+#: takes about 14 minutes of CPU with today's engine (README, "Simulate real demand"), too slow for every
 #: CI run; raise this to 8152 once placement is fast.
 OPENB_ROWS = 300
 

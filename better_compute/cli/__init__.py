@@ -7,6 +7,7 @@ from better_compute.cli import (  # noqa: F401  (importing registers the command
     reserve_commands,
     run_commands,
     setup_commands,
+    simulate_commands,
 )
 from better_compute.cli.app import app, main
 

@@ -86,20 +86,36 @@ app.add_typer(inventory_app, name="inventory")
 @handled
 def inventory_import(
     file: Annotated[
-        Path, typer.Argument(help="An inventory JSON file (see README), or - for stdin.")
+        Path, typer.Argument(help="An inventory file (JSON, see README; or CSV), or - for stdin.")
     ],
+    fmt: Annotated[
+        str,
+        typer.Option("--format", help="json (the default) or openb-nodes (an openb node list)."),
+    ] = "json",
+    pool: Annotated[
+        str | None, typer.Option("--pool", help="openb-nodes: the pool's name (default openb).")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Upsert pools, nodes and tenants from a file: all of it, or nothing when any part is bad."""
+    if fmt not in ("json", "openb-nodes"):
+        raise InvalidInput(f"--format must be json or openb-nodes, got {fmt!r}")
+    if pool is not None and fmt == "json":
+        raise InvalidInput("--pool applies to --format openb-nodes; a JSON inventory names pools")
     c = ctx()
-    inv = setup.read_inventory(c, str(file))
+    skipped = None
+    if fmt == "json":
+        inv = setup.read_inventory(c, str(file))
+    else:
+        nodes = setup.read_openb_nodes(c, str(file), pool)
+        inv, skipped = nodes.inventory, nodes.skipped
     with progress_bar(as_json, "importing nodes") as advance:
-        counts = setup.inventory_import(c, inv, advance)
-    emit(
-        as_json,
-        dict(counts),
-        f"imported {counts['pools']} pools, {counts['nodes']} nodes, {counts['tenants']} tenants",
-    )
+        counts: dict[str, JsonValue] = dict(setup.inventory_import(c, inv, advance))
+    text = f"imported {counts['pools']} pools, {counts['nodes']} nodes, {counts['tenants']} tenants"
+    if skipped is not None:
+        counts["skipped"] = skipped
+        text += f" ({skipped} rows without GPUs skipped)"
+    emit(as_json, counts, text)
 
 
 @inventory_app.command("export")

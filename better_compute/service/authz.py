@@ -65,6 +65,7 @@ ADMIN_ONLY = frozenset(
         "replace the ledger (init --force)",
         "restore a ledger",
         "tick ahead of the real clock (tick --until)",
+        "simulate a workload",
     }
 )
 

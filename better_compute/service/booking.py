@@ -11,7 +11,7 @@ from better_compute.engine.fit import plan_node
 from better_compute.engine.gang import gang_candidates
 from better_compute.engine.preempt import plan_preemption
 from better_compute.errors import Conflict, InvalidInput
-from better_compute.inventory import MODEL_RE
+from better_compute.inventory import MODEL_RE, normal_model
 from better_compute.lifecycle import states
 from better_compute.lifecycle.tick import retry_window
 from better_compute.model import (
@@ -53,6 +53,10 @@ class ReserveArgs:
     #: line later is the same request, so the key compares this text rather than the instant.
     start_text: str | None = None
 
+    def __post_init__(self) -> None:
+        # Model names compare without regard to case: stored and compared lowercased, sorted.
+        object.__setattr__(self, "models", tuple(sorted({normal_model(m) for m in self.models})))
+
 
 def validate(args: ReserveArgs) -> None:
     """Flag combinations that no database state could make valid."""
@@ -66,7 +70,7 @@ def validate(args: ReserveArgs) -> None:
         raise InvalidInput("--topology-key must name a label, such as fabric.domain or rack")
     for model in args.models:
         if not MODEL_RE.fullmatch(model):
-            raise InvalidInput(f"--model {model[:40]!r} is not a model name (lowercase, like h100)")
+            raise InvalidInput(f"--model {model[:40]!r} is not a model name (like h100)")
     if args.topology_key is not None and args.gang is None:
         raise InvalidInput("--topology-key applies only to a gang; add --gang SIZE")
     if args.topology not in (None, NVLINK_ALL):

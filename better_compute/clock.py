@@ -21,3 +21,8 @@ def now_ms(override: str | None, base: int | None = None) -> int:
     if override is None:
         return real_ms()
     return parse_time(override, real_ms() if base is None else base)
+
+
+def elapsed_s() -> float:
+    """A monotonic clock in seconds, for measuring how long work took (never an instant)."""
+    return time.perf_counter()

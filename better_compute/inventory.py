@@ -8,6 +8,8 @@ An optional key given as null counts as absent.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 from dataclasses import dataclass
@@ -26,7 +28,7 @@ MAX_LABEL_KEY = 63
 MAX_LABEL_VALUE = 253
 
 _NAME_WHAT = "a name of 1 to 63 letters, digits, '.', '_' or '-' starting with a letter or digit"
-_MODEL_WHAT = "a model name of lowercase letters, digits, '.', '_' or '-' (like h100)"
+_MODEL_WHAT = "a model name of letters, digits, '.', '_' or '-' (like h100)"
 _SIMPLE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 Labels = tuple[tuple[str, str], ...]
@@ -60,6 +62,12 @@ class InventoryTenant:
 class Inventory:
     pools: tuple[InventoryPool, ...]
     tenants: tuple[InventoryTenant, ...] = ()
+
+
+def normal_model(text: str) -> str:
+    """Model names compare without regard to case: they are stored and compared lowercased
+    (openb writes `V100M16`; `--model v100m16` and `--model V100M16` mean the same GPUs)."""
+    return text.lower()
 
 
 def nvlink_group_of(index: int, count: int, groups: int) -> int:
@@ -155,9 +163,10 @@ def _node(value: object, path: str) -> InventoryNode:
     gpath = _at(path, "gpus")
     g = _object(d.get("gpus"), gpath, ("count", "model", "nvlinkGroups", "fabric"))
     count = _int(g.get("count"), _at(gpath, "count"), 1, MAX_GPUS)
-    model = g.get("model")
-    if not isinstance(model, str) or not MODEL_RE.fullmatch(model):
-        raise _bad(_at(gpath, "model"), _MODEL_WHAT, model)
+    raw_model = g.get("model")
+    model = normal_model(raw_model) if isinstance(raw_model, str) else ""
+    if not MODEL_RE.fullmatch(model):
+        raise _bad(_at(gpath, "model"), _MODEL_WHAT, raw_model)
     raw_groups, groups_path = g.get("nvlinkGroups"), _at(gpath, "nvlinkGroups")
     divides = f" that divides {count} evenly"
     groups = 1 if raw_groups is None else _int(raw_groups, groups_path, 1, count, divides)
@@ -242,6 +251,87 @@ def load_inventory_text(text: str) -> Inventory:
     except RecursionError:
         raise InvalidInput("inventory is not valid JSON: it is nested too deeply") from None
     return parse_inventory(doc)
+
+
+# --- openb node lists (CSV) ---------------------------------------------------------------------
+
+#: The columns read from an openb node list (others, such as cpu_milli, are ignored).
+OPENB_NODE_COLUMNS = ("sn", "gpu", "model")
+
+
+@dataclass(frozen=True)
+class OpenbNodes:
+    """An openb node list as one pool, and how many rows were skipped (nodes without GPUs)."""
+
+    inventory: Inventory
+    skipped: int
+
+
+def csv_rows(text: str, needed: tuple[str, ...], what: str) -> list[tuple[int, dict[str, str]]]:
+    """(line number, row) of a CSV text with a header naming at least `needed`; every row must
+    have as many fields as the header. Errors name the line."""
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        header = next(reader, None)
+        if header is None:
+            raise InvalidInput(f"{what} is empty: expected a CSV header ({','.join(needed)}, …)")
+        header = [h.strip() for h in header]
+        missing = [c for c in needed if c not in header]
+        if missing:
+            raise InvalidInput(
+                f"line 1: {what} has no column {', '.join(missing)} (a CSV header with"
+                f" {','.join(needed)}, … is expected)"
+            )
+        rows: list[tuple[int, dict[str, str]]] = []
+        for fields in reader:
+            line = reader.line_num
+            if not fields:
+                continue  # a blank line
+            if len(fields) != len(header):
+                raise InvalidInput(
+                    f"line {line}: expected {len(header)} fields as in the header,"
+                    f" got {len(fields)}"
+                )
+            rows.append((line, dict(zip(header, (f.strip() for f in fields), strict=True))))
+        return rows
+    except csv.Error as exc:
+        raise InvalidInput(f"line {reader.line_num}: {what} is not valid CSV: {exc}") from None
+
+
+def csv_int(row: dict[str, str], column: str, line: int, lo: int, hi: int) -> int:
+    text = row[column]
+    if not (text.isascii() and text.isdigit() and len(text) <= 18) or not lo <= int(text) <= hi:
+        raise InvalidInput(
+            f"line {line}: {column} must be an integer from {lo} to {hi}, got {_got(text)}"
+        )
+    return int(text)
+
+
+def parse_openb_nodes(text: str, pool: str = "openb") -> OpenbNodes:
+    """The openb node list (`sn, cpu_milli, memory_mib, gpu, model`) as ONE pool: a node named by
+    `sn` with `gpu` whole GPUs of `model` (lowercased). Rows with 0 GPUs are skipped and counted."""
+    if not NAME_RE.fullmatch(pool):
+        raise InvalidInput(f"--pool {_got(pool)} must be {_NAME_WHAT}")
+    nodes: list[InventoryNode] = []
+    seen: dict[str, str] = {}
+    skipped = 0
+    for line, row in csv_rows(text, OPENB_NODE_COLUMNS, "the openb node list"):
+        name = row["sn"]
+        if not NAME_RE.fullmatch(name):
+            raise InvalidInput(f"line {line}: sn must be {_NAME_WHAT}, got {_got(name)}")
+        gpus = csv_int(row, "gpu", line, 0, MAX_GPUS)
+        model = normal_model(row["model"])
+        if gpus == 0:
+            skipped += 1
+            continue
+        if not MODEL_RE.fullmatch(model):
+            raise InvalidInput(
+                f"line {line}: model must be {_MODEL_WHAT}, got {_got(row['model'])}"
+            )
+        _unique(seen, "node name", name, f"line {line}")
+        nodes.append(InventoryNode(name, (), gpus, model))
+    nodes.sort(key=lambda n: n.name)
+    return OpenbNodes(Inventory((InventoryPool(pool, (), tuple(nodes)),)), skipped)
 
 
 # --- export --------------------------------------------------------------------------------------

@@ -744,7 +744,7 @@ def test_malformed_or_unknown_devices(run: Cli, device: str, code: int) -> None:
         (["--gpus", "65"], "--gpus"),
         (["--gpus", "8", "--nvlink-groups", "3"], "--nvlink-groups"),
         (["--gpus", "8", "--nvlink-groups", "0"], "--nvlink-groups"),
-        (["--gpus", "8", "--model", "H100"], "--model"),
+        (["--gpus", "8", "--model", "H100;x"], "--model"),
         (["--gpus", "8", "--fabric", "c1"], "--fabric"),
         (["--gpus", "8", "--fabric", "c1.-1"], "--fabric"),
     ],

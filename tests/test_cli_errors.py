@@ -245,7 +245,12 @@ def test_every_exit_code(run: Cli, db_dir: Path) -> None:
         (2, "INVALID_INPUT", (*reserve, "--gpus", "0", "--key", "x"), {}),
         (3, "NOT_FOUND", ("get", "rsv_nope"), {}),
         (4, "CONFLICT", (*reserve, "--gpus", "3", "--key", "k"), {}),
-        (5, "QUOTA_EXCEEDED", (*reserve, "--gpus", "8", "--gang", "8", "--key", "q"), {}),
+        (
+            5,
+            "QUOTA_EXCEEDED",
+            ("reserve", "--tenant", "globex", "--for", "1h", "--gpus", "8", "--gang", "5"),
+            {},
+        ),
         (
             6,
             "FORBIDDEN",

@@ -163,7 +163,20 @@ def test_the_same_key_in_another_tenant_is_another_reservation(run: Cli) -> None
 def test_quota_exceeded_is_exit_5_and_creates_nothing(run: Cli) -> None:
     reserve(run, "a", "--gpus", "8", "--gang", "3", "--for", "2h", tenant="globex")  # 24 of 32
     before = (run.ok("list"), run.ok("events"), run.ok("pool", "show", "west"))
-    err = run.fails(5, "reserve", "--tenant", "globex", "--gpus", "16", "--for", "1h", "--key", "b")
+    err = run.fails(
+        5,
+        "reserve",
+        "--tenant",
+        "globex",
+        "--gpus",
+        "8",
+        "--gang",
+        "2",
+        "--for",
+        "1h",
+        "--key",
+        "b",
+    )
     assert err["code"] == "QUOTA_EXCEEDED"
     assert "globex" in err["message"] and "32" in err["message"]
     assert (run.ok("list"), run.ok("events"), run.ok("pool", "show", "west")) == before
@@ -243,7 +256,9 @@ def test_preview_says_why_it_does_not_fit(solo: Cli) -> None:
 
 def test_preview_respects_quota_and_unknown_names(run: Cli) -> None:
     assert (
-        run.fails(5, "preview", "--tenant", "globex", "--gpus", "33", "--for", "1h")["code"]
+        run.fails(5, "preview", "--tenant", "globex", "--gpus", "8", "--gang", "5", "--for", "1h")[
+            "code"
+        ]
         == "QUOTA_EXCEEDED"
     )
     assert run.fails(3, "preview", "--tenant", "ghost", "--gpus", "1", "--for", "1h")["code"] == (

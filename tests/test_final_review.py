@@ -69,8 +69,11 @@ def test_import_never_changes_what_live_bookings_rely_on(run: Any, tmp_path: Pat
 def test_a_key_replay_returns_the_reservation_even_after_a_policy_change(run: Any) -> None:
     args = ("reserve", "--tenant", "acme", "--gpus", "2", "--for", "1h", "--key", "ci-7")
     first = run.ok("--as", "bob", *args)
-    run.ok("policy", "set", "--tenant", "acme", "--principal", "bob", "--deny")
+    run.ok("policy", "set", "--tenant", "acme", "--principal", "bob", "--max-gpus", "1")
     assert run.ok("--as", "bob", *args)["id"] == first["id"]  # a retry, not a new request
+    # a denied principal does not act for the tenant at all: its key tells it nothing
+    run.ok("policy", "set", "--tenant", "acme", "--principal", "bob", "--deny")
+    assert "policy deny" in run.fails(6, "--as", "bob", *args)["message"]
     run.fails(
         6,
         "--as",

@@ -179,6 +179,21 @@ def _lock_is_held(db: Path) -> bool:
     return False
 
 
+def _has_open(pid: int, path: Path) -> bool:
+    """Whether process `pid` has SQLite's connection to `path` open (Linux /proc): two
+    descriptors, since the header was read through one of its own before connecting."""
+    target = os.path.realpath(path)
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    count = 0
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            count += os.readlink(f"/proc/{pid}/fd/{fd}") == target
+    return count >= 2
+
+
 def test_writers_waiting_while_init_force_replaces_the_file_exit_unavailable(
     db_dir: Path,
 ) -> None:
@@ -201,7 +216,13 @@ def test_writers_waiting_while_init_force_replaces_the_file_exit_unavailable(
         spawn(db, "reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--key", f"w{i}")
         for i in range(4)
     ]
-    time.sleep(2.0)  # they open the old file and queue on its write lock
+    # they open the old file and queue on its write lock (however slow their start-up is)
+    for writer in writers:
+        while not _has_open(writer.pid, db):
+            assert writer.poll() is None, writer.communicate()
+            assert time.monotonic() < deadline + 30, "a writer never opened the ledger"
+            time.sleep(0.05)
+    time.sleep(0.5)  # from open to the lock wait is a few statements
     assert init.poll() is None and all(w.poll() is None for w in writers)
     reader.execute("COMMIT")
     reader.close()

@@ -144,7 +144,7 @@ def test_accepts(path: str, value: object, check: Any) -> None:
 
 
 NAME = "a name of 1 to 63 letters, digits, '.', '_' or '-' starting with a letter or digit"
-MODEL = "a model name of lowercase letters, digits, '.', '_' or '-' (like h100)"
+MODEL = "a model name of letters, digits, '.', '_' or '-' (like h100)"
 GPUS = "an integer from 1 to 64"
 GROUPS = "an integer from 1 to 8 that divides 8 evenly"
 BIG = "an integer from 0 to 2147483647"
@@ -211,7 +211,7 @@ FABRIC = "pools.0.nodes.0.gpus.fabric"
         (f"{GPU}.count", 65, f"must be {GPUS}, got 65"),
         (f"{GPU}.count", -8, f"must be {GPUS}, got -8"),
         (f"{GPU}.model", DELETE, f"required, must be {MODEL}"),
-        (f"{GPU}.model", "H100", f'must be {MODEL}, got "H100"'),
+        (f"{GPU}.model", "H100 SXM", f'must be {MODEL}, got "H100 SXM"'),
         (f"{GPU}.model", "", f'must be {MODEL}, got ""'),
         (f"{GPU}.model", "-h100", f'must be {MODEL}, got "-h100"'),
         (f"{GPU}.model", 100, f"must be {MODEL}, got 100"),

@@ -331,6 +331,8 @@ class Lifecycle(RuleBasedStateMachine):
         assert possible, f"extend of {prior} accepted"
         assert prior.during is not None and done.during is not None
         assert done.during == Window(prior.during.start, prior.during.end + by)
+        # durationMs is the booked window's length from now on; a requeue retries for that long
+        self.model[rsv].duration_ms = done.during.end - done.during.start
         self.settle(self.unchanged(), before)
 
     @rule(advance=st.sampled_from([0, 30 * SEC, 2 * MIN, 5 * MIN]))

@@ -484,3 +484,131 @@ def test_report_bound_of_another_tenants_reservation_is_not_found(
 
 def test_system_is_not_a_principal_name(run: Cli) -> None:
     assert run.fails(2, "admin", "add", "system")["code"] == "INVALID_INPUT"
+
+
+# ---------------------------------------------------------------- found by the hostile review
+
+
+def test_a_key_tells_a_stranger_nothing(run: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    run.ok("policy", "set", "--tenant", "acme", "--principal", "alice")
+    args = ("reserve", "--tenant", "acme", "--gpus", "8", "--for", "6h")
+    mine = run.ok("--as", "alice", *args, "--key", "a1")
+    be(monkeypatch, "mallory")
+    for key_args in (("--key", "a1"), ("--gpus", "1", "--key", "a1"), ("--key", "unused")):
+        err = run.fails(6, *args, *key_args)
+        assert mine["id"] not in err["message"] and "no policy" in err["message"]
+
+
+def test_tick_repair_and_node_show_tell_anyone_only_their_own_tenants(
+    run: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run.ok("policy", "set", "--tenant", "acme", "--principal", "alice")
+    hidden = run.ok("reserve", "--tenant", "acme", "--gpus", "8", "--for", "1d")
+    hidden_later = run.ok(
+        "reserve", "--tenant", "acme", "--gpus", "8", "--for", "1h", "--start", "+1d"
+    )
+    open_one = run.ok("reserve", "--tenant", "globex", "--gpus", "2", "--for", "1d")
+    be(monkeypatch, "mallory")
+    shown = run.ok("tick")["changes"]
+    assert {e["reservationId"] for e in shown} == {open_one["id"]}
+    be(monkeypatch, ME)
+    run.ok("node", "cordon", hidden_later["allocations"][0]["nodeId"])
+    be(monkeypatch, "mallory")
+    assert hidden_later["id"] not in json.dumps(run.ok("repair"))
+    node = hidden["allocations"][0]["nodeId"]
+    assert hidden["id"] not in json.dumps(run.ok("node", "show", node))
+    be(monkeypatch, "alice")
+    assert hidden["id"] in json.dumps(run.ok("node", "show", node))
+
+
+def test_init_force_under_a_pinned_clock_cannot_freeze_a_real_ledger(db_dir: Path) -> None:
+    cli = real_ledger(db_dir)
+    err = cli.fails(2, "init", "--force", "--demo", now="2026-01-01T00:00:00Z")
+    assert "real clock" in err["message"]
+    assert cli.ok("tenant", "list", now=None) == [{"id": "acme"}, {"id": "globex"}]
+    made = Cli(db_dir / "what-if.db").ok("init", now="2026-01-01T00:00:00Z")
+    assert made["clock"] == "manual" and made["admin"] == ME
+    assert cli.ok("init", "--force", now=None)["clock"] == "real"
+
+
+@pytest.mark.parametrize(
+    ("sql", "command"),
+    [
+        ("UPDATE meta SET value = '1e30' WHERE key = 'last_at'", ("list",)),
+        ("UPDATE meta SET value = '' WHERE key = 'last_at'", ("tick",)),
+        ("UPDATE meta SET value = '99999999999999999999999' WHERE key = 'last_at'", ("tick",)),
+        (
+            "INSERT OR REPLACE INTO meta(key, value) VALUES ('counter:rsv', 'zz')",
+            ("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h"),
+        ),
+        ("UPDATE usage SET start = 'q'", ("usage", "--dead-letter")),
+    ],
+)
+def test_damaged_ledger_facts_are_unavailable_not_a_bug(
+    run: Cli, sql: str, command: tuple[str, ...]
+) -> None:
+    run.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h")
+    run.ok("tick")
+    conn = sqlite3.connect(str(run.db), isolation_level=None)
+    conn.execute(sql)
+    conn.close()
+    err = run.fails(7, *command, now=None)
+    assert "damaged" in err["message"]
+
+
+def test_restore_keeps_a_team_ledgers_group(db_dir: Path) -> None:
+    other = next(g for g in grp.getgrall() if g.gr_gid != os.getgid())
+    cli = Cli(db_dir / "team.db")
+    cli.ok("init", "--group", other.gr_name)
+    cli.ok("backup", str(db_dir / "bk.db"))
+    cli.ok("restore", str(db_dir / "bk.db"))
+    info = os.stat(cli.db)
+    assert info.st_gid == other.gr_gid and stat.S_IMODE(info.st_mode) == 0o660
+
+
+def test_restore_on_a_full_disk_is_unavailable_and_replaces_nothing(db_dir: Path) -> None:
+    import resource
+    import signal
+
+    cli = Cli(init_db(db_dir / "full.db", "--demo"))
+    rsv = cli.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h")
+    cli.ok("backup", str(db_dir / "bk.db"))
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+
+    env = {**os.environ, "BETTER_COMPUTE_DB": str(cli.db)}
+    done = subprocess.run(
+        [*ENTRY, "--json", "restore", str(db_dir / "bk.db")],
+        env=env,
+        capture_output=True,
+        text=True,
+        preexec_fn=small_files,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 7, done.stderr
+    assert cli.ok("get", rsv["id"])["id"] == rsv["id"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("admin", "add", " root"),
+        ("admin", "add", "system"),
+        ("--as", "system", "list"),
+        ("--as", " admin", "list"),
+        ("policy", "set", "--tenant", "acme", "--principal", "system"),
+        ("policy", "set", "--tenant", "acme", "--principal", "bob "),
+    ],
+)
+def test_principal_names_are_exact(run: Cli, args: tuple[str, ...]) -> None:
+    assert run.fails(2, *args)["code"] == "INVALID_INPUT"
+
+
+def test_an_impossible_gang_is_invalid_before_any_quota(run: Cli) -> None:
+    err = run.fails(
+        2, "reserve", "--tenant", "globex", "--gpus", "8", "--gang", "64", "--for", "1h"
+    )
+    assert "at most 7 nodes" in err["message"]

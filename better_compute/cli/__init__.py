@@ -28,6 +28,7 @@ MODULES: tuple[str, ...] = (
     "reserve_commands",
     "run_commands",
     "setup_commands",
+    "simulate_commands",
 )
 
 #: Command words whose commands live wholly in one module (tests/test_speed.py checks it).

@@ -65,7 +65,8 @@ def _reserve_args(
 ) -> ReserveArgs:
     if start is not None:
         parse_time(start, 0)  # its form is checked before the ledger is opened
-    models = tuple(sorted({m.strip() for m in model.split(",") if m.strip()})) if model else ()
+    names = model.split(",") if model else []
+    models = tuple(sorted({m.strip().lower() for m in names if m.strip()}))
     if model is not None and not models:
         raise InvalidInput("--model needs a model or a comma-separated list, such as h100,a100")
     return booking.ReserveArgs(

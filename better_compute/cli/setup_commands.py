@@ -59,17 +59,17 @@ def init(
     real clock. You become its first admin."""
     from better_compute.demo import DEMO_INVENTORY
 
-    admin = setup.init_admin(G.db, me(), G.principal, force)
+    manual = G.now_text is not None
+    admin = setup.init_admin(G.db, me(), G.principal, force, manual)
     at = clock.now_ms(G.now_text)
     fill = DEMO_INVENTORY if demo else None
-    db, counts = setup.init(
-        G.db, at, force, manual=G.now_text is not None, admin=admin, group=group, fill=fill
-    )
+    db, counts = setup.init(G.db, at, force, manual=manual, admin=admin, group=group, fill=fill)
     db.close()
+    clock_doc = "manual" if manual else "real"
     emit(
         as_json,
-        {"db": G.db, "demo": demo, **counts},
-        f"created {G.db}" + (f" with the demo inventory ({counts['nodes']} nodes)" if demo else ""),
+        {"db": G.db, "demo": demo, "clock": clock_doc, "admin": admin, **counts},
+        lambda: human.created(G.db, demo, counts, manual, at, admin),
     )
 
 
@@ -97,20 +97,36 @@ app.add_typer(inventory_app, name="inventory")
 @handled
 def inventory_import(
     file: Annotated[
-        Path, typer.Argument(help="An inventory JSON file (see README), or - for stdin.")
+        Path, typer.Argument(help="An inventory file (JSON, see README; or CSV), or - for stdin.")
     ],
+    fmt: Annotated[
+        str,
+        typer.Option("--format", help="json (the default) or openb-nodes (an openb node list)."),
+    ] = "json",
+    pool: Annotated[
+        str | None, typer.Option("--pool", help="openb-nodes: the pool's name (default openb).")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Upsert pools, nodes and tenants from a file: all of it, or nothing when any part is bad."""
+    if fmt not in ("json", "openb-nodes"):
+        raise InvalidInput(f"--format must be json or openb-nodes, got {fmt!r}")
+    if pool is not None and fmt == "json":
+        raise InvalidInput("--pool applies to --format openb-nodes; a JSON inventory names pools")
     c = ctx()
-    inv = setup.read_inventory(c, str(file))
+    skipped = None
+    if fmt == "json":
+        inv = setup.read_inventory(c, str(file))
+    else:
+        nodes = setup.read_openb_nodes(c, str(file), pool)
+        inv, skipped = nodes.inventory, nodes.skipped
     with progress_bar(as_json, "importing nodes") as advance:
-        counts = setup.inventory_import(c, inv, advance)
-    emit(
-        as_json,
-        dict(counts),
-        f"imported {counts['pools']} pools, {counts['nodes']} nodes, {counts['tenants']} tenants",
-    )
+        counts: dict[str, JsonValue] = dict(setup.inventory_import(c, inv, advance))
+    text = f"imported {counts['pools']} pools, {counts['nodes']} nodes, {counts['tenants']} tenants"
+    if skipped is not None:
+        counts["skipped"] = skipped
+        text += f" ({skipped} rows without GPUs skipped)"
+    emit(as_json, counts, text)
 
 
 @inventory_app.command("export")

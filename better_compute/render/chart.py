@@ -6,6 +6,7 @@ Colour comes from rich styles only; a console without a terminal drops them by i
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from rich.console import Group, RenderableType
 from rich.constrain import Constrain
@@ -13,6 +14,9 @@ from rich.table import Table
 from rich.text import Text
 
 from better_compute.service.views import Bucket, Timeline
+
+if TYPE_CHECKING:
+    from better_compute.service.simulate import Utilisation
 
 SOLID = "█"
 SHADE = "░"
@@ -52,7 +56,7 @@ def _step(minutes: int) -> str:
     return f"{minutes} min"
 
 
-def _colour(booked: int, allocatable: int) -> str:
+def _colour(booked: float, allocatable: int) -> str:
     if allocatable <= 0:
         return "red"
     share = booked / allocatable
@@ -63,7 +67,7 @@ def _colour(booked: int, allocatable: int) -> str:
     return "green"
 
 
-def _cells(booked: int, allocatable: int, width: int) -> int:
+def _cells(booked: float, allocatable: int, width: int) -> int:
     """Solid cells of a bar `width` wide that stands for `allocatable` GPUs; capped at full.
 
     Any booking shows at least one cell and a bucket that is not full never looks full.
@@ -76,7 +80,7 @@ def _cells(booked: int, allocatable: int, width: int) -> int:
     return min(max(cells, 1), width - 1)
 
 
-def _bar(booked: int, allocatable: int, width: int) -> Text:
+def _bar(booked: float, allocatable: int, width: int) -> Text:
     if allocatable <= 0:
         return Text(" " * width)
     solid = _cells(booked, allocatable, width)
@@ -163,3 +167,27 @@ def timeline_chart(t: Timeline, width: int = 80) -> RenderableType:
             Text(number, style="bold red" if over else ""),
         )
     return Constrain(Group(_header(t, width), rows, _footer(t)), width=width)
+
+
+def utilisation_chart(buckets: tuple[Utilisation, ...], width: int = 80) -> RenderableType:
+    """`simulate`'s utilisation: one row per bucket (start, bar, GPUs booked on average of the
+    allocatable ones)."""
+    numbers = [f"{b.booked:g}/{b.allocatable}" for b in buckets]
+    number_width = max((len(n) for n in numbers), default=1)
+    bar_width = max(MIN_BAR, width - LABEL_WIDTH - number_width - 2)
+    rows = Table.grid(padding=(0, 1))
+    rows.add_column(width=LABEL_WIDTH, no_wrap=True, overflow="crop")
+    rows.add_column(width=bar_width, no_wrap=True, overflow="crop")
+    rows.add_column(width=number_width, no_wrap=True, justify="right")
+    previous: tuple[int, int, int] | None = None
+    for b, number in zip(buckets, numbers, strict=True):
+        at = _utc(b.start)
+        day = (at.year, at.month, at.day)
+        label = at.strftime("%m-%d %H:%M") if day != previous else at.strftime("%H:%M")
+        previous = day
+        rows.add_row(
+            Text(label.rjust(LABEL_WIDTH), style="cyan"),
+            _bar(b.booked, b.allocatable, bar_width),
+            Text(number),
+        )
+    return Constrain(rows, width=width)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -15,6 +15,9 @@ from better_compute.service.accounting import UsageWindow
 from better_compute.service.booking import Preview
 from better_compute.service.views import Assignment, Rollup
 from better_compute.timeparse import human_duration, iso
+
+if TYPE_CHECKING:
+    from better_compute.service.simulate import Report
 
 STATE_STYLE = {
     "pending": "yellow",
@@ -249,3 +252,33 @@ def ledger_copy(c: LedgerCopy) -> str:
         f"{c.bytes} bytes, schema version {c.schema_version},"
         f" {c.reservations} reservations, {c.events} events"
     )
+
+
+def created(db: str, demo: bool, counts: dict[str, int], manual: bool, at: int, admin: str) -> str:
+    """What `init` made: the clock it runs on is worth saying, a manual one above all."""
+    what = f" with the demo inventory ({counts['nodes']} nodes)" if demo else ""
+    clock_text = f"a manual clock at {iso(at)} (--now moves it)" if manual else "the real clock"
+    return f"created {db}{what}; it runs on {clock_text}; {admin} is its admin"
+
+
+def simulation(r: Report) -> RenderableType:
+    """`simulate` for people: the counts, the waits and GPU-hours, and a utilisation chart."""
+    from better_compute.render.chart import utilisation_chart
+
+    table = table_of("", "", title="simulate")
+    rows = [
+        ("requests", f"{r.requests} ({r.skipped} skipped)"),
+        ("placed at once", str(r.placed_at_once)),
+        ("placed after waiting", str(r.placed_after_waiting)),
+        ("never placed", str(r.never_placed)),
+        ("preemptions", f"{r.cut_back} cut back, {r.requeued} requeued"),
+        ("wait", f"mean {human_duration(r.wait_mean_ms)}, p95 {human_duration(r.wait_p95_ms)}"),
+        ("GPU-hours", f"{r.gpu_hours_booked:g} booked, {r.gpu_hours_used:g} used"),
+        ("wall time", f"{r.wall_seconds:g} s ({r.requests_per_second:g} requests/s)"),
+    ]
+    for name, value in rows:
+        table.add_row(Text(name, style="bold"), value)
+    if not r.utilisation:
+        return table
+    title = Text("utilisation (GPUs booked on average of allocatable, UTC)", style="bold")
+    return Group(table, Text(""), title, utilisation_chart(r.utilisation))

@@ -12,6 +12,9 @@ if TYPE_CHECKING:  # types only: rendering a reservation must not load every use
     from better_compute.service.booking import Preview
     from better_compute.service.views import Assignment, Bucket, Rollup, Timeline
 
+if TYPE_CHECKING:  # simulate's modules are imported only by the command that runs it
+    from better_compute.service.simulate import Report
+
 
 def dumps(doc: JsonValue) -> str:
     return json.dumps(doc, ensure_ascii=False)
@@ -184,4 +187,26 @@ def ledger_copy(c: LedgerCopy) -> dict[str, JsonValue]:
         "dbId": c.db_id,
         "reservations": c.reservations,
         "events": c.events,
+    }
+
+
+def simulation(r: Report) -> dict[str, JsonValue]:
+    """`simulate --json` (PRODUCT.md §7): only wallSeconds and requestsPerSecond depend on the
+    machine."""
+    return {
+        "requests": r.requests,
+        "placedAtOnce": r.placed_at_once,
+        "placedAfterWaiting": r.placed_after_waiting,
+        "neverPlaced": r.never_placed,
+        "skipped": r.skipped,
+        "preemptions": {"cutBack": r.cut_back, "requeued": r.requeued},
+        "waitMs": {"mean": r.wait_mean_ms, "p95": r.wait_p95_ms},
+        "gpuHoursBooked": r.gpu_hours_booked,
+        "gpuHoursUsed": r.gpu_hours_used,
+        "utilisation": [
+            {"start": u.start, "end": u.end, "booked": u.booked, "allocatable": u.allocatable}
+            for u in r.utilisation
+        ],
+        "wallSeconds": r.wall_seconds,
+        "requestsPerSecond": r.requests_per_second,
     }

@@ -92,8 +92,7 @@ def policy_set(
     require_admin(ctx.who, "set policies")
     if max_gpus is not None and not 0 <= max_gpus <= MAX_INT:
         raise InvalidInput(f"--max-gpus must be from 0 to {MAX_INT}, got {max_gpus}")
-    if not principal.strip():
-        raise InvalidInput("--principal must not be empty")
+    authz.principal_name(principal, "--principal")
     with ctx.write() as conn:
         repo.require_tenant(conn, tenant)
         repo.set_policy(conn, Policy(tenant, principal, max_gpus, spot_only, deny))

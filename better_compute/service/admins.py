@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-from better_compute.errors import Conflict, InvalidInput, NotFound
-from better_compute.model import SYSTEM
-from better_compute.service.authz import require_admin
+from better_compute.errors import Conflict, NotFound
+from better_compute.service.authz import principal_name, require_admin
 from better_compute.service.context import Ctx
 from better_compute.storage import ledger
 
 WHAT = "add or remove admins"
 
 
-def _principal_name(name: str) -> str:
-    if not name.strip() or len(name) > 256 or not name.isprintable():
-        raise InvalidInput(f"{name[:40]!r} is not a principal: give a user (or role) name")
-    if name == SYSTEM:
-        raise InvalidInput(f"{SYSTEM!r} names the lifecycle's own work in events, not a principal")
-    return name
-
-
 def add(ctx: Ctx, name: str) -> list[str]:
     require_admin(ctx.who, WHAT)
-    _principal_name(name)
+    principal_name(name, "admin add")
     with ctx.write() as conn:
         if not ledger.add_admin(conn, name, ctx.now, ctx.principal):
             raise Conflict(f"{name!r} is already an admin")

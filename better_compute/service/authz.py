@@ -8,10 +8,22 @@ a refusal would confirm that the id exists.
 
 from __future__ import annotations
 
-from better_compute.errors import Forbidden, NotFound
-from better_compute.model import Principal
+from better_compute.errors import Forbidden, InvalidInput, NotFound
+from better_compute.model import SYSTEM, Principal
 from better_compute.storage import ledger
 from better_compute.storage.repo import Conn
+
+
+def principal_name(name: str, where: str) -> str:
+    """A principal is a user (or role) name as the system spells it: no padding that would make
+    ' root' a second root, and never `system`, which names the lifecycle's own work in events."""
+    if not name or name != name.strip() or len(name) > 256 or not name.isprintable():
+        raise InvalidInput(
+            f"{where}: {name[:40]!r} is not a principal; give a user name, without spaces around it"
+        )
+    if name == SYSTEM:
+        raise InvalidInput(f"{where}: {SYSTEM!r} names the lifecycle's own work, not a principal")
+    return name
 
 
 def resolve(conn: Conn, me: str, as_name: str | None, owner: str) -> Principal:
@@ -21,6 +33,8 @@ def resolve(conn: Conn, me: str, as_name: str | None, owner: str) -> Principal:
     who could rewrite the file anyway.
     """
     admins = set(ledger.admins(conn)) or {owner}
+    if as_name is not None:
+        principal_name(as_name, "--as")
     if as_name is None or as_name == me:
         return Principal(me, me in admins)
     if me not in admins:
@@ -51,6 +65,7 @@ ADMIN_ONLY = frozenset(
         "replace the ledger (init --force)",
         "restore a ledger",
         "tick ahead of the real clock (tick --until)",
+        "simulate a workload",
     }
 )
 

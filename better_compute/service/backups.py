@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from better_compute.errors import Forbidden
+from better_compute.errors import Forbidden, InvalidInput
 from better_compute.model import LedgerCopy
 from better_compute.service.authz import require_admin
-from better_compute.service.context import Ctx, open_ctx
+from better_compute.service.context import NO_NOW_ON_REAL_CLOCK, Ctx, open_ctx
 from better_compute.storage.backup import backup_to, restore_from
 
 
@@ -17,14 +17,25 @@ def backup(ctx: Ctx, dest: str, force: bool) -> LedgerCopy:
     return backup_to(ctx.db, dest, force=force)
 
 
-def replacer(path: str, me: str, as_name: str | None, what: str) -> str:
+def replacer(
+    path: str, me: str, as_name: str | None, what: str, *, pinned_clock: bool = False
+) -> str:
     """Who replaces the ledger at `path` (`init --force`, `restore`): one of its admins, checked
     before the file is touched. Where no ledger exists yet there is nobody to check `--as`
-    against, so the user acts as itself (and becomes the first admin of what it creates)."""
+    against, so the user acts as itself (and becomes the first admin of what it creates).
+
+    `pinned_clock`: the new ledger would run on a manual clock. Replacing a real-clock ledger so
+    is refused like any other `--now` on a write: a stale BETTER_COMPUTE_NOW would otherwise
+    freeze the ledger's time for good."""
     if Path(path).is_file() and Path(path).stat().st_size > 0:
         old = open_ctx(path, None, me, as_name)
         try:
             require_admin(old.who, what)
+            if pinned_clock and not old.manual_clock:
+                raise InvalidInput(
+                    f"{NO_NOW_ON_REAL_CLOCK}; to start a what-if ledger, `init --now` another"
+                    " --db, or remove this one first"
+                )
             return old.who.name
         finally:
             old.db.close()

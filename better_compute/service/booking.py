@@ -10,7 +10,7 @@ from better_compute.engine.explain import explain as explain_plan
 from better_compute.engine.gang import rank_gangs
 from better_compute.engine.preempt import plan_preemption
 from better_compute.errors import Conflict, InvalidInput
-from better_compute.inventory import MODEL_RE
+from better_compute.inventory import MODEL_RE, normal_model
 from better_compute.lifecycle import states
 from better_compute.lifecycle.tick import retry_window
 from better_compute.model import (
@@ -53,6 +53,10 @@ class ReserveArgs:
     #: line later is the same request, so the key compares this text rather than the instant.
     start_text: str | None = None
 
+    def __post_init__(self) -> None:
+        # Model names compare without regard to case: stored and compared lowercased, sorted.
+        object.__setattr__(self, "models", tuple(sorted({normal_model(m) for m in self.models})))
+
 
 def validate(args: ReserveArgs) -> None:
     """Flag combinations that no database state could make valid."""
@@ -66,7 +70,7 @@ def validate(args: ReserveArgs) -> None:
         raise InvalidInput("--topology-key must name a label, such as fabric.domain or rack")
     for model in args.models:
         if not MODEL_RE.fullmatch(model):
-            raise InvalidInput(f"--model {model[:40]!r} is not a model name (lowercase, like h100)")
+            raise InvalidInput(f"--model {model[:40]!r} is not a model name (like h100)")
     if args.topology_key is not None and args.gang is None:
         raise InvalidInput("--topology-key applies only to a gang; add --gang SIZE")
     if args.topology not in (None, NVLINK_ALL):
@@ -225,7 +229,8 @@ def _admit(ctx: Ctx, args: ReserveArgs) -> tuple[sqlite3.Row, int]:
 def _require_possible(conn: sqlite3.Connection, args: ReserveArgs, pool: sqlite3.Row) -> None:
     """Refuse what no node of the pool could ever hold, whatever its state (cordoned, unhealthy
     or booked nodes count): waiting could never place it, and it would hold quota meanwhile.
-    Checked after policy and quota, so an over-quota request still reads QUOTA_EXCEEDED."""
+    Checked after policy (which may refuse the principal outright) and before quota: a request
+    no pool could ever hold is wrong whatever the tenant holds."""
     share = args.gpus or 1
     sizes = repo.node_sizes(conn, pool["id"], args.models)
     gpus = f"{'/'.join(args.models)} GPUs" if args.models else "GPUs"
@@ -244,11 +249,15 @@ def _require_possible(conn: sqlite3.Connection, args: ReserveArgs, pool: sqlite3
 
 def _replay(ctx: Ctx, args: ReserveArgs) -> Reservation | None:
     """A key already used by the tenant: the same request returns its reservation as it is (even
-    if a policy or the pools changed since), other parameters are a CONFLICT (PRODUCT.md §7)."""
+    if a policy's limits or the pools changed since), other parameters are a CONFLICT (PRODUCT.md
+    §7). Only to a principal that acts for the tenant: to anyone else a key is no way to learn
+    whether it was used (admission refuses them as if it was not)."""
     if args.key is None:
         return None
     conn = ctx.db.conn
     repo.require_tenant(conn, args.tenant)
+    if not authz.may_act_for(conn, ctx.who, args.tenant):
+        return None
     existing = repo.reservation_by_key(conn, args.tenant, args.key)
     if existing is None:
         return None
@@ -271,8 +280,8 @@ def reserve(ctx: Ctx, args: ReserveArgs) -> Reservation:
             return replay
         pool, charge = _admit(ctx, args)
         params = _params(args, pool["id"])
-        check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
         _require_possible(conn, args, pool)
+        check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
         rsv_id, seq = repo.next_id(conn, "rsv"), repo.next_seq(conn, "reservations")
         rsv = _new_reservation(ctx, args, pool["id"], charge, rsv_id, seq)
         repo.insert_reservation(conn, rsv, params)
@@ -304,8 +313,8 @@ def preview(ctx: Ctx, args: ReserveArgs) -> Preview:
     check_horizon(ctx, args)
     with ctx.db.read() as conn:
         pool, charge = _admit(ctx, args)
-        check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
         _require_possible(conn, args, pool)
+        check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
         # Preview takes no id: a draft named "preview" plans exactly as the real request would.
         draft = _new_reservation(ctx, args, pool["id"], charge, "preview", 0)
         window = retry_window(draft, ctx.now)

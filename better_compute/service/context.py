@@ -45,6 +45,8 @@ class Ctx:
     asked_by_flag: bool = False
     #: True for the lifecycle's own work (tick, repair): its events' actor is `system`.
     system: bool = False
+    #: The ledger's clock as it was opened: manual (made under --now) or real.
+    manual_clock: bool = True
 
     @property
     def principal(self) -> str:
@@ -126,7 +128,7 @@ def open_ctx(path: str, now_text: str | None, me: str, as_name: str | None) -> C
         now = asked
     else:
         now = state.last_at if manual else max(clock.real_ms(), state.last_at)
-    ctx = Ctx(db, now, who, asked=asked, asked_by_flag=asked is not None)
+    ctx = Ctx(db, now, who, asked=asked, asked_by_flag=asked is not None, manual_clock=manual)
     ctx.__dict__["settings"] = settings  # seeds the cached_property: one read, not two
     db.set_busy_timeout(settings.busy_timeout_ms)
     return ctx

@@ -18,9 +18,12 @@ from better_compute.inventory import (
     InventoryNode,
     InventoryPool,
     InventoryTenant,
+    OpenbNodes,
     check_label,
     load_inventory_text,
+    normal_model,
     nvlink_group_of,
+    parse_openb_nodes,
 )
 from better_compute.model import (
     FABRIC_DOMAIN,
@@ -79,11 +82,12 @@ def init(
     return db, counts
 
 
-def init_admin(path: str, me: str, as_name: str | None, force: bool) -> str:
+def init_admin(path: str, me: str, as_name: str | None, force: bool, manual: bool) -> str:
     """Who `init` makes the first admin: replacing a ledger is its admins' decision (without
     --force nothing is replaced: an existing ledger is a CONFLICT further on)."""
     target = path if force else ""
-    return backups.replacer(target, me, as_name, "replace the ledger (init --force)")
+    what = "replace the ledger (init --force)"
+    return backups.replacer(target, me, as_name, what, pinned_clock=manual)
 
 
 def _group_id(name: str) -> int:
@@ -192,8 +196,9 @@ def node_spec(
     _name(name, "node name")
     if not 1 <= gpus <= 64:
         raise InvalidInput(f"--gpus must be from 1 to 64, got {gpus}")
+    model = normal_model(model)
     if not MODEL_RE.fullmatch(model):
-        raise InvalidInput(f"--model {model!r} must be lowercase letters, digits, '.', '_' or '-'")
+        raise InvalidInput(f"--model {model!r} must be letters, digits, '.', '_' or '-'")
     if nvlink_groups < 1 or gpus % nvlink_groups:
         raise InvalidInput(f"--nvlink-groups must divide --gpus {gpus} evenly, got {nvlink_groups}")
     cluster, clique = parse_fabric(fabric)
@@ -229,11 +234,13 @@ def node_show(ctx: Ctx, name: str) -> NodeDetail:
 
     with ctx.db.read() as conn:
         node = repo.get_node(conn, name)
+        seen = authz.visible_tenants(conn, ctx.who)  # other tenants' assignments stay private
+        desired = [a for a in desired_state(conn, name) if seen is None or a.tenant_id in seen]
         return NodeDetail(
             node,
             repo.pool_name(conn, node.pool_id),
             tuple(repo.maintenance_for_node(conn, name, ctx.now)),
-            tuple(desired_state(conn, name)),
+            tuple(desired),
         )
 
 
@@ -448,26 +455,35 @@ def ctx_fresh(ctx: Ctx) -> Ctx:
 
 
 def read_inventory(ctx: Ctx, file: str) -> Inventory:
-    """Read and parse an inventory file (or - for stdin), refusing what could never be one: a
-    device, FIFO or folder (`/dev/zero` would be read forever), and more than inventory.maxBytes
-    (at most that many bytes plus one are ever read)."""
+    """Read and parse an inventory JSON file (or - for stdin)."""
+    return load_inventory_text(read_text(ctx, file, "inventory"))
+
+
+def read_openb_nodes(ctx: Ctx, file: str, pool: str | None) -> OpenbNodes:
+    """Read and parse an openb node list (CSV) as one pool, `openb` unless named."""
+    return parse_openb_nodes(read_text(ctx, file, "node list"), pool or "openb")
+
+
+def read_text(ctx: Ctx, file: str, what: str) -> str:
+    """Read a UTF-8 text file (or - for stdin), refusing what could never be one: a device,
+    FIFO or folder (`/dev/zero` would be read forever), and more than inventory.maxBytes (at most
+    that many bytes plus one are ever read)."""
     cap = ctx.settings.inventory_max_bytes
-    raw = sys.stdin.buffer.read(cap + 1) if file == "-" else _read_regular(file, cap + 1)
+    raw = sys.stdin.buffer.read(cap + 1) if file == "-" else _read_regular(file, cap + 1, what)
     if len(raw) > cap:
         raise InvalidInput(
-            f"inventory {file!r} is larger than {cap} bytes (the setting inventory.maxBytes);"
+            f"{what} {file!r} is larger than {cap} bytes (the setting inventory.maxBytes);"
             " split it, or raise the limit with `config set inventory.maxBytes N`"
         )
     try:
-        text = raw.decode("utf-8-sig")
+        return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise InvalidInput(
-            f"inventory {file!r} is not UTF-8 text (byte {exc.start}); save it as UTF-8 JSON"
+            f"{what} {file!r} is not UTF-8 text (byte {exc.start}); save it as UTF-8"
         ) from None
-    return load_inventory_text(text)
 
 
-def _read_regular(file: str, most: int) -> bytes:
+def _read_regular(file: str, most: int, what: str) -> bytes:
     """At most `most` bytes of a regular file. O_NONBLOCK: opening a FIFO must not wait for a
     writer; the type is checked on the open descriptor, so a swapped path can't slip through."""
     try:
@@ -477,8 +493,8 @@ def _read_regular(file: str, most: int) -> bytes:
     with os.fdopen(fd, "rb") as handle:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise InvalidInput(
-                f"inventory {file!r} is not a regular file (a device, FIFO or folder);"
-                " give a JSON file, or - for stdin"
+                f"{what} {file!r} is not a regular file (a device, FIFO or folder);"
+                " give a file, or - for stdin"
             )
         try:
             return handle.read(most)

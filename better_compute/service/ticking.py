@@ -19,7 +19,7 @@ from better_compute.lifecycle.tick import (
     timed_out,
 )
 from better_compute.model import Event, JsonValue, ReleaseReason, Reservation, State
-from better_compute.service import booking, metering, placing
+from better_compute.service import authz, booking, metering, placing
 from better_compute.service.authz import require_admin
 from better_compute.service.context import NO_NOW_ON_REAL_CLOCK, Ctx
 from better_compute.storage import ledger, repo
@@ -31,14 +31,22 @@ def tick(ctx: Ctx) -> list[Event]:
     Anyone may tick (cron): it only does what is due. Its events' actor is `system`.
     """
     ctx.system = True
-    with ctx.write() as conn:
+    with ctx.write():
         first = _last_seq(ctx)
         _release_due(ctx)
         _retry_pending(ctx)
         _repair_due(ctx)
         _start_binding(ctx)
         _bind(ctx)
-        return repo.events(conn, tenant=None, reservation=None, since=first)
+        return _shown(ctx, first)
+
+
+def _shown(ctx: Ctx, first: int) -> list[Event]:
+    """What changed since event `first`, as far as this principal may see: its tenants' events
+    and the fleet's. Anyone may run tick and repair; they learn nothing of other tenants."""
+    conn = ctx.db.conn
+    seen = authz.visible_tenants(conn, ctx.who)
+    return repo.events(conn, tenant=None, reservation=None, since=first, tenants=seen)
 
 
 def tick_until(
@@ -196,7 +204,7 @@ def repair(ctx: Ctx, rsv_id: str | None) -> list[Event]:
             targets = repo.reservations_in(conn, State.PLACED)
         for rsv in targets:
             repair_one(ctx, rsv)
-        return repo.events(conn, tenant=None, reservation=None, since=first)
+        return _shown(ctx, first)
 
 
 def _start_binding(ctx: Ctx) -> None:

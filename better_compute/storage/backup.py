@@ -26,8 +26,12 @@ from better_compute.storage.db import (
     _header_kind,
     _migrate,
     _require_path,
+    file_identity,
 )
 from better_compute.storage.schema import APPLICATION_ID, SCHEMA_VERSION
+
+#: SQLite's primary result codes for a failed write of the copy (sqlite3 exposes only the number).
+SQLITE_IOERR, SQLITE_FULL = 10, 13
 
 
 def _summary(conn: sqlite3.Connection) -> tuple[int, str, int, int]:
@@ -46,7 +50,7 @@ def backup_to(db: Database, dest: str, *, force: bool, mode: int = 0o600) -> Cop
     if target.exists():
         if not target.is_file():
             raise InvalidInput(f"{dest!r} is not a regular file; name a file for the backup")
-        if db.identity == _file_id(target):
+        if db.identity == file_identity(target):
             raise InvalidInput(f"{dest!r} is the ledger itself; name another file")
         if not force:
             raise Conflict(f"{dest!r} already exists; add --force to replace it")
@@ -70,21 +74,13 @@ def backup_to(db: Database, dest: str, *, force: bool, mode: int = 0o600) -> Cop
     return Copy(str(dest), target.stat().st_size, version, db_id, reservations, events)
 
 
-def _file_id(path: Path) -> tuple[int, int] | None:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return (info.st_dev, info.st_ino)
-
-
 def _check_source(source: str, ledger: Path) -> Path:
     """The cheap checks, from the header, before anything is copied."""
     path = Path(source)
     if not path.is_file():
         what = "does not exist" if not path.exists() else "is not a regular file"
         raise InvalidInput(f"backup {source!r} {what}")
-    if _file_id(path) == _file_id(ledger):
+    if file_identity(path) == file_identity(ledger):
         raise InvalidInput(f"backup {source!r} is the ledger itself")
     try:
         with path.open("rb") as handle:
@@ -116,6 +112,11 @@ def _fill_from(source: Path, name: str, summary: list[tuple[int, str, int, int]]
                 src.close()
             problems = [row[0] for row in db.conn.execute("PRAGMA integrity_check(5)")]
         except sqlite3.DatabaseError as exc:
+            if exc.sqlite_errorcode & 0xFF in (SQLITE_IOERR, SQLITE_FULL):  # writing the copy
+                raise Unavailable(
+                    f"cannot write the restored ledger beside {str(db.path)!r}: {exc} (disk"
+                    " full?); nothing was replaced"
+                ) from None
             raise bad(f"cannot be read: {exc}") from None
         if problems != ["ok"]:
             raise bad(f"is damaged (integrity_check: {'; '.join(problems)})")
@@ -143,8 +144,8 @@ def _fill_from(source: Path, name: str, summary: list[tuple[int, str, int, int]]
 def restore_from(path: str, source: str, *, mode: int | None = None) -> Copy:
     """Replace the ledger at `path` (or create it) with a checked copy of the backup `source`.
 
-    The restored file keeps the permission bits of the ledger it replaces (0600 for a new one):
-    a team that shares the file must not lose access by restoring it.
+    The restored file keeps the permission bits and the group of the ledger it replaces (0600
+    for a new one): a team that shares the file must not lose access by restoring it.
     """
     _require_path(path)
     kind = _header_kind(Path(path))
@@ -155,9 +156,17 @@ def restore_from(path: str, source: str, *, mode: int | None = None) -> Copy:
     target = files.real_target(path)
     if mode is None:
         mode = stat.S_IMODE(target.stat().st_mode) if kind == "ours" else 0o600
+    group = target.stat().st_gid if kind == "ours" else None
     checked = _check_source(source, target)
     summary: list[tuple[int, str, int, int]] = []
-    temp = replace.build_temp(target, mode, _fill_from(checked, source, summary))
+    fill = _fill_from(checked, source, summary)
+
+    def build(db: Database) -> None:
+        if group is not None:  # a team's ledger stays the team's
+            os.chown(db.path, -1, group)
+        fill(db)
+
+    temp = replace.build_temp(target, mode, build)
     replace.swap_in(target, temp, replacing=kind == "ours")
     version, db_id, reservations, events = summary[0]
     return Copy(path, target.stat().st_size, version, db_id, reservations, events)

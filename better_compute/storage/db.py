@@ -49,6 +49,11 @@ def _header_kind(path: Path) -> str:
         return "foreign"
     try:
         header = _read_header(path)
+    except PermissionError:
+        raise Forbidden(
+            f"you may not read the ledger {str(path)!r} (its file permissions): ask its owner"
+            " for access, e.g. `init --group`"
+        ) from None
     except OSError as exc:
         raise InvalidInput(f"cannot read {str(path)!r}: {exc.strerror}") from None
     if len(header) == 0:
@@ -59,7 +64,7 @@ def _header_kind(path: Path) -> str:
     return "ours" if app_id == APPLICATION_ID else "foreign"
 
 
-def _identity(path: Path) -> tuple[int, int] | None:
+def file_identity(path: Path) -> tuple[int, int] | None:
     """Which file the path names now: (device, inode), or None when nothing is there."""
     try:
         info = os.stat(path)
@@ -88,7 +93,7 @@ class Database:
     def __init__(self, path: Path, busy_timeout_ms: int, *, snapshot: bool = False) -> None:
         self.path = path
         self._where = Path(os.path.abspath(path))  # as SQLite resolved it, whatever the cwd later
-        self.identity = _identity(self._where)
+        self.identity = file_identity(self._where)
         if snapshot:  # read-only and immutable: see _open_snapshot
             uri = "file:" + urllib.parse.quote(str(self._where)) + "?mode=ro&immutable=1"
             self.conn = sqlite3.connect(uri, uri=True, isolation_level=None)
@@ -143,7 +148,7 @@ class Database:
 
     def require_same_file(self) -> None:
         """UNAVAILABLE when the path no longer names the file this connection opened."""
-        if _identity(self._where) != self.identity:
+        if file_identity(self._where) != self.identity:
             raise Unavailable(
                 f"database {self.path} was replaced while this command waited; nothing was"
                 " written, run it again"
@@ -154,7 +159,7 @@ class Database:
         """A deferred transaction: one consistent snapshot for everything a command reads."""
         self._begin("BEGIN")
         try:
-            if _identity(self._where) != self.identity:
+            if file_identity(self._where) != self.identity:
                 raise Unavailable(f"database {self.path} was replaced; run the command again")
             yield self.conn
         finally:
@@ -301,7 +306,7 @@ def open_database(path: str, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> 
     except BaseException:
         db.close()
         raise
-    if _identity(file) != db.identity:
+    if file_identity(file) != db.identity:
         # Replaced between our stat and SQLite's open: which file SQLite holds is unknown.
         db.close()
         raise Unavailable(f"database {path!r} was replaced while opening it; run it again")

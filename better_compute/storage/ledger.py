@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from better_compute.storage.repo import Conn
+from better_compute.storage.repo import Conn, decoded
+from better_compute.timeparse import MAX_MS
 
 MANUAL = "manual"
 REAL = "real"
@@ -23,7 +24,16 @@ class ClockState:
 
 def clock_state(conn: Conn) -> ClockState:
     rows = dict(conn.execute("SELECT key, value FROM meta WHERE key IN ('clock', 'last_at')"))
-    return ClockState(str(rows.get("clock", REAL)), int(rows.get("last_at", 0)))
+    return decoded(conn, "its clock (meta clock, last_at)", lambda: _clock(rows))
+
+
+def _clock(rows: dict[str, object]) -> ClockState:
+    mode, last_at = rows.get("clock", REAL), int(str(rows.get("last_at", "0")))
+    if mode not in (MANUAL, REAL) or not str(rows.get("last_at", "0")).isdigit():
+        raise ValueError(f"clock {mode!r} at {rows.get('last_at')!r}")
+    if not 0 <= last_at <= MAX_MS:
+        raise ValueError(f"last_at {last_at} is past {MAX_MS}")
+    return ClockState(str(mode), last_at)
 
 
 def advance_clock(conn: Conn, at: int) -> None:

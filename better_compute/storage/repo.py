@@ -113,7 +113,7 @@ def next_id(conn: Conn, prefix: str) -> str:
     """`rsv_…`: a per-database counter hashed with the database id, so copies replay identically."""
     key = f"counter:{prefix}"
     row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-    n = int(row[0]) + 1 if row else 1
+    n = decoded(conn, f"meta {key}", lambda: _setting_int(row[0])) + 1 if row else 1
     conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, str(n)))
     digest = int.from_bytes(hashlib.sha256(f"{db_id(conn)}:{prefix}:{n}".encode()).digest()[:8])
     token = "".join(_ALPHABET[(digest >> (5 * i)) & 31] for i in range(12))
@@ -1237,4 +1237,16 @@ def usage_rows(
     if start is not None:
         sql += " AND (u.end IS NULL OR u.end > ?)"
         args.append(start)
-    return conn.execute(sql + " ORDER BY u.start, u.id", args).fetchall()
+    rows = conn.execute(sql + " ORDER BY u.start, u.id", args).fetchall()
+    for r in rows:  # the caller computes with these values: a damaged one is damage, not a bug
+        decoded(conn, f"usage window {r['id']}", partial(_check_usage_row, r))
+    return rows
+
+
+def _check_usage_row(r: sqlite3.Row) -> None:
+    for text in ("meter", "tenant_id", "reservation_id", "allocation_id"):
+        _str(r[text])
+    for number in ("gpus", "start"):
+        _int(r[number])
+    for maybe in ("end", "during_end"):
+        _opt_int(r[maybe])

@@ -1,0 +1,332 @@
+"""`simulate`: replay a workload through the real use cases and the real ledger, and report.
+
+Requests are replayed in arrival order, each as its own `reserve` transaction acting at its
+arrival instant, exactly as users would; between arrivals the ledger is ticked at every instant
+where something is due (storage answers the next one: ends, preemption deadlines, pending retries
+and time-outs, starts and BookingRepair lead times), exactly as cron would, so a simulate gives
+the same ledger as the same commands run one by one. At one instant: the tick for what was due,
+then every arrival, then a tick for what they made due. Without `until`, it ticks until nothing
+is due; with it, it replays arrivals before `until`, ticks up to it and stops, leaving the ledger
+live there.
+
+The report is computed from the ledger afterwards (the reservations this run created, their
+events, bookings and usage), never from counters kept along the way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from fractions import Fraction
+
+from better_compute import clock
+from better_compute.errors import (
+    BetterComputeError,
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    QuotaExceeded,
+)
+from better_compute.service import booking, setup, ticking
+from better_compute.service.authz import require_admin
+from better_compute.service.booking import ReserveArgs
+from better_compute.service.context import Ctx
+from better_compute.storage import ledger, repo
+from better_compute.storage import simulation as store
+from better_compute.timeparse import parse_time
+from better_compute.workload import Request, Workload, parse_workload
+
+HOUR_MS = 3_600_000
+#: The utilisation series has at most this many buckets, each a whole number of minutes.
+MAX_BUCKETS = 24
+MINUTE_MS = 60_000
+REAL_CLOCK = (
+    "simulate rewrites the ledger's time, so it needs a ledger on a manual clock: this one runs"
+    " on the real clock. Make one with `init --now TIME` (and import the inventory) to simulate"
+)
+#: What a request may be refused with while the replay goes on (it is counted as never placed).
+REFUSALS = (InvalidInput, QuotaExceeded, Forbidden, Conflict, NotFound)
+_PLACEMENT_EVENTS = (
+    "reservation.placed",
+    "reservation.pending",
+    "reservation.preempting",
+    "reservation.preempted",
+)
+
+
+@dataclass(frozen=True)
+class Utilisation:
+    start: int
+    end: int
+    booked: float  # GPUs booked on average over the bucket
+    allocatable: int
+
+
+@dataclass(frozen=True)
+class Report:
+    requests: int
+    placed_at_once: int
+    placed_after_waiting: int
+    never_placed: int
+    skipped: int
+    cut_back: int
+    requeued: int
+    wait_mean_ms: int
+    wait_p95_ms: int
+    gpu_hours_booked: float
+    gpu_hours_used: float
+    utilisation: tuple[Utilisation, ...]
+    wall_seconds: float
+    requests_per_second: float
+
+
+@dataclass
+class _Run:
+    """What the replay did: the reservations it made (ids and seq range), refusals, the span."""
+
+    start: int
+    first_event: int
+    ids: set[str]
+    lo_seq: int | None = None
+    hi_seq: int | None = None
+    refused: int = 0
+
+    def made(self, seq: int, rsv_id: str) -> None:
+        self.ids.add(rsv_id)
+        self.lo_seq = seq if self.lo_seq is None else min(self.lo_seq, seq)
+        self.hi_seq = seq if self.hi_seq is None else max(self.hi_seq, seq)
+
+
+def simulate(
+    ctx: Ctx,
+    file: str,
+    fmt: str,
+    compress: Fraction,
+    until_text: str | None = None,
+    pool: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Report:
+    """Replay `file` (openb or jsonl) on this manual-clock ledger and report what happened.
+
+    Admin-only: it creates the tenants the workload names and moves the ledger's time."""
+    require_admin(ctx.who, "simulate a workload")
+    began = clock.elapsed_s()
+    with ctx.db.read() as conn:
+        state = ledger.clock_state(conn)
+        if state.mode != ledger.MANUAL:
+            raise InvalidInput(REAL_CLOCK)
+        base = max(ctx.now, state.last_at)
+        first_event = repo.last_event_seq(conn)
+    until = None if until_text is None else parse_time(until_text, base)
+    if until is not None and until < base:
+        raise InvalidInput(f"--until must not be before the ledger's instant ({base})")
+    workload = parse_workload(setup.read_text(ctx, file, "workload"), fmt, base, compress)
+    plan = [(r, _args(r, pool)) for r in workload.requests if until is None or r.at < until]
+    _check_pools(ctx, plan)
+    _create_tenants(ctx.at(base), workload.tenants)
+    run = _Run(base, first_event, set())
+    end = _replay(ctx, plan, run, until, progress)
+    with ctx.db.read():
+        return _report(ctx, run, workload, len(plan), end, clock.elapsed_s() - began)
+
+
+def _args(r: Request, pool: str | None) -> ReserveArgs:
+    """The reserve a request makes, checked as `reserve` would check its flags (line N: …)."""
+    args = ReserveArgs(
+        tenant=r.tenant,
+        pool=r.pool if r.pool is not None else pool,
+        gpus=r.gpus,
+        duration_ms=r.duration_ms,
+        models=r.models,
+        gang=r.gang,
+        topology_key=r.topology_key,
+        start=r.start,
+        spot=r.spot,
+        key=r.key,
+    )
+    try:
+        booking.validate(args)
+    except BetterComputeError as exc:
+        raise InvalidInput(f"line {r.line}: {exc.message}") from None
+    return args
+
+
+def _check_pools(ctx: Ctx, plan: list[tuple[Request, ReserveArgs]]) -> None:
+    """Every pool the requests name exists (and a request naming none has one pool to go to),
+    before anything is written."""
+    refs = {args.pool: r.line for r, args in reversed(plan)}
+    with ctx.db.read() as conn:
+        for ref, line in sorted(refs.items(), key=lambda kv: kv[1]):
+            try:
+                repo.find_pool(conn, ref)
+            except BetterComputeError as exc:
+                raise type(exc)(f"line {line}: {exc.message}") from None
+
+
+def _create_tenants(ctx: Ctx, tenants: Iterable[str]) -> None:
+    """The tenants the workload names, created when missing (no quota), in one transaction."""
+    with ctx.write() as conn:
+        for tenant in tenants:
+            if not repo.tenant_exists(conn, tenant):
+                repo.insert_tenant(conn, tenant)
+                ctx.event("tenant.created", None, None, {"tenantId": tenant})
+
+
+def _at(ctx: Ctx, instant: int, *, system: bool = False) -> Ctx:
+    at = ctx.at(instant, system=system)
+    at.__dict__["settings"] = ctx.settings  # one settings read for the whole replay
+    return at
+
+
+def _replay(
+    ctx: Ctx,
+    plan: list[tuple[Request, ReserveArgs]],
+    run: _Run,
+    until: int | None,
+    progress: Callable[[int, int], None] | None,
+) -> int:
+    """Arrivals and due ticks in time order; returns the instant the replay ended at."""
+    settings = ctx.settings
+    after = run.start - 1  # what is due at or after the start has not been ticked yet
+    last = run.start
+    i = 0
+    while True:
+        arrival = plan[i][0].at if i < len(plan) else None
+        with ctx.db.read() as conn:
+            due = store.next_due(conn, after, settings.repair_lead_ms, settings.pending_max_wait_ms)
+        if due is not None and until is not None and due > until:
+            due = None
+        if due is not None and (arrival is None or due <= arrival):
+            last = max(last, due)
+            ticking.tick(_at(ctx, last, system=True))
+            after = due
+            continue
+        if arrival is None:
+            break
+        while i < len(plan) and plan[i][0].at == arrival:  # every arrival of this instant
+            _reserve(_at(ctx, arrival), plan[i][1], run)
+            i += 1
+            if progress is not None:
+                progress(i, len(plan))
+        last = max(last, arrival)
+        after = arrival - 1  # the arrivals may have made something due at this very instant
+    if until is not None and last < until:
+        ticking.tick(_at(ctx, until, system=True))
+        last = until
+    return last
+
+
+def _reserve(ctx: Ctx, args: ReserveArgs, run: _Run) -> None:
+    try:
+        rsv = booking.reserve(ctx, args)
+    except REFUSALS:
+        run.refused += 1
+        return
+    run.made(rsv.seq, rsv.id)
+
+
+# ---------------------------------------------------------------- the report
+
+
+def _report(
+    ctx: Ctx, run: _Run, workload: Workload, requests: int, end: int, wall: float
+) -> Report:
+    conn = ctx.db.conn
+    placed_at_once = placed_later = cut_back = requeued = 0
+    waits: list[int] = []
+    booked_ms = used_ms = 0
+    buckets: tuple[Utilisation, ...] = ()
+    if run.lo_seq is not None and run.hi_seq is not None:
+        lo, hi = run.lo_seq, run.hi_seq
+        asked = {
+            rid: max(created, start or created)
+            for rid, created, start in store.reservation_starts(conn, lo, hi)
+            if rid in run.ids
+        }
+        first_placed: dict[str, int] = {}
+        waited: set[str] = set()
+        for type_, rid, when, data in store.placement_events(
+            conn, run.first_event, _PLACEMENT_EVENTS
+        ):
+            if rid not in asked:
+                continue
+            if type_ == "reservation.placed" and rid not in first_placed:
+                start = data.get("start")
+                first_placed[rid] = start if isinstance(start, int) else when
+                if rid in waited:
+                    placed_later += 1
+                else:
+                    placed_at_once += 1
+                waits.append(max(0, first_placed[rid] - asked[rid]))
+            elif type_ == "reservation.pending" and rid not in first_placed:
+                waited.add(rid)
+            elif type_ == "reservation.preempting":
+                cut_back += 1
+            elif type_ == "reservation.preempted" and data.get("requeued"):
+                requeued += 1
+        spans = [(p, s, e) for rid, p, s, e in store.booking_spans(conn, lo, hi) if rid in asked]
+        booked_ms = sum(e - s for _p, s, e in spans)
+        used_ms = sum(
+            g * ((end if e is None else e) - s)
+            for rid, g, s, e in store.usage_spans(conn, lo, hi)
+            if rid in asked
+        )
+        buckets = _utilisation(ctx, spans, run.start, end)
+    return Report(
+        requests=requests,
+        placed_at_once=placed_at_once,
+        placed_after_waiting=placed_later,
+        never_placed=requests - placed_at_once - placed_later,
+        skipped=workload.skipped,
+        cut_back=cut_back,
+        requeued=requeued,
+        wait_mean_ms=round(sum(waits) / len(waits)) if waits else 0,
+        wait_p95_ms=_percentile(waits, 95),
+        gpu_hours_booked=round(booked_ms / HOUR_MS, 3),
+        gpu_hours_used=round(used_ms / HOUR_MS, 3),
+        utilisation=buckets,
+        wall_seconds=round(wall, 3),
+        requests_per_second=round(requests / wall, 1) if wall > 0 else 0.0,
+    )
+
+
+def _percentile(values: list[int], pct: int) -> int:
+    """Nearest-rank percentile (0 for no values)."""
+    if not values:
+        return 0
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
+
+
+def _utilisation(
+    ctx: Ctx, spans: list[tuple[str, int, int]], start: int, end: int
+) -> tuple[Utilisation, ...]:
+    """GPUs booked on average in each of at most MAX_BUCKETS equal buckets from the replay's
+    start to its end, against the allocatable GPUs (today's) of the pools the run booked in."""
+    if end <= start:
+        return ()
+    step = max(1, math.ceil((end - start) / MAX_BUCKETS / MINUTE_MS)) * MINUTE_MS
+    count = math.ceil((end - start) / step)
+    gpu_ms = [0] * count
+    for _pool, s, e in spans:
+        s, e = max(s, start), min(e, start + count * step)
+        first = (s - start) // step
+        while s < e:
+            bucket_end = start + (first + 1) * step
+            gpu_ms[first] += min(e, bucket_end) - s
+            s, first = bucket_end, first + 1
+    allocatable = 0
+    conn = ctx.db.conn
+    for pool_id in sorted({p for p, _s, _e in spans}):
+        allocatable += repo.pool_inventory_counts(conn, pool_id, end)[2]
+    return tuple(
+        Utilisation(
+            start + k * step,
+            start + (k + 1) * step,
+            round(gpu_ms[k] / step, 2),
+            allocatable,
+        )
+        for k in range(count)
+    )

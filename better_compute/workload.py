@@ -1,0 +1,266 @@
+"""Workload files for `simulate`: the openb task list (CSV) and JSON Lines. Pure parsing.
+
+Both become requests in arrival order, with instants in epoch ms. Trace times are offsets from the
+ledger's instant `base` (openb's second 0 is `base`); `--compress K` divides every arrival's offset
+from `base` by K, each request keeping its own duration (and its lead time to a `start`). The whole
+file is read before anything is written: a bad line is INVALID_INPUT naming its line number.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from fractions import Fraction
+
+from better_compute.errors import BetterComputeError, InvalidInput
+from better_compute.inventory import MAX_GPUS, MODEL_RE, NAME_RE, csv_int, csv_rows, normal_model
+from better_compute.timeparse import MAX_MS, parse_duration, parse_time
+
+#: The one tenant of an openb replay: the trace names no users or teams.
+OPENB_TENANT = "openb"
+#: openb's qos for best-effort work, replayed as spot.
+OPENB_SPOT_QOS = "BE"
+OPENB_COLUMNS = ("num_gpu", "gpu_spec", "qos", "creation_time", "deletion_time")
+JSONL_KEYS = (
+    "at",
+    "tenant",
+    "gpus",
+    "duration",
+    "start",
+    "gang",
+    "topologyKey",
+    "spot",
+    "model",
+    "key",
+    "pool",
+)
+FORMATS = ("openb", "jsonl")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of a workload: what `reserve` is asked at instant `at`."""
+
+    line: int
+    at: int
+    tenant: str
+    gpus: int
+    duration_ms: int
+    start: int | None = None
+    gang: int | None = None
+    topology_key: str | None = None
+    spot: bool = False
+    models: tuple[str, ...] = ()
+    key: str | None = None
+    pool: str | None = None
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests in arrival order (ties in file order), and the rows skipped as no request."""
+
+    requests: tuple[Request, ...]
+    skipped: int
+
+    @property
+    def tenants(self) -> tuple[str, ...]:
+        return tuple(sorted({r.tenant for r in self.requests}))
+
+
+def parse_compress(text: str) -> Fraction:
+    """`--compress K`: a number, at least 1 (`100`, `2.5`)."""
+    try:
+        k = Fraction(text.strip()) if len(text) <= 32 else None
+    except (ValueError, ZeroDivisionError):
+        k = None
+    if k is None or k < 1:
+        raise InvalidInput(f"--compress must be a number of at least 1 (such as 100), got {text!r}")
+    return k
+
+
+def _arrive(base: int, at: int, compress: Fraction) -> int:
+    """`at`, its offset from `base` divided by `compress` (floored to the millisecond)."""
+    return base + (at - base) * compress.denominator // compress.numerator
+
+
+def parse_workload(text: str, fmt: str, base: int, compress: Fraction = Fraction(1)) -> Workload:
+    if fmt == "openb":
+        return parse_openb(text, base, compress)
+    if fmt == "jsonl":
+        return parse_jsonl(text, base, compress)
+    raise InvalidInput(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+
+
+# ---------------------------------------------------------------- openb
+
+
+def parse_openb(text: str, base: int, compress: Fraction = Fraction(1)) -> Workload:
+    """The openb task list (data README): a task with `num_gpu >= 1` is a reservation of
+    `num_gpu` whole GPUs (a GPU-sharing task, `gpu_milli < 1000`, takes one whole GPU) from
+    `creation_time` to `deletion_time` (seconds from the trace's start); `qos = BE` is spot;
+    `gpu_spec` (`V100M16|V100M32`) lists the accepted models. Tasks without GPUs, and tasks whose
+    deletion is not after their creation, are skipped and counted."""
+    requests: list[Request] = []
+    skipped = 0
+    for line, row in csv_rows(text, OPENB_COLUMNS, "the openb task list"):
+        gpus = csv_int(row, "num_gpu", line, 0, MAX_GPUS)
+        created = csv_int(row, "creation_time", line, 0, MAX_MS // 1000)
+        deleted = csv_int(row, "deletion_time", line, 0, MAX_MS // 1000)
+        if gpus == 0 or deleted <= created:
+            skipped += 1
+            continue
+        models = tuple(normal_model(m.strip()) for m in row["gpu_spec"].split("|") if m.strip())
+        for model in models:
+            if not MODEL_RE.fullmatch(model):
+                raise InvalidInput(
+                    f"line {line}: gpu_spec {row['gpu_spec'][:40]!r} is not a list"
+                    " of models such as V100M16|V100M32"
+                )
+        at = base + created * 1000
+        if at > MAX_MS:
+            raise InvalidInput(f"line {line}: creation_time {created} is too far ahead")
+        requests.append(
+            Request(
+                line=line,
+                at=_arrive(base, at, compress),
+                tenant=OPENB_TENANT,
+                gpus=gpus,
+                duration_ms=(deleted - created) * 1000,
+                spot=row["qos"] == OPENB_SPOT_QOS,
+                models=models,
+            )
+        )
+    requests.sort(key=lambda r: (r.at, r.line))
+    return Workload(tuple(requests), skipped)
+
+
+# ---------------------------------------------------------------- JSON Lines
+
+
+def _what(value: object) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
+def _int(d: dict[str, object], key: str, lo: int, hi: int) -> int | None:
+    value = d.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise InvalidInput(f"{key} must be an integer from {lo} to {hi}, got {_what(value)}")
+    return value
+
+
+def _instant(d: dict[str, object], key: str, base: int) -> int | None:
+    """Epoch ms, or the CLI's TIME forms (`+2h` counts from the ledger's instant)."""
+    value = d.get(key)
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value) if value >= 0 else "-"
+    if not isinstance(value, str):
+        raise InvalidInput(f"{key} must be epoch ms or a TIME such as +2h, got {_what(value)}")
+    try:
+        return parse_time(value, base)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{key}: {exc.message}") from None
+
+
+def _duration(d: dict[str, object]) -> int:
+    value = d.get("duration")
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value <= 0:
+            raise InvalidInput(f"duration must be more than 0 ms, got {value}")
+        value = f"{value}ms"
+    if not isinstance(value, str):
+        raise InvalidInput(
+            f"duration is required: milliseconds or a DURATION such as 3h, got {_what(value)}"
+        )
+    try:
+        return parse_duration(value)
+    except InvalidInput as exc:
+        raise InvalidInput(f"duration: {exc.message}") from None
+
+
+def _text(d: dict[str, object], key: str) -> str | None:
+    value = d.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInput(f"{key} must be a non-empty string, got {_what(value)}")
+    return value
+
+
+def _models(d: dict[str, object]) -> tuple[str, ...]:
+    value = d.get("model")
+    if value is None:
+        return ()
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(m, str) for m in items):
+        raise InvalidInput(
+            f"model must be a model, a comma-separated list or a list of models, got {_what(value)}"
+        )
+    models = tuple(normal_model(m.strip()) for m in items if m.strip())
+    if not models or not all(MODEL_RE.fullmatch(m) for m in models):
+        raise InvalidInput(f"model must name models such as h100 or v100m16, got {_what(value)}")
+    return models
+
+
+def _request(line: int, raw: str, base: int, compress: Fraction) -> Request:
+    try:
+        d = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise InvalidInput("not a JSON object (one request per line)") from None
+    if not isinstance(d, dict):
+        raise InvalidInput(f"must be a JSON object, got {_what(d)}")
+    for key in d:
+        if key not in JSONL_KEYS:
+            raise InvalidInput(f"unknown key {_what(key)} (allowed: {', '.join(JSONL_KEYS)})")
+    at = _instant(d, "at", base)
+    if at is None:
+        raise InvalidInput("at is required: epoch ms or a TIME such as +2h")
+    if at < base:
+        raise InvalidInput(
+            f"at {at} is before the ledger's instant {base}; a replay only moves forward"
+        )
+    tenant = d.get("tenant")
+    if not isinstance(tenant, str) or not NAME_RE.fullmatch(tenant):
+        raise InvalidInput(f"tenant must be a tenant id such as acme, got {_what(tenant)}")
+    gpus = _int(d, "gpus", 1, MAX_GPUS)
+    if gpus is None:
+        raise InvalidInput(f"gpus is required: an integer from 1 to {MAX_GPUS}")
+    spot = d.get("spot", False)
+    if not isinstance(spot, bool):
+        raise InvalidInput(f"spot must be true or false, got {_what(spot)}")
+    arrival = _arrive(base, at, compress)
+    start = _instant(d, "start", base)
+    return Request(
+        line=line,
+        at=arrival,
+        tenant=tenant,
+        gpus=gpus,
+        duration_ms=_duration(d),
+        # The lead time to a calendar start is kept, as each request keeps its duration.
+        start=None if start is None else min(MAX_MS, max(0, arrival + start - at)),
+        gang=_int(d, "gang", 2, 64),
+        topology_key=_text(d, "topologyKey"),
+        spot=spot,
+        models=_models(d),
+        key=_text(d, "key"),
+        pool=_text(d, "pool"),
+    )
+
+
+def parse_jsonl(text: str, base: int, compress: Fraction = Fraction(1)) -> Workload:
+    """One request per line: `{at, tenant, gpus, duration, start?, gang?, topologyKey?, spot?,
+    model?, key?, pool?}`; blank lines are ignored."""
+    requests = []
+    for line, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            requests.append(_request(line, raw, base, compress))
+        except BetterComputeError as exc:
+            raise InvalidInput(f"line {line}: {exc.message}") from None
+    requests.sort(key=lambda r: (r.at, r.line))
+    return Workload(tuple(requests), 0)

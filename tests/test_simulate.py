@@ -1,0 +1,367 @@
+"""`simulate` (issue 8): a replay through the real use cases gives the same ledger as the same
+commands run one by one, the same report on copies of one ledger, survives SIGKILL consistently,
+and refuses bad workloads naming the line before it writes anything."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import MIN, NOW, NOW_MS, SEC, Cli, init_db
+
+MACHINE_KEYS = ("wallSeconds", "requestsPerSecond")
+REPORT_KEYS = [
+    "requests",
+    "placedAtOnce",
+    "placedAfterWaiting",
+    "neverPlaced",
+    "skipped",
+    "preemptions",
+    "waitMs",
+    "gpuHoursBooked",
+    "gpuHoursUsed",
+    "utilisation",
+    "wallSeconds",
+    "requestsPerSecond",
+]
+ENTRY = [sys.executable, "-c", "from better_compute.cli import main; main()"]
+
+
+def small_fleet(path: Path) -> Cli:
+    """Pool `small`: four 4-GPU h100 nodes, two per fabric domain (so 2-node gangs fit)."""
+    cli = Cli(init_db(path))
+    cli.ok("pool", "create", "small")
+    for i in range(4):
+        fabric = f"c1.{i // 2}"
+        cli.ok("node", "add", f"n{i}", "--pool", "small", "--gpus", "4", "--model", "h100",
+               "--nvlink-groups", "2", "--fabric", fabric)  # fmt: skip
+    return cli
+
+
+def generated(seed: int = 7, count: int = 40) -> list[dict[str, Any]]:
+    """A contended workload on a 30-second grid (so a tick every 30 s meets every due instant):
+    regular and spot requests, calendar starts, gangs; two tenants."""
+    rng = random.Random(seed)
+    lines: list[dict[str, Any]] = []
+    for n in range(count):
+        at = NOW_MS + rng.randrange(0, 40) * 30 * SEC
+        line: dict[str, Any] = {
+            "at": at,
+            "tenant": rng.choice(["acme", "globex"]),
+            "gpus": rng.choice([1, 1, 2, 2, 3, 4]),
+            "duration": rng.randrange(2, 60) * 30 * SEC,
+        }
+        if rng.random() < 0.4:
+            line["spot"] = True
+        if rng.random() < 0.15:
+            line["start"] = at + rng.randrange(1, 40) * 30 * SEC
+        if n % 10 == 3:
+            line.update(gang=2, gpus=2, topologyKey="fabric.domain", spot=False)
+        if n % 7 == 0:
+            line["duration"] = f"{rng.randrange(1, 20)}m"
+        lines.append(line)
+    return lines
+
+
+def write_jsonl(path: Path, lines: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+def without_machine(report: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in report.items() if k not in MACHINE_KEYS}
+
+
+def outcome(cli: Cli) -> list[tuple[Any, ...]]:
+    """What each reservation ended as: state, window, nodes and GPUs, release reason."""
+    rows = cli.ok("list")
+    return [
+        (
+            r["id"],
+            r["tenantId"],
+            r["state"],
+            r["releaseReason"],
+            r["during"],
+            [(a["nodeId"], a["atoms"]) for a in r["allocations"]],
+            [c["reason"] for c in r["conditions"]],
+        )
+        for r in rows
+    ]
+
+
+def ledger_now(cli: Cli) -> int:
+    """The ledger's instant: a tick without --now on a manual clock acts at it (and does nothing
+    when nothing is due)."""
+    return int(cli.ok("tick", now=None)["now"])
+
+
+@pytest.fixture
+def fleet(db_dir: Path) -> Cli:
+    return small_fleet(db_dir / "sim.db")
+
+
+def test_report_has_the_product_keys_and_is_the_same_on_copies(fleet: Cli, db_dir: Path) -> None:
+    workload = write_jsonl(db_dir / "w.jsonl", generated())
+    copy = Cli(db_dir / "copy.db")
+    fleet.ok("backup", copy.db)
+    first = fleet.ok("simulate", "--workload", workload, "--format", "jsonl", now=None)
+    second = copy.ok("simulate", "--workload", workload, "--format", "jsonl", now=None)
+    assert list(first) == REPORT_KEYS
+    assert set(first["preemptions"]) == {"cutBack", "requeued"}
+    assert set(first["waitMs"]) == {"mean", "p95"}
+    assert without_machine(first) == without_machine(second)
+    assert outcome(fleet) == outcome(copy)
+    assert first["requests"] == 40 and first["skipped"] == 0
+    assert first["placedAtOnce"] + first["placedAfterWaiting"] + first["neverPlaced"] == 40
+    # The workload is contended: some waited, and spot work was preempted.
+    assert first["placedAfterWaiting"] > 0
+    assert first["preemptions"]["cutBack"] + first["preemptions"]["requeued"] > 0
+    assert first["waitMs"]["p95"] >= first["waitMs"]["mean"] > 0
+    assert 0 < first["gpuHoursUsed"] <= first["gpuHoursBooked"]
+    for bucket in first["utilisation"]:
+        assert set(bucket) == {"start", "end", "booked", "allocatable"}
+        assert bucket["allocatable"] == 16 and 0 <= bucket["booked"] <= 16
+    # Ticked to the end: nothing is live any more.
+    assert fleet.ok("list", "--state", "pending", "--state", "placed", "--state", "active") == []
+
+
+def test_simulate_agrees_with_the_same_commands_run_one_by_one(fleet: Cli, db_dir: Path) -> None:
+    """Reserve at each arrival with --now, `tick --until` every 30 s between them (every due
+    instant lies on that grid), then tick to where simulate stopped: the same reservations end
+    in the same states, windows, nodes and GPUs."""
+    lines = generated(seed=11, count=30)
+    workload = write_jsonl(db_dir / "w.jsonl", lines)
+    by_hand = Cli(db_dir / "by-hand.db")
+    fleet.ok("backup", by_hand.db)
+
+    fleet.ok("simulate", "--workload", workload, "--format", "jsonl", now=None)
+    end = ledger_now(fleet)
+
+    for tenant in sorted({x["tenant"] for x in lines}):
+        by_hand.ok("tenant", "create", tenant, now=None)
+    for x in sorted(lines, key=lambda x: x["at"]):  # stable: ties keep the file's order
+        by_hand.ok("tick", "--until", str(x["at"]), "--step", "30s", now=None)
+        args = ["reserve", "--tenant", x["tenant"], "--gpus", x["gpus"]]
+        duration = x["duration"]
+        args += ["--for", duration if isinstance(duration, str) else f"{duration // SEC}s"]
+        if "start" in x:
+            args += ["--start", str(x["start"])]
+        if x.get("spot"):
+            args.append("--spot")
+        if "gang" in x:
+            args += ["--gang", x["gang"], "--topology-key", x["topologyKey"]]
+        by_hand.ok(*args, now=str(x["at"]))
+    by_hand.ok("tick", "--until", str(end), "--step", "30s", now=None)
+
+    assert outcome(by_hand) == outcome(fleet)
+    assert ledger_now(by_hand) == end
+
+
+def test_until_leaves_work_active_and_bookings_ahead(fleet: Cli, db_dir: Path) -> None:
+    lines = [
+        {"at": "+0s", "tenant": "acme", "gpus": 2, "duration": "2h"},
+        {"at": "+10m", "tenant": "acme", "gpus": 1, "duration": "3h", "start": "+1h"},
+        {"at": "+20m", "tenant": "globex", "gpus": 4, "duration": 3_600_000, "spot": True},
+        {"at": "+2h", "tenant": "acme", "gpus": 1, "duration": "1h"},  # after --until: not sent
+    ]
+    workload = write_jsonl(db_dir / "w.jsonl", lines)
+    report = fleet.ok(
+        "simulate", "--workload", workload, "--format", "jsonl", "--until", "+30m", now=None
+    )
+    assert report["requests"] == 3
+    assert ledger_now(fleet) == NOW_MS + 30 * MIN
+    active = fleet.ok("list", "--state", "active")
+    assert {r["tenantId"] for r in active} == {"acme", "globex"}
+    placed = fleet.ok("list", "--state", "placed")
+    assert [r["during"]["start"] for r in placed] == [NOW_MS + 60 * MIN]  # from the ledger
+    window = ["--from", str(NOW_MS + 60 * MIN), "--to", str(NOW_MS + 120 * MIN)]
+    timeline = fleet.ok("timeline", *window, "--step", "30", now=None)
+    assert all(b["booked"] > 0 for b in timeline["buckets"])
+    # The commands that follow carry on from there: the ledger is live at --until.
+    assert fleet.ok("tick", "--until", "+3h", now=None)["changes"]
+
+
+def test_refused_requests_are_never_placed_and_the_replay_goes_on(fleet: Cli, db_dir: Path) -> None:
+    fleet.ok("tenant", "create", "acme")
+    fleet.ok("quota", "set", "--tenant", "acme", "--gpus", "2")
+    lines = [
+        {"at": "+0s", "tenant": "acme", "gpus": 2, "duration": "1h"},
+        {"at": "+1m", "tenant": "acme", "gpus": 1, "duration": "1h"},  # over quota
+        {"at": "+2m", "tenant": "acme", "gpus": 1, "duration": "1h", "model": "a100"},  # no a100
+        {"at": "+3m", "tenant": "globex", "gpus": 1, "duration": "1h"},
+    ]
+    report = fleet.ok(
+        "simulate", "--workload", write_jsonl(db_dir / "w.jsonl", lines), "--format", "jsonl",
+        now=None,
+    )  # fmt: skip
+    assert (report["requests"], report["placedAtOnce"], report["neverPlaced"]) == (4, 2, 2)
+
+
+# ---------------------------------------------------------------- refusals
+
+
+OK = '"at": "+1h", "tenant": "acme", "gpus": 1, "duration": "1h"'
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{", "line 3: not a JSON object"),
+        ("[1]", "line 3: must be a JSON object"),
+        ("{" + OK + ', "x": 1}', 'line 3: unknown key "x"'),
+        ('{"tenant": "acme", "gpus": 1, "duration": "1h"}', "line 3: at is required"),
+        ('{"at": "+1h", "tenant": "acme", "duration": "1h"}', "line 3: gpus is required"),
+        ('{"at": "+1h", "tenant": "acme", "gpus": 65, "duration": "1h"}', "line 3: gpus must be"),
+        ('{"at": "+1h", "tenant": "acme", "gpus": 1, "duration": "soon"}', "line 3: duration"),
+        ('{"at": "+1h", "tenant": "acme", "gpus": 1, "duration": 0}', "line 3: duration"),
+        ('{"at": "soon", "tenant": "acme", "gpus": 1, "duration": "1h"}', "line 3: at: bad TIME"),
+        ('{"at": "-1h", "tenant": "acme", "gpus": 1, "duration": "1h"}', "line 3: at "),
+        ('{"at": "+1h", "tenant": "a b", "gpus": 1, "duration": "1h"}', "line 3: tenant"),
+        ("{" + OK + ', "spot": 1}', "line 3: spot"),
+        ("{" + OK + ', "model": "H 100"}', "line 3: model"),
+        ("{" + OK + ', "topologyKey": "rack"}', "line 3: --topology-key applies only to a gang"),
+        ("{" + OK + ', "pool": "nope"}', "line 3: "),
+    ],
+)
+def test_a_bad_line_is_refused_by_number_before_anything_is_written(
+    fleet: Cli, db_dir: Path, line: str, message: str
+) -> None:
+    good = '{"at": "+0s", "tenant": "newco", "gpus": 1, "duration": "1h"}'
+    path = db_dir / "bad.jsonl"
+    path.write_text(f"{good}\n\n{line}\n{good}\n")
+    events = fleet.ok("events")
+    error = fleet.fails(
+        3 if "pool" in line else 2, "simulate", "--workload", path, "--format", "jsonl", now=None
+    )
+    assert error["message"].startswith(message), error
+    assert fleet.ok("events") == events
+    assert "newco" not in [t["id"] for t in fleet.ok("tenant", "list")]
+
+
+def test_simulate_refuses_a_real_clock_ledger_and_non_admins(db_dir: Path) -> None:
+    real = Cli(db_dir / "real.db")
+    real.ok("init", now=None)
+    path = write_jsonl(db_dir / "w.jsonl", [{"at": 1, "tenant": "a", "gpus": 1, "duration": 1}])
+    error = real.fails(2, "simulate", "--workload", path, "--format", "jsonl", now=None)
+    assert "manual clock" in error["message"]
+    manual = small_fleet(db_dir / "manual.db")
+    manual.ok("admin", "remove", "admin")
+    error = manual.fails(
+        6, "--as", "someone", "simulate", "--workload", path, "--format", "jsonl", now=None
+    )
+    assert error["code"] == "FORBIDDEN"
+
+
+@pytest.mark.parametrize("k", ["0", "0.5", "-3", "fast", "nan", "inf", ""])
+def test_compress_must_be_a_number_of_at_least_one(fleet: Cli, db_dir: Path, k: str) -> None:
+    path = write_jsonl(db_dir / "w.jsonl", [])
+    error = fleet.fails(2, "simulate", "--workload", path, "--format", "jsonl", "--compress", k)
+    assert "--compress" in error["message"]
+
+
+def test_compress_divides_arrival_offsets_and_keeps_durations(fleet: Cli, db_dir: Path) -> None:
+    lines = [
+        {"at": "+0s", "tenant": "acme", "gpus": 1, "duration": "1h"},
+        {"at": "+10h", "tenant": "acme", "gpus": 1, "duration": "1h", "start": "+11h"},
+    ]
+    path = write_jsonl(db_dir / "w.jsonl", lines)
+    fleet.ok("simulate", "--workload", path, "--format", "jsonl", "--compress", "2.5", now=None)
+    rows = fleet.ok("list")
+    assert [r["createdAt"] - NOW_MS for r in rows] == [0, 4 * 3_600_000]
+    # Each keeps its duration, and its lead time to the start it asked for.
+    assert [(r["during"]["start"] - NOW_MS, r["durationMs"]) for r in rows] == [
+        (0, 3_600_000),
+        (5 * 3_600_000, 3_600_000),
+    ]
+
+
+# ---------------------------------------------------------------- killed part-way
+
+
+def test_a_killed_simulate_leaves_a_consistent_ledger(fleet: Cli, db_dir: Path) -> None:
+    workload = write_jsonl(db_dir / "w.jsonl", generated(seed=3, count=400))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BETTER_COMPUTE_")}
+    proc = subprocess.Popen(
+        [*ENTRY, "--db", str(fleet.db), "--json", "simulate", "--workload", str(workload),
+         "--format", "jsonl"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            with sqlite3.connect(f"file:{fleet.db}?mode=ro", uri=True, timeout=30) as conn:
+                if conn.execute("SELECT COUNT(*) FROM reservations").fetchone()[0] >= 40:
+                    break
+            time.sleep(0.05)
+        assert proc.poll() is None, "simulate finished before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    conn = sqlite3.connect(fleet.db)
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    made = conn.execute("SELECT COUNT(*) FROM reservations").fetchone()[0]
+    assert 40 <= made < 400
+    # No atom is booked twice for overlapping time.
+    clash = conn.execute(
+        "SELECT COUNT(*) FROM bookings a JOIN bookings b ON a.node_id = b.node_id"
+        " AND a.atom = b.atom AND a.id < b.id AND a.start < b.end AND b.start < a.end"
+    ).fetchone()[0]
+    assert clash == 0
+    # Every live reservation's bookings are exactly its allocations' atoms over its window.
+    live = conn.execute(
+        "SELECT id, during_start, during_end FROM reservations"
+        " WHERE state IN ('placed', 'binding', 'active')"
+    ).fetchall()
+    assert live
+    for rsv_id, start, end in live:
+        allocated = {
+            (node, atom)
+            for node, atoms in conn.execute(
+                "SELECT node_id, atoms FROM allocations WHERE reservation_id = ? AND released = 0",
+                (rsv_id,),
+            )
+            for atom in json.loads(atoms)
+        }
+        booked = conn.execute(
+            "SELECT node_id, atom, start, end FROM bookings WHERE reservation_id = ?"
+            " AND end > ? ORDER BY node_id, atom",
+            (rsv_id, start),
+        ).fetchall()
+        assert {(n, a) for n, a, _s, _e in booked} == allocated, rsv_id
+        assert all((s, e) == (start, end) for _n, _a, s, e in booked), rsv_id
+    # Pending reservations hold no bookings from now on.
+    assert not conn.execute(
+        "SELECT COUNT(*) FROM bookings b JOIN reservations r ON r.id = b.reservation_id"
+        " WHERE r.state = 'pending' AND b.end > (SELECT CAST(value AS INTEGER) FROM meta"
+        " WHERE key = 'last_at')"
+    ).fetchone()[0]
+    conn.close()
+    # The ledger takes the next command.
+    assert fleet.ok("tick", now=None)["now"] >= NOW_MS
+
+
+def test_the_time_forms_of_a_line(fleet: Cli, db_dir: Path) -> None:
+    iso = "2026-09-28T09:00:00Z"
+    lines = [
+        {"at": iso, "tenant": "acme", "gpus": 1, "duration": 90 * MIN},
+        {"at": str(NOW_MS + 2 * 3_600_000), "tenant": "acme", "gpus": 1, "duration": "1h30m"},
+        {"at": "now", "tenant": "acme", "gpus": 1, "duration": "45m"},
+    ]
+    path = write_jsonl(db_dir / "w.jsonl", lines)
+    assert fleet.ok("simulate", "--workload", path, "--format", "jsonl", now=None)["requests"] == 3
+    rows = fleet.ok("list")
+    assert [(r["createdAt"], r["durationMs"]) for r in rows] == [
+        (NOW_MS, 45 * MIN),
+        (NOW_MS + 3_600_000, 90 * MIN),
+        (NOW_MS + 2 * 3_600_000, 90 * MIN),
+    ]
+    assert NOW == "2026-09-28T08:00:00Z"

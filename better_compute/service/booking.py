@@ -232,14 +232,12 @@ def _require_possible(conn: sqlite3.Connection, args: ReserveArgs, pool: sqlite3
     Checked after policy (which may refuse the principal outright) and before quota: a request
     no pool could ever hold is wrong whatever the tenant holds."""
     share = args.gpus or 1
-    sizes = repo.node_sizes(conn, pool["id"], args.models)
+    largest, fitting = repo.node_capacity(conn, pool["id"], args.models, share)
     gpus = f"{'/'.join(args.models)} GPUs" if args.models else "GPUs"
-    if share > max(sizes, default=0):
+    if share > largest:
         raise InvalidInput(
-            f"--gpus {share} per node: the largest node of pool {pool['name']} has"
-            f" {max(sizes, default=0)} {gpus}"
+            f"--gpus {share} per node: the largest node of pool {pool['name']} has {largest} {gpus}"
         )
-    fitting = sum(1 for size in sizes if size >= share)
     if args.gang is not None and args.gang > fitting:
         raise InvalidInput(
             f"--gang {args.gang}: pool {pool['name']} has {fitting} nodes with {share} or more"

@@ -132,11 +132,13 @@ def repair_one(ctx: Ctx, rsv: Reservation) -> Reservation:
     conn = ctx.db.conn
     if rsv.state != State.PLACED or rsv.during is None or rsv.preempt_deadline is not None:
         return rsv  # a spot reservation under notice ends at its deadline: nothing to repair
-    nodes = {n.name: n for n in repo.load_nodes(conn, rsv.pool_id)}
+    # The check needs only the reservation's own nodes; the whole pool only when one went bad.
+    own = repo.load_nodes_named(conn, sorted({a.node_id for a in rsv.allocations}))
     maintenance = repo.maintenance_overlapping(conn, rsv.pool_id, rsv.during)
-    bad = bad_nodes(rsv, nodes, maintenance, ctx.now)
+    bad = bad_nodes(rsv, {n.name: n for n in own}, maintenance, ctx.now)
     if not bad:
         return rsv
+    nodes = {n.name: n for n in repo.load_nodes(conn, rsv.pool_id)}
     left: list[JsonValue] = [a.node_id for a in rsv.allocations]
     window = rsv.during
     with ctx.db.savepoint("repair"):
@@ -229,7 +231,8 @@ def _bind(ctx: Ctx) -> None:
     """Step 5: autoBind reachable nodes; a reservation with every allocation bound is active."""
     conn = ctx.db.conn
     for rsv in repo.reservations_in(conn, State.BINDING):
-        nodes = {n.name: n for n in repo.load_nodes(conn, rsv.pool_id)}
+        names = sorted({a.node_id for a in rsv.allocations})
+        nodes = {n.name: n for n in repo.load_nodes_named(conn, names)}
         auto = _auto_bind(ctx, rsv.pool_id)
         for alloc in rsv.allocations:
             if not alloc.bound and can_bind(nodes[alloc.node_id], auto):

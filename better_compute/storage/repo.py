@@ -370,16 +370,21 @@ def set_node_labels(conn: Conn, name: str, labels: Sequence[tuple[str, str]]) ->
     conn.execute("UPDATE nodes SET labels = ? WHERE name = ?", (_labels_json(labels), name))
 
 
-def node_sizes(conn: Conn, pool_id: str, models: Sequence[str]) -> list[int]:
-    """Per node of a pool, its GPUs of the accepted models (all GPUs when none are given),
-    whatever the node's or the GPUs' state: what the node could ever hold."""
-    sql = "SELECT COUNT(a.idx) FROM nodes n LEFT JOIN atoms a ON a.node_id = n.name"
+def node_capacity(conn: Conn, pool_id: str, models: Sequence[str], share: int) -> tuple[int, int]:
+    """(the most GPUs of the accepted models any node of the pool has, how many nodes have at
+    least `share` of them), whatever the nodes' or the GPUs' state: what the pool could ever
+    hold. All GPUs count when no model is given. Counted in SQL: no per-node rows."""
+    sql = "SELECT COUNT(a.idx) AS c FROM nodes n LEFT JOIN atoms a ON a.node_id = n.name"
     args: list[object] = []
     if models:
         sql += f" AND a.model IN ({','.join('?' * len(models))})"
         args.extend(models)
-    rows = conn.execute(sql + " WHERE n.pool_id = ? GROUP BY n.name", [*args, pool_id])
-    return [int(r[0]) for r in rows]
+    sql += " WHERE n.pool_id = ? GROUP BY n.name"
+    row = conn.execute(
+        f"SELECT COALESCE(MAX(c), 0), COALESCE(SUM(c >= ?), 0) FROM ({sql})",
+        [share, *args, pool_id],
+    ).fetchone()
+    return int(row[0]), int(row[1])
 
 
 def live_gang_keys(conn: Conn, node: str) -> list[tuple[str, str]]:

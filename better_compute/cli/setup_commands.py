@@ -217,7 +217,7 @@ def node_add(
     c = ctx()
     setup.node_add(c, pool, spec)
     shown = setup.node_show(c, node)
-    emit(as_json, js.node(shown.node), f"added {node} ({gpus} × {model}) to {shown.pool_name}")
+    emit(as_json, js.node(shown.node), f"added {node} ({gpus} × {spec.model}) to {shown.pool_name}")
 
 
 @node_app.command("list")

@@ -203,7 +203,8 @@ def event_line(e: Event) -> str:
         k: iso(v) if k in TIME_KEYS and isinstance(v, int) and not isinstance(v, bool) else v
         for k, v in e.data.items()
     }
-    return f"{iso(e.at)}  #{e.seq} {e.type}{who} {dumps(data)}"
+    actor = e.actor if e.acting_admin is None else f"{e.actor} (admin {e.acting_admin})"
+    return f"{iso(e.at)}  #{e.seq} {e.type}{who} by {actor} {dumps(data)}"
 
 
 def usage(rows: Sequence[UsageWindow], dead_letter: bool) -> RenderableType:

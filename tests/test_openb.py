@@ -204,10 +204,9 @@ def test_model_names_compare_without_regard_to_case(empty: Cli, db_dir: Path) ->
     assert meters == {"gpu.v100m16.hours", "gpu.a10.hours"}  # meter names stay lowercase
 
 
-#: How many rows of the default task list the slow replay takes. The whole list (7,063 GPU tasks)
-#: takes about 14 minutes of CPU with today's engine (README, "Simulate real demand"), too slow
-#: for every CI run; raise this to 8152 once placement is fast.
-OPENB_ROWS = 300
+#: How many rows of the default task list the slow replay takes: all of them (7,063 GPU tasks),
+#: about 80 s on a shared 2-CPU machine (README, "Simulate real demand").
+OPENB_ROWS = 8152
 
 
 @needs_data

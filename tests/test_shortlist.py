@@ -16,6 +16,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from better_compute.engine import shortlist
 from better_compute.engine.fit import plan_nodes
 from better_compute.engine.gang import rank_gangs
 from better_compute.engine.place import rank_single
@@ -278,18 +279,19 @@ def test_the_shortlist_answers_as_the_full_planner(
         # No node the full planner finds fitting is missing from the shortlist's candidates.
         snaps = repo.snapshots(db.conn, pool_id, WINDOW, ignore_reservation=subject.id)
         all_fits, _ = plan_nodes(request, snaps, exclude=ask.exclude)
-        candidates = {
-            name
-            for name, _, _ in repo.fit_candidates(
-                db.conn,
-                pool_id,
-                WINDOW,
-                ignore_reservation=subject.id,
-                need=request.gpus or 0,
-                whole_node=request.node_lease,
-            )
-        }
+        rows = repo.fit_candidates(
+            db.conn,
+            pool_id,
+            WINDOW,
+            ignore_reservation=subject.id,
+            need=request.gpus or 0,
+            whole_node=request.node_lease,
+        )
+        candidates = {name for name, _, _ in rows}
         assert {plan.node_id for _, plan in all_fits} <= candidates
+        # SQLite sorts them exactly as the engine defines "most promising first".
+        defined = shortlist.ordered(request, [shortlist.Candidate(*row) for row in rows])
+        assert [name for name, _, _ in rows] == [name for _, name in defined]
 
         # The ranking among the best topN is the full planner's, plan by plan.
         enough = max(1, ask.top_n)

@@ -77,28 +77,26 @@ def shortlisted_fits(
     """Fitting nodes, planned most promising first (engine/shortlist.py), until the best `enough`
     single-node plans are known (None: every candidate, as gangs need), by node name."""
     conn = ctx.db.conn
-    candidates = [
-        shortlist.Candidate(name, busy, gpus)
-        for name, busy, gpus in repo.fit_candidates(
-            conn,
-            pool_id,
-            request.window,
-            ignore_reservation=ignore,
-            need=request.gpus or 0,
-            whole_node=request.node_lease,
-        )
-    ]
-    order = shortlist.ordered(request, candidates)
+    order = repo.fit_candidates(  # already in shortlist.best_key order
+        conn,
+        pool_id,
+        request.window,
+        ignore_reservation=ignore,
+        need=request.gpus or 0,
+        whole_node=request.node_lease,
+    )
     fits: list[Fit] = []
     done, size = 0, max(FIRST_ROUND, 2 * (enough or 0))
     while done < len(order):
-        names = [name for _, name in order[done : done + size]]
+        names = [name for name, _, _ in order[done : done + size]]
         done, size = done + len(names), 2 * size
         snaps = repo.snapshots(
             conn, pool_id, request.window, ignore_reservation=ignore, names=names
         )
         fits.extend(plan_nodes(request, snaps, exclude=exclude)[0])
-        following = order[done][0] if done < len(order) else None
+        following = None
+        if done < len(order):
+            following = shortlist.best_key(request, shortlist.Candidate(*order[done]))
         if enough is not None and shortlist.settled([p for _, p in fits], enough, following):
             break
     return sorted(fits, key=lambda fit: fit[1].node_id)

@@ -188,6 +188,7 @@ def _replay(
     progress: Callable[[int, int], None] | None,
 ) -> int:
     """Arrivals and due ticks in time order; returns the instant the replay ended at."""
+    ctx.db.sync_at_checkpoints()  # a what-if replay: thousands of commits, none a person waits on
     settings = ctx.settings
     after = run.start - 1  # what is due at or after the start has not been ticked yet
     last = run.start

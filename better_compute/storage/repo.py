@@ -488,7 +488,9 @@ WHERE s.healthy - COALESCE(busy.busy_healthy, 0) >= CASE WHEN :whole THEN s.gpus
   AND s.gpus >= :least
   AND NOT EXISTS (SELECT 1 FROM maintenance m
                   WHERE m.node_id = s.node_id AND m.end > :from AND m.start < :to)
-ORDER BY s.node_id
+-- engine/shortlist.best_key: the fullest a share would leave the node (scorers.fill), then name
+ORDER BY 10 * ((COALESCE(busy.busy, 0) + CASE WHEN :whole THEN s.gpus ELSE :need END) * 1000
+               / s.gpus) DESC, s.node_id
 """
 
 
@@ -505,7 +507,8 @@ def fit_candidates(
     schedulable, reachable, out of maintenance, with at least `need` healthy GPUs free in the
     window (`whole_node`: every GPU healthy and free, and at least max(need, 1) of them). A
     superset of the nodes the planner finds fitting: models and NVLink groups are its business.
-    One aggregate query; no node or booking becomes a Python object."""
+    Most promising first, in engine/shortlist.best_key's order (sorted by SQLite, so no
+    candidate becomes a Python object before it is planned). One aggregate query."""
     rows = conn.execute(
         FIT_CANDIDATES_SQL,
         {

@@ -14,7 +14,21 @@ What it measures, each figure a median of `--repeat` runs (at least 5) in this o
   at ~200,000 bookings against ~20,000 on 4,000 nodes, both as whole processes and in-process (the
   service call alone, without the interpreter's start-up, which hides growth);
 - start-up (item 4): `--version` and `get --json` against a minimal Typer app with one command
-  (benchmarks/minimal_typer.py) run by the same Python.
+  (benchmarks/minimal_typer.py) run by the same Python;
+- tick and the write lock (item 5): `better-compute tick` with `--due` (1,000) placed reservations
+  of the big pool starting at the same instant (a whole process on a fresh copy of that ledger
+  each round, in the same interleaved rounds as item 2); and `--writers` (16) `reserve --json`
+  processes started at once on the big pool, each through benchmarks/lock_probe.py, which times
+  its wait inside BEGIN IMMEDIATE (SQLite's own busy wait for the write lock) and its hold to
+  COMMIT: median and p99 over every process of every round, beside each process's wall time minus
+  one uncontended `reserve`'s (which adds the CPU contention of 16 start-ups on this machine);
+- replay (item 1): `simulate` of openb's default task list at `--compress 100` on openb's nodes,
+  as a whole process on a fresh ledger, against benchmarks/baseline_replay.py's `replay` of the
+  same tasks (the floor). A full replay takes a minute or more, so it runs `--replay-repeat` times
+  (default once; 0 skips it); the baseline, under a second, runs `--repeat` times.
+
+The growth curves (item 3 as a chart in docs/) come from benchmarks/growth.py, which reuses this
+script's pools through the same `--workdir`.
 
 How the pools are built: `build_pool` below. Today it writes rows straight into the tables through
 benchmarks/bench_reserve.py's Writer (shaped exactly as repo.insert_* write them). Issue 8 wants

@@ -14,7 +14,21 @@ What it measures, each figure a median of `--repeat` runs (at least 5) in this o
   at ~200,000 bookings against ~20,000 on 4,000 nodes, both as whole processes and in-process (the
   service call alone, without the interpreter's start-up, which hides growth);
 - start-up (item 4): `--version` and `get --json` against a minimal Typer app with one command
-  (benchmarks/minimal_typer.py) run by the same Python.
+  (benchmarks/minimal_typer.py) run by the same Python;
+- tick and the write lock (item 5): `better-compute tick` with `--due` (1,000) placed reservations
+  of the big pool starting at the same instant (a whole process on a fresh copy of that ledger
+  each round, in the same interleaved rounds as item 2); and `--writers` (16) `reserve --json`
+  processes started at once on the big pool, each through benchmarks/lock_probe.py, which times
+  its wait inside BEGIN IMMEDIATE (SQLite's own busy wait for the write lock) and its hold to
+  COMMIT: median and p99 over every process of every round, beside each process's wall time minus
+  one uncontended `reserve`'s (which adds the CPU contention of 16 start-ups on this machine);
+- replay (item 1): `simulate` of openb's default task list at `--compress 100` on openb's nodes,
+  as a whole process on a fresh ledger, against benchmarks/baseline_replay.py's `replay` of the
+  same tasks (the floor). A full replay takes a minute or more, so it runs `--replay-repeat` times
+  (default once; 0 skips it); the baseline, under a second, runs `--repeat` times.
+
+The growth curves (item 3 as a chart in docs/) come from benchmarks/growth.py, which reuses this
+script's pools through the same `--workdir`.
 
 How the pools are built: `build_pool` below. Today it writes rows straight into the tables through
 benchmarks/bench_reserve.py's Writer (shaped exactly as repo.insert_* write them). Issue 8 wants
@@ -27,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import shutil
@@ -37,11 +52,13 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import baseline_replay  # noqa: E402  (the floor for simulate: issue 8 item 1)
 import bench_reserve as bench  # noqa: E402  (the pool builder and its Writer)
 
 NOW = bench.NOW
@@ -247,6 +264,269 @@ def commands(path: Path) -> dict[str, tuple[list[str], Callable[[str], None] | N
     }
 
 
+# ---------------------------------------------------------------- item 5: tick, the write lock
+
+TICK_AT = NOW + bench.MINUTE
+TICK_AT_TEXT = "2026-01-01T00:01:00Z"
+
+
+def add_due(path: Path, count: int, at: int, seed: int) -> int:
+    """Add `count` placed reservations (1, 2 or 4 GPUs for 8 h, one per node, on GPUs free over the
+    whole window) that all start at `at`, to the pool at `path`, rows shaped as bench.Writer writes
+    them. Their lead repair is marked done (as the tick at `at` - repair.leadMs would have left
+    them), so the tick at `at` does for each the start repair, the binding and the activation.
+
+    `at` is one minute after NOW: every active reservation of the pool started before it and ends
+    at least 15 minutes after NOW, and the first future one starts 30 minutes after NOW, so the
+    tick at `at` has these `count` reservations to do and nothing else."""
+    import random
+
+    rng = random.Random(seed)
+    end = at + 8 * bench.HOUR
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        pool_id = str(conn.execute("SELECT id FROM pools WHERE name = 'h100'").fetchone()[0])
+        busy: dict[str, set[int]] = {}
+        for node, atom in conn.execute(
+            "SELECT node_id, atom FROM bookings WHERE pool_id = ? AND end > ? AND start < ?",
+            (pool_id, at, end),
+        ):
+            busy.setdefault(str(node), set()).add(int(atom))
+        nodes = [str(r[0]) for r in conn.execute("SELECT name FROM nodes ORDER BY name")]
+        rng.shuffle(nodes)
+        conn.execute("BEGIN IMMEDIATE")
+        w = bench.Writer(conn, pool_id)
+        w.seq = int(conn.execute("SELECT MAX(seq) FROM reservations").fetchone()[0] or 0)
+        first = w.seq + 1
+        made = 0
+        for node in nodes:
+            free = [a for a in range(bench.GPUS_PER_NODE) if a not in busy.get(node, set())]
+            gpus = min(rng.choice((1, 2, 4)), len(free))
+            if gpus == 0:
+                continue
+            w.add(rng, node, free[:gpus], at, end, "placed", at)
+            made += 1
+            if made == count:
+                break
+        w.flush()
+        conn.execute("UPDATE reservations SET lead_checked = 1 WHERE seq >= ?", (first,))
+        conn.execute("COMMIT")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+    if made < count:
+        raise SystemExit(f"only {made} of {count} due reservations fit at {at}")
+    return made
+
+
+def _scrub(path: Path) -> None:
+    for stale in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        stale.unlink(missing_ok=True)  # the benchmark's own scratch files
+
+
+def _copy_ledger(src: Path, dest: Path) -> None:
+    """A consistent copy through SQLite's backup API (the source may be in WAL mode)."""
+    _scrub(dest)
+    a, b = sqlite3.connect(src), sqlite3.connect(dest)
+    try:
+        a.backup(b)
+    finally:
+        a.close()
+        b.close()
+
+
+def tick_ledger(big: Path, workdir: Path, due: int, seed: int, rebuild: bool) -> Path:
+    """The big pool plus `due` reservations starting at TICK_AT (kept in --workdir)."""
+    base = workdir / f"{big.stem}-{due}due.db"
+    if base.exists() and not rebuild:
+        print(f"tick ledger: reusing {base}")
+        return base
+    t0 = time.perf_counter()
+    _copy_ledger(big, base)
+    try:
+        add_due(base, due, TICK_AT, seed)
+    except BaseException:
+        _scrub(base)
+        raise
+    print(
+        f"tick ledger: the big pool plus {due} placed reservations starting at {TICK_AT_TEXT},"
+        f" built in {time.perf_counter() - t0:.1f} s"
+    )
+    return base
+
+
+def tick_job(base: Path, scratch: Path, due: int) -> Job:
+    """`better-compute tick` at TICK_AT on a fresh copy of the tick ledger each run: the copy is
+    made after each run (untimed), and the run is checked to have activated all `due`."""
+    exe = cli(base)[0]
+    _copy_ledger(base, scratch)
+
+    def check_and_restore(out: str) -> None:
+        changes = json.loads(out)["changes"]
+        active = sum(1 for c in changes if c["type"] == "reservation.active")
+        if active != due:
+            raise SystemExit(f"tick activated {active} reservations, not {due}")
+        _copy_ledger(base, scratch)
+
+    argv = [exe, "--db", str(scratch), "--now", TICK_AT_TEXT, "--json", "tick"]
+    return argv, check_and_restore
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest rank: the smallest value with at least q of them at or below it."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+@dataclass
+class Burst:
+    processes: int
+    rounds: int
+    waits_ms: list[float]  # each process's wait in BEGIN IMMEDIATE, every timed round
+    holds_ms: list[float]  # each process's BEGIN IMMEDIATE -> COMMIT
+    walls_ms: list[float]  # each contended process's wall time
+    alone_ms: list[float]  # one uncontended run per round
+    spans_ms: list[float]  # each round: first spawn to last exit
+
+
+def lock_burst(path: Path, processes: int, repeat: int) -> Burst:
+    """`processes` `reserve --json` processes started at once on the big pool, each run through
+    benchmarks/lock_probe.py, which records the time each spent inside BEGIN IMMEDIATE (the wait
+    for the write lock) and holding it. Each round first runs one probe-wrapped `reserve` alone
+    (the uncontended wall time), then the burst; what they booked is cancelled (untimed)."""
+    from better_compute.service import booking
+    from better_compute.service.context import open_ctx
+
+    scratch = Path(tempfile.mkdtemp(prefix="bc-burst-"))
+    base = [sys.executable, str(HERE / "lock_probe.py"), "--db", str(path), "--now", NOW_TEXT]
+
+    def argv(i: int) -> list[str]:
+        return [*base, "reserve", "--tenant", f"t{i % 10}", "--gpus", "4", "--for", "8h", "--json"]
+
+    def spawn(i: int) -> int:
+        env = dict(os.environ, BC_LOCK_PROBE=str(scratch / f"{i}.json"))
+        return os.posix_spawn(
+            argv(i)[0],
+            argv(i),
+            env,
+            file_actions=[
+                (
+                    os.POSIX_SPAWN_OPEN,
+                    1,
+                    str(scratch / f"{i}.out"),
+                    os.O_WRONLY | os.O_CREAT,
+                    0o600,
+                ),
+                (
+                    os.POSIX_SPAWN_OPEN,
+                    2,
+                    str(scratch / f"{i}.err"),
+                    os.O_WRONLY | os.O_CREAT,
+                    0o600,
+                ),
+            ],
+        )
+
+    def collect(i: int) -> tuple[str, dict[str, list[float]]]:
+        out = json.loads((scratch / f"{i}.out").read_text())
+        probe = json.loads((scratch / f"{i}.json").read_text())
+        for f in (f"{i}.out", f"{i}.err", f"{i}.json"):
+            (scratch / f).unlink()
+        return str(out["id"]), probe
+
+    def wait(pids: dict[int, int]) -> dict[int, float]:
+        ended: dict[int, float] = {}
+        while pids:
+            pid, status = os.wait()[:2]
+            ended[pids.pop(pid)] = time.perf_counter()
+            if os.waitstatus_to_exitcode(status) != 0:
+                raise SystemExit(f"a burst reserve failed: {list(scratch.glob('*.err'))}")
+        return ended
+
+    got = Burst(processes, repeat, [], [], [], [], [])
+    try:
+        for r in range(repeat + 1):
+            made: list[str] = []
+            t0 = time.perf_counter()
+            ended = wait({spawn(processes): processes})
+            alone = (ended[processes] - t0) * 1000
+            rsv_id, _ = collect(processes)
+            made.append(rsv_id)
+            started: dict[int, float] = {}
+            pids: dict[int, int] = {}
+            for i in range(processes):
+                started[i] = time.perf_counter()
+                pids[spawn(i)] = i
+            ended = wait(pids)
+            for i in range(processes):
+                rsv_id, probe = collect(i)
+                made.append(rsv_id)
+                if r:
+                    got.waits_ms.extend(probe["waits_ms"])
+                    got.holds_ms.extend(probe["holds_ms"])
+                    got.walls_ms.append((ended[i] - started[i]) * 1000)
+            if r:
+                got.alone_ms.append(alone)
+                got.spans_ms.append((max(ended.values()) - min(started.values())) * 1000)
+            ctx = open_ctx(str(path), NOW_TEXT, _me(), None)
+            try:
+                for rsv_id in made:
+                    booking.cancel(ctx, rsv_id)
+            finally:
+                ctx.db.close()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return got
+
+
+# ---------------------------------------------------------------- item 1: replay against the floor
+
+
+@dataclass
+class Replay:
+    runs: int
+    process_s: list[float]  # the whole `simulate` process
+    wall_s: list[float]  # simulate's own wallSeconds
+    rss_kb: list[int]
+    report: dict[str, object]
+    baseline_s: list[float]
+    baseline: baseline_replay.Outcome
+
+
+def replay(workdir: Path, data: Path, compress: str, runs: int, repeat: int) -> Replay:
+    """`simulate --workload openb_pod_list_default.csv --format openb --compress K` on a fresh
+    ledger of the openb nodes (init --now, inventory import: untimed), `runs` times; and
+    benchmarks/baseline_replay.py's `replay` of the same tasks on the same nodes, `repeat` times
+    after one warm-up (its `load`, untimed, before each: the replay consumes its nodes)."""
+    tasks, nodes = data / "openb_pod_list_default.csv", data / "openb_node_list_gpu_node.csv"
+    db = workdir / "replay.db"
+    exe = cli(db)[0]
+    got = Replay(runs, [], [], [], {}, [], baseline_replay.Outcome(0, 0, 0, 0))
+    for _ in range(runs):
+        _scrub(db)
+        run_measured([exe, "--db", str(db), "--now", NOW_TEXT, "init"])
+        run_measured(
+            [exe, "--db", str(db), "inventory", "import", "--format", "openb-nodes", str(nodes)]
+        )
+        simulate = ["simulate", "--workload", str(tasks), "--format", "openb"]
+        sample, out = run_measured(
+            [exe, "--db", str(db), "--json", *simulate, "--compress", compress]
+        )
+        report = json.loads(out)
+        got.process_s.append(sample.ms / 1000)
+        got.wall_s.append(float(report["wallSeconds"]))
+        got.rss_kb.append(sample.rss_kb)
+        got.report = report
+    for i in range(repeat + 1):
+        fleet, work = baseline_replay.load(tasks, nodes, Fraction(compress))
+        outcome = baseline_replay.replay(fleet, work)
+        if i:
+            got.baseline_s.append(outcome.seconds)
+            got.baseline = outcome
+    _scrub(db)
+    return got
+
+
 # ---------------------------------------------------------------- the table
 
 
@@ -265,6 +545,16 @@ def main() -> int:
     ap.add_argument("--workdir", help="keep (and reuse) the databases here")
     ap.add_argument("--rebuild", action="store_true", help="rebuild databases found in --workdir")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--due", type=int, default=1000, help="reservations due at once for tick")
+    ap.add_argument("--writers", type=int, default=16, help="concurrent reserve processes")
+    ap.add_argument(
+        "--replay-repeat",
+        type=int,
+        default=1,
+        help="full openb replays by simulate (about a minute or more each; 0 skips it)",
+    )
+    ap.add_argument("--compress", default="100", help="the replay's --compress")
+    ap.add_argument("--openb", type=Path, default=baseline_replay.DATA, help="openb data folder")
     opts = ap.parse_args()
     repeat = max(5, opts.repeat)
 
@@ -296,17 +586,24 @@ def main() -> int:
                 stale.unlink(missing_ok=True)  # the benchmark's own scratch files
             print(BUILDERS[opts.builder](path, pool, opts.seed))
         paths[key] = path
+    big = paths["big"]
+    stale = opts.rebuild or (
+        (workdir / f"{big.stem}-{opts.due}due.db").exists()
+        and (workdir / f"{big.stem}-{opts.due}due.db").stat().st_mtime < big.stat().st_mtime
+    )
+    tick_base = tick_ledger(big, workdir, opts.due, opts.seed, stale)
     print()
 
-    big = paths["big"]
     python = sys.executable
     jobs: dict[str, Job] = {
         "minimal": ([python, str(HERE / "minimal_typer.py")], None),
         "version": ([*cli(big)[:1], "--version"], None),
         **commands(big),
+        "tick": tick_job(tick_base, workdir / "tick-run.db", opts.due),
     }
     figures = interleaved(jobs, repeat)
     floor, version = figures.pop("minimal"), figures.pop("version")
+    tick = figures.pop("tick")
     rows: list[tuple[str, Figure]] = list(figures.items())
 
     print(
@@ -358,6 +655,73 @@ def main() -> int:
     for name, fig in (("`--version`", version), ("`get --json` (big pool)", get_fig)):
         r = fig.ms / floor.ms
         print(f"| {name} | {fig.ms:.0f} | {r:.2f} | {verdict(r, 1.25)} |")
+
+    print(
+        f"\n## tick and the write lock (item 5; big pool, {opts.nodes} nodes,"
+        f" ~{opts.bookings:,} reservations)\n"
+    )
+    burst = lock_burst(big, opts.writers, repeat)
+    alone = statistics.median(burst.alone_ms)
+    extra = [w - alone for w in burst.walls_ms]
+    n = len(burst.waits_ms)
+    print("| measure | ms | |")
+    print("|---|---:|---|")
+    print(
+        f"| `tick` with {opts.due:,} reservations due at once (whole process, median of"
+        f" {repeat}) | {tick.ms:.0f} | peak {tick.rss_kb / 1024:.1f} MiB |"
+    )
+    w = opts.writers
+    print(
+        f"| {w} concurrent `reserve --json`: wait for the write lock, median | "
+        f"{statistics.median(burst.waits_ms):.0f} | in BEGIN IMMEDIATE, {n} waits"
+        f" ({burst.rounds} bursts) |"
+    )
+    print(f"| ... p99 | {percentile(burst.waits_ms, 0.99):.0f} | max {max(burst.waits_ms):.0f} |")
+    print(
+        f"| ... write lock held per `reserve`, median / p99 |"
+        f" {statistics.median(burst.holds_ms):.0f} / {percentile(burst.holds_ms, 0.99):.0f} |"
+        " BEGIN IMMEDIATE to COMMIT |"
+    )
+    print(
+        f"| ... wall time minus one uncontended `reserve` ({alone:.0f} ms), median / p99 |"
+        f" {statistics.median(extra):.0f} / {percentile(extra, 0.99):.0f} |"
+        f" includes CPU contention of {w} start-ups on the machine |"
+    )
+    print(
+        f"| ... whole burst, first start to last exit (median of {burst.rounds}) |"
+        f" {statistics.median(burst.spans_ms):.0f} | |"
+    )
+
+    if opts.replay_repeat > 0:
+        print(
+            f"\n## Replay (item 1; limit 15x): openb default at --compress {opts.compress},"
+            f" simulate run {opts.replay_repeat} time(s), the baseline {repeat} times\n"
+        )
+        rp = replay(workdir, opts.openb, opts.compress, opts.replay_repeat, repeat)
+        floor_s = statistics.median(rp.baseline_s)
+        proc_s, wall_s = statistics.median(rp.process_s), statistics.median(rp.wall_s)
+        print("| replay | runs | seconds | ratio to baseline | |")
+        print("|---|---:|---:|---:|---|")
+        print(
+            f"| `simulate --json` process (parse, replay, report) | {rp.runs} | {proc_s:.1f} |"
+            f" {proc_s / floor_s:.0f} | {verdict(proc_s / floor_s, 15)};"
+            f" peak {statistics.median(rp.rss_kb) / 1024:.0f} MiB |"
+        )
+        print(
+            f"| simulate's own `wallSeconds` | {rp.runs} | {wall_s:.1f} |"
+            f" {wall_s / floor_s:.0f} | {verdict(wall_s / floor_s, 15)} |"
+        )
+        print(
+            f"| benchmarks/baseline_replay.py `replay` (median) | {repeat} | {floor_s:.3f} |"
+            " 1 | the floor |"
+        )
+        r, b = rp.report, rp.baseline
+        print(
+            f"\nsimulate: {r['requests']} requests, {r['placedAtOnce']} placed at once,"
+            f" {r['placedAfterWaiting']} after waiting, {r['neverPlaced']} never,"
+            f" {r['skipped']} skipped; baseline: {b.placed_at_once} at once,"
+            f" {b.placed_after_waiting} after waiting, {b.never_placed} never"
+        )
 
     for f in (OUT_FILE, ERR_FILE, RSS_FILE):
         Path(f).unlink(missing_ok=True)

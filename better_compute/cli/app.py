@@ -61,16 +61,21 @@ class _LazyConsole:
         self._options = options
         self._console: Any = None
 
-    def __getattr__(self, name: str) -> Any:
+    def real(self) -> Console:
+        """The Console itself, for rich APIs that use it as more than attributes (Progress)."""
         if self._console is None:
             from rich.console import Console
 
             self._console = Console(**self._options)
-        return getattr(self._console, name)
+        return cast("Console", self._console)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real(), name)
 
 
+_err = _LazyConsole(stderr=True, highlight=False)
 out = cast("Console", _LazyConsole(soft_wrap=False, highlight=False))
-err = cast("Console", _LazyConsole(stderr=True, highlight=False))
+err = cast("Console", _err)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 TenantOpt = Annotated[str, typer.Option("--tenant", help="The tenant (its id).")]
@@ -151,7 +156,7 @@ def progress_bar(as_json: bool, what: str) -> Iterator[Callable[[int, int], None
     from rich.progress import Progress
 
     show = not (as_json or G.json) and err.is_terminal
-    with Progress(console=err, transient=True, disable=not show) as bar:
+    with Progress(console=_err.real(), transient=True, disable=not show) as bar:
         task = bar.add_task(what, total=None)
         yield lambda done, total: bar.update(task, completed=done, total=total)
 

@@ -66,3 +66,31 @@ def test_simulate_on_a_terminal(db_dir: Path, tmp_path: Path) -> None:
     code, shown = on_a_terminal(db, "simulate", "--workload", str(work), "--format", "jsonl")
     assert code == 0, shown
     assert "Traceback" not in shown and "placed at once" in shown
+
+
+def test_a_folder_is_no_workload_or_node_list(db_dir: Path, tmp_path: Path) -> None:
+    from conftest import Cli
+
+    cli = Cli(init_db(db_dir / "f.db", "--demo"))
+    for args in (
+        ("simulate", "--workload", str(tmp_path)),
+        ("simulate", "--workload", str(tmp_path), "--format", "jsonl"),
+        ("inventory", "import", "--format", "openb-nodes", str(tmp_path)),
+        ("inventory", "import", str(tmp_path)),
+    ):
+        assert "not a regular file" in cli.fails(2, *args)["message"]
+
+
+def test_a_key_used_again_is_a_retry_not_demand(db_dir: Path, tmp_path: Path) -> None:
+    from conftest import Cli
+
+    cli = Cli(init_db(db_dir / "k.db", "--demo"))
+    work = tmp_path / "k.jsonl"
+    line = '{"at": "+0s", "tenant": "acme", "gpus": 2, "duration": "1h", "key": "k1"}\n'
+    work.write_text(line + line)
+    first = cli.ok("simulate", "--workload", str(work), "--format", "jsonl", now=None)
+    assert (first["requests"], first["placedAtOnce"], first["neverPlaced"]) == (1, 1, 0)
+    assert first["skipped"] == 1 and first["gpuHoursBooked"] == 2.0
+    again = cli.ok("simulate", "--workload", str(work), "--format", "jsonl", now=None)
+    assert (again["requests"], again["neverPlaced"], again["skipped"]) == (0, 0, 2)
+    assert again["gpuHoursBooked"] == 0.0  # the first run's hours are not this run's

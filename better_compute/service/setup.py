@@ -490,12 +490,13 @@ def _read_regular(file: str, most: int, what: str) -> bytes:
         fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         raise InvalidInput(f"cannot read {file!r}: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a folder itself
+        os.close(fd)
+        raise InvalidInput(
+            f"{what} {file!r} is not a regular file (a device, FIFO or folder);"
+            " give a file, or - for stdin"
+        )
     with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise InvalidInput(
-                f"{what} {file!r} is not a regular file (a device, FIFO or folder);"
-                " give a file, or - for stdin"
-            )
         try:
             return handle.read(most)
         except OSError as exc:

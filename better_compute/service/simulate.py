@@ -92,6 +92,11 @@ class _Run:
     lo_seq: int | None = None
     hi_seq: int | None = None
     refused: int = 0
+    #: Requests whose idempotency key returned a reservation that already existed (made earlier
+    #: in this run or before it): a retry, not new demand, so counted as skipped, not as requests.
+    retried: int = 0
+    #: The newest reservation's seq when the run began: anything at or below is not the run's.
+    seq_floor: int = 0
 
     def made(self, seq: int, rsv_id: str) -> None:
         self.ids.add(rsv_id)
@@ -119,6 +124,7 @@ def simulate(
             raise InvalidInput(REAL_CLOCK)
         base = max(ctx.now, state.last_at)
         first_event = repo.last_event_seq(conn)
+        seq_floor = store.last_reservation_seq(conn)
     until = None if until_text is None else parse_time(until_text, base)
     if until is not None and until < base:
         raise InvalidInput(f"--until must not be before the ledger's instant ({base})")
@@ -126,10 +132,11 @@ def simulate(
     plan = [(r, _args(r, pool)) for r in workload.requests if until is None or r.at < until]
     _check_pools(ctx, plan)
     _create_tenants(ctx.at(base), workload.tenants)
-    run = _Run(base, first_event, set())
+    run = _Run(base, first_event, set(), seq_floor=seq_floor)
     end = _replay(ctx, plan, run, until, progress)
     with ctx.db.read():
-        return _report(ctx, run, workload, len(plan), end, clock.elapsed_s() - began)
+        requests = len(plan) - run.retried
+        return _report(ctx, run, workload, requests, end, clock.elapsed_s() - began)
 
 
 def _args(r: Request, pool: str | None) -> ReserveArgs:
@@ -225,6 +232,9 @@ def _reserve(ctx: Ctx, args: ReserveArgs, run: _Run) -> None:
     except REFUSALS:
         run.refused += 1
         return
+    if rsv.id in run.ids or rsv.seq <= run.seq_floor:  # a key that was used already
+        run.retried += 1
+        return
     run.made(rsv.seq, rsv.id)
 
 
@@ -280,7 +290,7 @@ def _report(
         placed_at_once=placed_at_once,
         placed_after_waiting=placed_later,
         never_placed=requests - placed_at_once - placed_later,
-        skipped=workload.skipped,
+        skipped=workload.skipped + run.retried,
         cut_back=cut_back,
         requeued=requeued,
         wait_mean_ms=round(sum(waits) / len(waits)) if waits else 0,

@@ -15,6 +15,11 @@ from better_compute.storage.repo import Conn
 _LIVE = "state IN ('placed', 'binding', 'active')"
 
 
+def last_reservation_seq(conn: Conn) -> int:
+    """The newest reservation's seq (0 for none): where a run's own reservations begin."""
+    return int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM reservations").fetchone()[0])
+
+
 def next_due(conn: Conn, after: int, repair_lead_ms: int, max_wait_ms: int) -> int | None:
     """The earliest instant later than `after` at which a tick has something to do: a live
     reservation's end or preemption deadline, a pending retry (`next_attempt_at`) or time-out, a

@@ -149,16 +149,22 @@ def _number(t: Timeline, b: Bucket) -> str:
     return text if b.tenant_booked is None else f"{text} ({t.tenant} {b.tenant_booked})"
 
 
+def _rows(bar_width: int, number_width: int) -> Table:
+    """The chart's grid: a time label, a bar, and a right-aligned number per row."""
+    rows = Table.grid(padding=(0, 1))
+    rows.add_column(width=LABEL_WIDTH, no_wrap=True, overflow="crop")
+    rows.add_column(width=bar_width, no_wrap=True, overflow="crop")
+    rows.add_column(width=number_width, no_wrap=True, justify="right")
+    return rows
+
+
 def timeline_chart(t: Timeline, width: int = 80) -> RenderableType:
     """Header, one row per bucket (start, bar, booked/allocatable), and a peak/average footer."""
     numbers = [_number(t, b) for b in t.buckets]
     number_width = max((len(n) for n in numbers), default=1)
     bar_width = max(MIN_BAR, width - LABEL_WIDTH - number_width - 2)
 
-    rows = Table.grid(padding=(0, 1))
-    rows.add_column(width=LABEL_WIDTH, no_wrap=True, overflow="crop")
-    rows.add_column(width=bar_width, no_wrap=True, overflow="crop")
-    rows.add_column(width=number_width, no_wrap=True, justify="right")
+    rows = _rows(bar_width, number_width)
     for label, b, number in zip(_labels(t.buckets), t.buckets, numbers, strict=True):
         over = b.booked > t.allocatable
         rows.add_row(
@@ -175,10 +181,7 @@ def utilisation_chart(buckets: tuple[Utilisation, ...], width: int = 80) -> Rend
     numbers = [f"{b.booked:g}/{b.allocatable}" for b in buckets]
     number_width = max((len(n) for n in numbers), default=1)
     bar_width = max(MIN_BAR, width - LABEL_WIDTH - number_width - 2)
-    rows = Table.grid(padding=(0, 1))
-    rows.add_column(width=LABEL_WIDTH, no_wrap=True, overflow="crop")
-    rows.add_column(width=bar_width, no_wrap=True, overflow="crop")
-    rows.add_column(width=number_width, no_wrap=True, justify="right")
+    rows = _rows(bar_width, number_width)
     previous: tuple[int, int, int] | None = None
     for b, number in zip(buckets, numbers, strict=True):
         at = _utc(b.start)

@@ -8,6 +8,8 @@ a refusal would confirm that the id exists.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from better_compute.errors import Forbidden, InvalidInput, NotFound
 from better_compute.model import SYSTEM, Principal
 from better_compute.storage import ledger
@@ -26,13 +28,13 @@ def principal_name(name: str, where: str) -> str:
     return name
 
 
-def resolve(conn: Conn, me: str, as_name: str | None, owner: str) -> Principal:
+def resolve(conn: Conn, me: str, as_name: str | None, owner: Callable[[], str]) -> Principal:
     """The principal of this command. `--as` is believed only from an admin.
 
     A ledger from before the admin list (no admins recorded) is administered by its file's owner,
     who could rewrite the file anyway.
     """
-    admins = set(ledger.admins(conn)) or {owner}
+    admins = set(ledger.admins(conn)) or {owner()}  # the file's owner: read only when needed
     if as_name is not None:
         principal_name(as_name, "--as")
     if as_name is None or as_name == me:

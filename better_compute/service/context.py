@@ -116,7 +116,7 @@ def open_ctx(path: str, now_text: str | None, me: str, as_name: str | None) -> C
     try:
         with db.read() as conn:
             state = ledger.clock_state(conn)
-            who = resolve(conn, me, as_name, owner_of(path))
+            who = resolve(conn, me, as_name, lambda: owner_of(path))
             settings = repo.load_settings(conn)
     except BaseException:
         db.close()

@@ -66,6 +66,7 @@ def _give_notice(ctx: Ctx, victim: Reservation, by: Reservation, deadline: int) 
     if not victim.spot or victim.state not in LIVE_STATES or victim.during is None:
         raise _Abort(victim.id)
     message, by_data = notice(victim, by)
+    other_tenant = victim.tenant_id != by.tenant_id  # the notice names neither it nor its actor
     if victim.state != State.PLACED or victim.during.start < deadline:
         # Started, or starts before the deadline: cut back to end at it, released then by tick.
         repo.end_bookings(conn, victim.id, deadline)
@@ -82,7 +83,7 @@ def _give_notice(ctx: Ctx, victim: Reservation, by: Reservation, deadline: int) 
             victim.tenant_id,
             victim.id,
             {"at": deadline, **by_data},
-            system=victim.tenant_id != by.tenant_id,
+            system=other_tenant,
         )
         return
     # Not started by the deadline: it loses its bookings and waits again, keeping its quota.
@@ -103,5 +104,5 @@ def _give_notice(ctx: Ctx, victim: Reservation, by: Reservation, deadline: int) 
         victim.tenant_id,
         victim.id,
         {"requeued": True, **by_data},
-        system=victim.tenant_id != by.tenant_id,
+        system=other_tenant,
     )

@@ -28,10 +28,11 @@ def clock_state(conn: Conn) -> ClockState:
 
 
 def _clock(rows: dict[str, object]) -> ClockState:
-    mode, last_at = rows.get("clock", REAL), int(str(rows.get("last_at", "0")))
-    if mode not in (MANUAL, REAL) or not str(rows.get("last_at", "0")).isdigit():
-        raise ValueError(f"clock {mode!r} at {rows.get('last_at')!r}")
-    if not 0 <= last_at <= MAX_MS:
+    mode, text = rows.get("clock", REAL), str(rows.get("last_at", "0"))
+    if mode not in (MANUAL, REAL) or not (text.isascii() and text.isdigit()):
+        raise ValueError(f"clock {mode!r} at {text!r}")
+    last_at = int(text)
+    if last_at > MAX_MS:
         raise ValueError(f"last_at {last_at} is past {MAX_MS}")
     return ClockState(str(mode), last_at)
 

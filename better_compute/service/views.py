@@ -12,7 +12,7 @@ from better_compute.errors import InvalidInput
 from better_compute.model import Event, Window
 from better_compute.service import authz
 from better_compute.service.context import Ctx
-from better_compute.storage import repo
+from better_compute.storage import fleet, repo
 from better_compute.storage.repo import Conn
 from better_compute.timeparse import MAX_MS, iso
 
@@ -39,7 +39,7 @@ def rollup(conn: Conn, row: sqlite3.Row, now: int) -> Rollup:
     pool_id = row["id"]
     nodes, gpus, usable = repo.pool_inventory_counts(conn, pool_id, now)
     busy = repo.count_atoms_in_use(conn, pool_id, now)
-    reserved = repo.atoms_reserved_later(conn, pool_id, now)
+    reserved = fleet.atoms_reserved_later(conn, pool_id, now, busy)
     return Rollup(
         pool_id=pool_id,
         name=row["name"],

@@ -216,8 +216,48 @@ CREATE INDEX bookings_node_window
 CREATE INDEX reservations_charge ON reservations(tenant_id, state, pool_id, quota_charge);
 """
 
+MIGRATION_4 = """
+-- Issue 8, reads at fleet scale.
+-- Each GPU's latest booking end, kept by the triggers below on every write to bookings. pool
+-- show's "reserved later" is then the GPUs whose latest booking ends after now, less those in
+-- use now: a count over this table's index, not a walk over every future booking.
+CREATE TABLE atom_bookings (
+  pool_id TEXT NOT NULL,
+  node_id TEXT NOT NULL,
+  atom INTEGER NOT NULL,
+  last_end INTEGER NOT NULL,
+  PRIMARY KEY (pool_id, node_id, atom)
+);
+CREATE INDEX atom_bookings_end ON atom_bookings(pool_id, last_end);
+INSERT INTO atom_bookings(pool_id, node_id, atom, last_end)
+  SELECT pool_id, node_id, atom, MAX("end") FROM bookings GROUP BY pool_id, node_id, atom;
+CREATE TRIGGER atom_bookings_insert AFTER INSERT ON bookings BEGIN
+  INSERT INTO atom_bookings(pool_id, node_id, atom, last_end)
+    VALUES (NEW.pool_id, NEW.node_id, NEW.atom, NEW."end")
+    ON CONFLICT(pool_id, node_id, atom) DO UPDATE SET last_end = MAX(last_end, excluded.last_end);
+END;
+-- A booking cut short or deleted: its GPU's latest end is read again (the node's index, newest
+-- end first, stops at the GPU's first row).
+CREATE TRIGGER atom_bookings_update AFTER UPDATE OF pool_id, node_id, atom, "end" ON bookings
+BEGIN
+  UPDATE atom_bookings SET last_end = COALESCE((SELECT b."end" FROM bookings b
+      WHERE b.node_id = OLD.node_id AND b.atom = OLD.atom AND b.pool_id = OLD.pool_id
+      ORDER BY b."end" DESC LIMIT 1), 0)
+    WHERE pool_id = OLD.pool_id AND node_id = OLD.node_id AND atom = OLD.atom;
+  INSERT INTO atom_bookings(pool_id, node_id, atom, last_end)
+    VALUES (NEW.pool_id, NEW.node_id, NEW.atom, NEW."end")
+    ON CONFLICT(pool_id, node_id, atom) DO UPDATE SET last_end = MAX(last_end, excluded.last_end);
+END;
+CREATE TRIGGER atom_bookings_delete AFTER DELETE ON bookings BEGIN
+  UPDATE atom_bookings SET last_end = COALESCE((SELECT b."end" FROM bookings b
+      WHERE b.node_id = OLD.node_id AND b.atom = OLD.atom AND b.pool_id = OLD.pool_id
+      ORDER BY b."end" DESC LIMIT 1), 0)
+    WHERE pool_id = OLD.pool_id AND node_id = OLD.node_id AND atom = OLD.atom;
+END;
+"""
+
 #: Append-only. Index i holds the SQL that brings user_version i to i + 1.
-MIGRATIONS: tuple[str, ...] = (MIGRATION_1, MIGRATION_2, MIGRATION_3)
+MIGRATIONS: tuple[str, ...] = (MIGRATION_1, MIGRATION_2, MIGRATION_3, MIGRATION_4)
 
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -227,4 +267,4 @@ APPLICATION_ID = 0x42434D50  # "BCMP"
 #: sha256 of the sorted (type, name, tbl_name, sql) rows of sqlite_master that MIGRATIONS make:
 #: opening a ledger compares its schema with this instead of rebuilding every migration in memory
 #: (storage/db.py). tests/test_speed.py fails with the new value whenever a migration is added.
-SCHEMA_DIGEST = "99251b7600fca667790445e2702305ebcbea3f30d8dd3171bbe6b6978a0e3017"
+SCHEMA_DIGEST = "b2c9d0e45af76259f676459d30be1fa04aab1afedab38fa8dca20afae34aaa3d"

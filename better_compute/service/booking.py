@@ -29,7 +29,7 @@ from better_compute.service import authz, metering, placing, reading
 from better_compute.service.admission import Draft, check_policy, check_quota
 from better_compute.service.context import Ctx
 from better_compute.service.preemption import try_preempt
-from better_compute.storage import repo
+from better_compute.storage import fleet, repo
 from better_compute.timeparse import MAX_MS, iso
 
 MAX_GANG = 64
@@ -232,6 +232,9 @@ def _require_possible(conn: sqlite3.Connection, args: ReserveArgs, pool: sqlite3
     Checked after policy (which may refuse the principal outright) and before quota: a request
     no pool could ever hold is wrong whatever the tenant holds."""
     share = args.gpus or 1
+    enough = args.gang or 1
+    if fleet.nodes_holding(conn, pool["id"], args.models, share, enough) >= enough:
+        return  # the usual answer, from the first nodes that hold the share
     largest, fitting = repo.node_capacity(conn, pool["id"], args.models, share)
     gpus = f"{'/'.join(args.models)} GPUs" if args.models else "GPUs"
     if share > largest:

@@ -5,6 +5,8 @@ Each answers exactly what the plain query in repo.py answers; the tests compare 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from better_compute.storage import ledger, repo
 from better_compute.storage.repo import Conn
 
@@ -26,3 +28,27 @@ def atoms_reserved_later(conn: Conn, pool_id: str, now: int, in_use: int) -> int
         "SELECT COUNT(*) FROM atom_bookings WHERE pool_id = ? AND last_end > ?", (pool_id, now)
     ).fetchone()
     return int(row[0]) - in_use
+
+
+def usable_nodes_after(conn: Conn, pool_id: str, after: str, limit: int) -> list[str]:
+    """Up to `limit` names, by name after `after`, of the pool's schedulable, reachable nodes:
+    placement's reading of the pool in name order (service/placing.perfect_fits)."""
+    rows = conn.execute(
+        "SELECT name FROM nodes WHERE pool_id = ? AND name > ? AND schedulable AND reachable"
+        " ORDER BY name LIMIT ?",
+        (pool_id, after, limit),
+    )
+    return [str(r[0]) for r in rows]
+
+
+def nodes_holding(conn: Conn, pool_id: str, models: Sequence[str], share: int, enough: int) -> int:
+    """How many of the pool's nodes have at least `share` GPUs of the accepted models (all GPUs
+    when none is given), whatever their state, counting no further than `enough`: the question
+    repo.node_capacity answers in full, asked so that the usual answer stops at the first nodes."""
+    match = f" AND a.model IN ({','.join('?' * len(models))})" if models else ""
+    row = conn.execute(
+        "SELECT COUNT(*) FROM (SELECT 1 FROM nodes n WHERE n.pool_id = ?"
+        f" AND (SELECT COUNT(*) FROM atoms a WHERE a.node_id = n.name{match}) >= ? LIMIT ?)",
+        [pool_id, *models, share, enough],
+    ).fetchone()
+    return int(row[0])

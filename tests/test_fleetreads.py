@@ -12,7 +12,7 @@ import pytest
 from conftest import DAY, HOUR, NOW_MS
 
 from better_compute.demo import DEMO_INVENTORY
-from better_compute.errors import BetterComputeError, QuotaExceeded
+from better_compute.errors import BetterComputeError, Forbidden, InvalidInput, QuotaExceeded
 from better_compute.identity import os_user
 from better_compute.service import booking, setup, ticking
 from better_compute.service.booking import ReserveArgs
@@ -55,10 +55,19 @@ def _summary_is_the_latest_end(db: Database) -> None:
     assert {k: v for k, v in kept.items() if v or k in latest} == latest
 
 
-def test_reserved_later_agrees_through_a_ledgers_history(db: Database) -> None:
+def _held_charges_agree(db: Database) -> None:
+    conn = db.conn
+    for tenant in repo.tenant_ids(conn):
+        for pool_id in ["", *(row["id"] for row in repo.pool_rows(conn))]:
+            plain = repo.held_charge(conn, tenant, pool_id)
+            assert fleet.held_charge(conn, tenant, pool_id) == plain, (tenant, pool_id)
+
+
+def test_summaries_agree_through_a_ledgers_history(db: Database) -> None:
     rng = random.Random(8)
     ctx = Ctx(db, NOW_MS)
-    tenant = repo.tenant_ids(db.conn)[0]
+    tenants = repo.tenant_ids(db.conn)
+    pools = [None, *(row["name"] for row in repo.pool_rows(db.conn))]
     live: list[str] = []
     for step in range(40):
         now = NOW_MS + step * 2 * HOUR
@@ -66,16 +75,19 @@ def test_reserved_later_agrees_through_a_ledgers_history(db: Database) -> None:
         ticking.tick(ctx)
         for _ in range(3):
             start = None if rng.random() < 0.4 else now + rng.randrange(1, 5 * 24) * HOUR
+            lease = rng.random() < 0.1
             args = ReserveArgs(
-                tenant=tenant,
-                pool=None,
-                gpus=rng.choice((1, 2, 4)),
+                tenant=rng.choice(tenants),
+                pool=rng.choice(pools),
+                gpus=None if lease else rng.choice((1, 2, 4)),
                 duration_ms=rng.choice((1, 3, 8, 30)) * HOUR,
                 start=start,
+                spot=rng.random() < 0.3,
+                node_lease=lease,
             )
             try:
                 rsv = booking.reserve(ctx, args)
-            except QuotaExceeded:
+            except (QuotaExceeded, InvalidInput, Forbidden):  # over a cap, a policy: skipped
                 continue
             if rsv.allocations:
                 live.append(rsv.id)
@@ -91,6 +103,7 @@ def test_reserved_later_agrees_through_a_ledgers_history(db: Database) -> None:
             with contextlib.suppress(BetterComputeError):
                 booking.extend(ctx, rng.choice(live), 2 * HOUR)
         _summary_is_the_latest_end(db)
+        _held_charges_agree(db)
         for ahead in (0, HOUR, DAY, 3 * DAY):
             _reserved_later_agrees(db, ctx.now + ahead)
     states = dict(db.conn.execute("SELECT state, COUNT(*) FROM reservations GROUP BY state"))

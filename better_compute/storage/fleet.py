@@ -52,3 +52,14 @@ def nodes_holding(conn: Conn, pool_id: str, models: Sequence[str], share: int, e
         [pool_id, *models, share, enough],
     ).fetchone()
     return int(row[0])
+
+
+def held_charge(conn: Conn, tenant: str, pool_id: str) -> int:
+    """repo.held_charge from `held_charges` (migration 4): GPUs a tenant holds now, in one pool
+    or, with pool_id '', in every pool. One row per pool, however many reservations it holds."""
+    sql = "SELECT COALESCE(SUM(held), 0) FROM held_charges WHERE tenant_id = ?"
+    args: list[object] = [tenant]
+    if pool_id:
+        sql += " AND pool_id = ?"
+        args.append(pool_id)
+    return int(conn.execute(sql, args).fetchone()[0])

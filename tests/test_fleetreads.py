@@ -6,14 +6,20 @@ from __future__ import annotations
 
 import contextlib
 import random
+import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import DAY, HOUR, NOW_MS
+from conftest import DAY, HOUR, NOW_MS, Cli
+from hypothesis import given
+from hypothesis import strategies as st
 
 from better_compute.demo import DEMO_INVENTORY
 from better_compute.errors import BetterComputeError, Forbidden, InvalidInput, QuotaExceeded
 from better_compute.identity import os_user
+from better_compute.model import JsonValue
+from better_compute.render import json as js
 from better_compute.service import booking, setup, ticking
 from better_compute.service.booking import ReserveArgs
 from better_compute.service.context import Ctx
@@ -126,3 +132,61 @@ def test_reserved_later_counts_an_index(db: Database) -> None:
     ]
     assert any("atom_bookings_end (pool_id=? AND last_end>?)" in line for line in plan), plan
     db.close()
+
+
+# ---------------------------------------------------------------- list, a page at a time
+
+
+def test_list_json_is_every_reservation_in_order_across_pages(
+    run: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`list --json` encodes page by page: the document is the same whatever the page size,
+    and each reservation is exactly `get`'s document."""
+    for k in range(7):
+        run.ok("reserve", "--tenant", "acme" if k % 2 else "globex", "--gpus", 1, "--for", "2h")
+    whole = run.ok("list")
+    monkeypatch.setattr(fleet.reservation_pages, "__kwdefaults__", {"size": 2})
+    assert run.ok("list") == whole
+    assert [r["id"] for r in whole] == sorted((r["id"] for r in whole), key=_seq_of(run))
+    assert whole == [run.ok("get", r["id"]) for r in whole]
+    assert [r["id"] for r in run.ok("list", "--tenant", "acme")] == [
+        r["id"] for r in whole if r["tenantId"] == "acme"
+    ]
+
+
+def _seq_of(run: Cli) -> Callable[[str], int]:
+    conn = sqlite3.connect(run.db)
+    seqs = dict(conn.execute("SELECT id, seq FROM reservations"))
+    conn.close()
+    return lambda rsv_id: int(seqs[rsv_id])
+
+
+def test_list_bad_input_writes_nothing_on_stdout(run: Cli) -> None:
+    assert "not a state" in run.fails(2, "list", "--state", "bogus")["message"]
+    assert run.fails(3, "list", "--tenant", "nobody")["code"] == "NOT_FOUND"
+
+
+def test_list_of_a_damaged_row_is_unavailable_and_writes_nothing(run: Cli) -> None:
+    run.ok("reserve", "--tenant", "acme", "--gpus", 1, "--for", "2h")
+    conn = sqlite3.connect(run.db)
+    conn.execute("UPDATE reservations SET duration_ms = 'long'")
+    conn.commit()
+    conn.close()
+    error = run.fails(7, "list")
+    assert error["code"] == "UNAVAILABLE" and "damaged" in error["message"], error
+
+
+@given(
+    st.lists(
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.text(),
+            lambda inner: (
+                st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3)
+            ),
+            max_leaves=8,
+        ),
+        max_size=5,
+    )
+)
+def test_array_is_dumps_of_the_list(docs: list[JsonValue]) -> None:
+    assert js.array(iter(docs)) == js.dumps(docs)

@@ -5,8 +5,9 @@ Each answers exactly what the plain query in repo.py answers; the tests compare 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
+from better_compute.model import Reservation
 from better_compute.storage import ledger, repo
 from better_compute.storage.repo import Conn
 
@@ -63,3 +64,35 @@ def held_charge(conn: Conn, tenant: str, pool_id: str) -> int:
         sql += " AND pool_id = ?"
         args.append(pool_id)
     return int(conn.execute(sql, args).fetchone()[0])
+
+
+def reservation_pages(
+    conn: Conn,
+    *,
+    tenants: Sequence[str] | None,
+    pool_id: str | None,
+    key: str | None,
+    states: Sequence[str],
+    size: int = 500,
+) -> Iterator[list[Reservation]]:
+    """`list`: reservations of `tenants` (all, when None), narrowed by pool, key and states,
+    oldest first, `size` at a time: one cursor read page by page, so a listing of thousands
+    never holds them all as objects at once."""
+    clauses, args = ["1"], []  # type: tuple[list[str], list[object]]
+    if tenants is not None:
+        clauses.append(f"tenant_id IN ({','.join('?' * len(tenants))})")
+        args.extend(tenants)
+    if pool_id is not None:
+        clauses.append("pool_id = ?")
+        args.append(pool_id)
+    if key is not None:
+        clauses.append("idempotency_key = ?")
+        args.append(key)
+    if states:
+        clauses.append(f"state IN ({','.join('?' * len(states))})")
+        args.extend(states)
+    cursor = conn.execute(
+        f"SELECT * FROM reservations WHERE {' AND '.join(clauses)} ORDER BY seq", args
+    )
+    while rows := cursor.fetchmany(size):
+        yield repo.with_allocations(conn, rows)

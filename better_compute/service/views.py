@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 
@@ -168,7 +168,7 @@ def timeline(
     return Timeline(row["id"], row["name"], allocatable, step_minutes, tuple(buckets), tenant)
 
 
-def _distinct_per_bucket(ranges: list[tuple[str, int, int, int]], count: int) -> list[int]:
+def _distinct_per_bucket(ranges: Iterable[tuple[str, int, int, int]], count: int) -> list[int]:
     """Per bucket, the GPUs with any booking overlapping it, each counted once (§5.7).
 
     `ranges` are (node, atom, first bucket, last bucket) by node, atom, first: one GPU's ranges

@@ -11,7 +11,7 @@ import json
 import re
 import sqlite3
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 from typing import TypeVar
 
@@ -1112,7 +1112,7 @@ def move_bookings_end(conn: Conn, rsv_id: str, old_end: int, new_end: int) -> No
 
 def booking_buckets(
     conn: Conn, pool_id: str, window: Window, step: int, tenant: str | None = None
-) -> list[tuple[str, int, int, int]]:
+) -> Iterator[tuple[str, int, int, int]]:
     """(node, atom, first, last) for every booking overlapping a window (only one tenant's, if
     given): the indexes of the first and last of the window's `step`-wide buckets it overlaps
     (the last bucket ends at the window's end), ordered by node, atom, first. For the timeline."""
@@ -1120,8 +1120,9 @@ def booking_buckets(
     sql = (
         "SELECT b.node_id, b.atom, (MAX(b.start, :from) - :from) / :step,"
         " MIN((b.end - :from - 1) / :step, :count - 1) FROM bookings b"
-        " JOIN reservations r ON r.id = b.reservation_id"
-        " WHERE b.pool_id = :pool AND b.end > :from AND b.end < :bound AND b.start < :to"
+        # Only a tenant's timeline reads the reservations: the pool's reads the index alone.
+        + (" JOIN reservations r ON r.id = b.reservation_id" if tenant is not None else "")
+        + " WHERE b.pool_id = :pool AND b.end > :from AND b.end < :bound AND b.start < :to"
     )
     args: dict[str, object] = {
         "pool": pool_id,
@@ -1136,9 +1137,10 @@ def booking_buckets(
         args["tenant"] = tenant
     cursor = conn.cursor()
     cursor.row_factory = None  # plain tuples: a week holds a hundred thousand of these rows
-    rows: list[tuple[str, int, int, int]] = cursor.execute(
+    # Read as consumed, not fetched all at once: the caller folds them as they come.
+    rows: Iterator[tuple[str, int, int, int]] = cursor.execute(
         sql + " ORDER BY b.node_id, b.atom, 3", args
-    ).fetchall()
+    )
     return rows
 
 

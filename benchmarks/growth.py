@@ -51,7 +51,7 @@ def ledger(workdir: Path, nodes: int, reservations: int, seed: int) -> Path:
         print(f"{nodes} nodes, {reservations} reservations: reusing {path}")
     else:
         print(run.build_direct(path, run.Pool(f"{nodes}n", nodes, reservations), seed))
-    return path
+    return run.migrated(path)
 
 
 # ---------------------------------------------------------------- the chart
@@ -163,6 +163,7 @@ def main() -> int:
     workdir = Path(opts.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
 
+    run.compile_package()
     series = points()
     paths = {pt: ledger(workdir, *pt, opts.seed) for pts in series.values() for pt in pts}
     jobs: dict[str, run.Job] = {

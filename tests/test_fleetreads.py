@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from better_compute.demo import DEMO_INVENTORY
 from better_compute.errors import BetterComputeError, Forbidden, InvalidInput, QuotaExceeded
 from better_compute.identity import os_user
-from better_compute.model import JsonValue
+from better_compute.model import JsonValue, Window
 from better_compute.render import json as js
 from better_compute.service import booking, setup, ticking
 from better_compute.service.booking import ReserveArgs
@@ -190,3 +190,21 @@ def test_list_of_a_damaged_row_is_unavailable_and_writes_nothing(run: Cli) -> No
 )
 def test_array_is_dumps_of_the_list(docs: list[JsonValue]) -> None:
     assert js.array(iter(docs)) == js.dumps(docs)
+
+
+def test_placement_reads_named_nodes_through_their_index(db: Database) -> None:
+    """The name-order reading plans a few named nodes: their bookings come from the nodes'
+    index, not a walk over the pool's whole window (which SQLite picks for `b.pool_id = ?`)."""
+    conn = db.conn
+    pool_id = repo.pool_rows(conn)[0]["id"]
+    names = fleet.usable_nodes_after(conn, pool_id, "", 3)
+    seen: list[str] = []
+    conn.set_trace_callback(seen.append)
+    try:
+        repo.snapshots(conn, pool_id, Window(NOW_MS, NOW_MS + HOUR), names=names)
+    finally:
+        conn.set_trace_callback(None)
+    sql = next(s for s in seen if "FROM bookings" in s)
+    plan = [str(r[3]) for r in conn.execute("EXPLAIN QUERY PLAN " + sql)]
+    assert any("bookings_node_window (node_id=?" in line for line in plan), plan
+    db.close()

@@ -37,12 +37,14 @@ def db(tmp_path: Path) -> Database:
     return Database(path, 5000)
 
 
-def _reserved_later_agrees(db: Database, now: int) -> None:
+def _pool_use_agrees(db: Database, now: int) -> None:
     conn = db.conn
     for row in repo.pool_rows(conn):
-        in_use = repo.count_atoms_in_use(conn, row["id"], now)
-        plain = repo.atoms_reserved_later(conn, row["id"], now)
-        assert fleet.atoms_reserved_later(conn, row["id"], now, in_use) == plain, (row["name"], now)
+        plain = (
+            repo.count_atoms_in_use(conn, row["id"], now),
+            repo.atoms_reserved_later(conn, row["id"], now),
+        )
+        assert fleet.pool_use(conn, row["id"], now) == plain, (row["name"], now)
 
 
 def _summary_is_the_latest_end(db: Database) -> None:
@@ -111,12 +113,12 @@ def test_summaries_agree_through_a_ledgers_history(db: Database) -> None:
         _summary_is_the_latest_end(db)
         _held_charges_agree(db)
         for ahead in (0, HOUR, DAY, 3 * DAY):
-            _reserved_later_agrees(db, ctx.now + ahead)
+            _pool_use_agrees(db, ctx.now + ahead)
     states = dict(db.conn.execute("SELECT state, COUNT(*) FROM reservations GROUP BY state"))
     assert states.get("released", 0) > 5 and states.get("placed", 0) > 5, states
     # An earlier --now than the ledger's clock reads history: the plain query answers it.
     for back in (HOUR, DAY, 3 * DAY):
-        _reserved_later_agrees(db, ctx.now - back)
+        _pool_use_agrees(db, ctx.now - back)
     db.close()
 
 

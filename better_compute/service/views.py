@@ -38,8 +38,7 @@ def rollup(conn: Conn, row: sqlite3.Row, now: int) -> Rollup:
     """Counted in SQL: no node or booking becomes a Python object (issue 8)."""
     pool_id = row["id"]
     nodes, gpus, usable = repo.pool_inventory_counts(conn, pool_id, now)
-    busy = repo.count_atoms_in_use(conn, pool_id, now)
-    reserved = fleet.atoms_reserved_later(conn, pool_id, now, busy)
+    busy, reserved = fleet.pool_use(conn, pool_id, now)
     return Rollup(
         pool_id=pool_id,
         name=row["name"],

@@ -12,23 +12,32 @@ from better_compute.storage import ledger, repo
 from better_compute.storage.repo import Conn
 
 
-def atoms_reserved_later(conn: Conn, pool_id: str, now: int, in_use: int) -> int:
-    """repo.atoms_reserved_later from the per-GPU summary `atom_bookings` (migration 4).
+def pool_use(conn: Conn, pool_id: str, now: int) -> tuple[int, int]:
+    """(GPUs in use at `now`, GPUs reserved only later): what repo.count_atoms_in_use and
+    repo.atoms_reserved_later answer, read from indexes alone.
 
     At or after the ledger's latest instant every booking that ends after `now` belongs to a
     reservation not released: a release cuts its bookings back to the instant it acts at, never
-    later than the ledger's clock. So the GPUs whose latest booking ends after `now` are exactly
-    those in use now plus those reserved only later, and the second is the first less the
-    in-use count (`in_use`, repo.count_atoms_in_use's answer): a count over an index. A read
-    that asks an earlier `--now` (history, where a booking may outlive the release that later
-    cut it) takes the plain query.
+    later than the ledger's clock. So in-use needs no look at the reservations, and the GPUs
+    whose latest booking ends after `now` (`atom_bookings`, migration 4) are exactly those in
+    use plus those reserved only later: the second is a count over an index less the first. A
+    read that asks an earlier `--now` (history, where a booking may outlive the release that
+    later cut it) takes the plain queries.
     """
     if now < ledger.clock_state(conn).last_at:
-        return repo.atoms_reserved_later(conn, pool_id, now)
-    row = conn.execute(
+        return (
+            repo.count_atoms_in_use(conn, pool_id, now),
+            repo.atoms_reserved_later(conn, pool_id, now),
+        )
+    in_use = conn.execute(
+        "SELECT COUNT(*) FROM (SELECT DISTINCT node_id, atom FROM bookings"
+        ' WHERE pool_id = ? AND "end" > ? AND "end" <= ? AND start <= ?)',
+        (pool_id, now, now + repo.longest_booking(conn, pool_id), now),
+    ).fetchone()
+    booked = conn.execute(
         "SELECT COUNT(*) FROM atom_bookings WHERE pool_id = ? AND last_end > ?", (pool_id, now)
     ).fetchone()
-    return int(row[0]) - in_use
+    return int(in_use[0]), int(booked[0]) - int(in_use[0])
 
 
 def usable_nodes_after(conn: Conn, pool_id: str, after: str, limit: int) -> list[str]:

@@ -33,6 +33,7 @@ from better_compute.service import booking, setup, ticking
 from better_compute.service.authz import require_admin
 from better_compute.service.booking import ReserveArgs
 from better_compute.service.context import Ctx
+from better_compute.service.fleet import Fleet
 from better_compute.storage import ledger, repo
 from better_compute.storage import simulation as store
 from better_compute.timeparse import parse_time
@@ -197,6 +198,7 @@ def _replay(
     """Arrivals and due ticks in time order; returns the instant the replay ended at."""
     ctx.db.sync_at_checkpoints()  # a what-if replay: thousands of commits, none a person waits on
     settings = ctx.settings
+    fleet = Fleet()  # the pools in memory between requests, checked in each transaction
     after = run.start - 1  # what is due at or after the start has not been ticked yet
     last = run.start
     i = 0
@@ -214,7 +216,7 @@ def _replay(
         if arrival is None:
             break
         while i < len(plan) and plan[i][0].at == arrival:  # every arrival of this instant
-            _reserve(_at(ctx, arrival), plan[i][1], run)
+            _reserve(_at(ctx, arrival), plan[i][1], run, fleet)
             i += 1
             if progress is not None:
                 progress(i, len(plan))
@@ -226,10 +228,13 @@ def _replay(
     return last
 
 
-def _reserve(ctx: Ctx, args: ReserveArgs, run: _Run) -> None:
+def _reserve(ctx: Ctx, args: ReserveArgs, run: _Run, fleet: Fleet) -> None:
+    ctx.fleet = fleet
     try:
         rsv = booking.reserve(ctx, args)
     except REFUSALS:
+        with ctx.db.read() as conn:
+            fleet.after_rollback(conn)
         run.refused += 1
         return
     if rsv.id in run.ids or rsv.seq <= run.seq_floor:  # a key that was used already

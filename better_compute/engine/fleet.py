@@ -55,24 +55,33 @@ class _Static:
     models: frozenset[str]  # casefolded
     usable: bool  # schedulable and reachable: the only nodes storage would list as candidates
 
-    @property
-    def bucket(self) -> tuple[int, int, frozenset[str]]:
-        return (self.gpus, len(self.healthy), self.models)
+
+#: A bucket: (GPUs, healthy GPUs free, GPUs booked, models) of nodes whose every booking has
+#: begun by the horizon, so that a window opening at the horizon overlaps all of them.
+Bucket = tuple[int, int, int, frozenset[str]]
 
 
 @dataclass
 class PoolIndex:
-    """The pool's nodes, maintenance and bookings that end after `horizon`."""
+    """The pool's nodes, maintenance and bookings that end after `horizon`.
+
+    Every usable node is either in a bucket (no maintenance left, every booking begun by the
+    horizon) or odd (maintenance ahead, or a booking that begins after the horizon), counted
+    one by one for each request."""
 
     horizon: int
     nodes: dict[str, _Static] = field(default_factory=dict)
     maintenance: dict[str, list[Maintenance]] = field(default_factory=dict)
     booked: dict[str, list[Booked]] = field(default_factory=dict)
     by_rsv: dict[str, list[tuple[str, Booked]]] = field(default_factory=dict)
-    #: Plain usable nodes by (GPUs, healthy GPUs, models), each list sorted by name.
-    buckets: dict[tuple[int, int, frozenset[str]], list[str]] = field(default_factory=dict)
+    #: Nodes by bucket, each list sorted by name; and which bucket each node is in.
+    buckets: dict[Bucket, list[str]] = field(default_factory=dict)
+    bucket_of: dict[str, Bucket] = field(default_factory=dict)
+    odd: set[str] = field(default_factory=set)
     #: (latest end, reservation): when to look at a reservation's bookings again to drop them.
     ends: list[tuple[int, str]] = field(default_factory=list)
+    #: (start, node) of bookings that begin after the horizon: when the node may join a bucket.
+    starts: list[tuple[int, str]] = field(default_factory=list)
     _capacity: dict[tuple[tuple[str, ...], int], tuple[int, int]] = field(default_factory=dict)
 
     @classmethod
@@ -98,66 +107,93 @@ class PoolIndex:
         rows: dict[str, list[BookingRow]] = defaultdict(list)
         for row in bookings:
             rows[row.reservation_id].append(row)
-        for name in sorted(index.nodes):
-            if index._plain(name):
-                index.buckets.setdefault(index.nodes[name].bucket, []).append(name)
         for rsv_id, booked in rows.items():
-            index.set_reservation(rsv_id, booked)
+            index._hold(rsv_id, booked)
+        for name in sorted(index.nodes):
+            index._place(name)
         return index
 
     # ------------------------------------------------------------ keeping it current
 
-    def _plain(self, name: str) -> bool:
-        return self.nodes[name].usable and name not in self.booked and name not in self.maintenance
+    def _bucket(self, name: str) -> Bucket | None:
+        """The node's bucket now, or None when it is odd (or unusable)."""
+        static = self.nodes[name]
+        if name in self.maintenance:
+            return None
+        busy = set()
+        for b in self.booked.get(name, ()):
+            if b[1] <= self.horizon:
+                continue  # over: dropped with the rest of its reservation's bookings later
+            if b[0] > self.horizon:
+                return None
+            busy.add(b[2])
+        free = len(static.healthy - busy)
+        return (static.gpus, free, len(busy), static.models)
 
-    def _touch(self, name: str, was_plain: bool) -> None:
-        """Move a node into or out of its bucket when it gains its first booking or loses its
-        last."""
-        now_plain = self._plain(name)
-        if was_plain == now_plain:
+    def _place(self, name: str) -> None:
+        """File a node (anew) in its bucket or among the odd ones."""
+        if not self.nodes[name].usable:
             return
-        bucket = self.nodes[name].bucket
-        if now_plain:
-            insort(self.buckets.setdefault(bucket, []), name)
+        old = self.bucket_of.pop(name, None)
+        if old is not None:
+            self.buckets[old].remove(name)
+        self.odd.discard(name)
+        new = self._bucket(name)
+        if new is None:
+            self.odd.add(name)
         else:
-            self.buckets[bucket].remove(name)
+            insort(self.buckets.setdefault(new, []), name)
+            self.bucket_of[name] = new
 
-    def set_reservation(self, rsv_id: str, rows: Sequence[BookingRow]) -> None:
-        """Replace what the index holds of one reservation by its rows as they are now."""
+    def _hold(self, rsv_id: str, rows: Sequence[BookingRow]) -> set[str]:
+        """Replace the reservation's bookings; returns the nodes whose bookings changed."""
+        changed = set()
         for name, booked in self.by_rsv.pop(rsv_id, []):
-            was_plain = self._plain(name)
             held = self.booked[name]
             held.remove(booked)
             if not held:
                 del self.booked[name]
-            self._touch(name, was_plain)
+            changed.add(name)
         kept: list[tuple[str, Booked]] = []
         for row in rows:
             if row.end <= self.horizon or row.node_id not in self.nodes:
                 continue
             booked = (row.start, row.end, row.atom, rsv_id, row.spot, row.live)
-            was_plain = self._plain(row.node_id)
             self.booked.setdefault(row.node_id, []).append(booked)
-            self._touch(row.node_id, was_plain)
             kept.append((row.node_id, booked))
+            changed.add(row.node_id)
+            if row.start > self.horizon:
+                heapq.heappush(self.starts, (row.start, row.node_id))
         if kept:
             self.by_rsv[rsv_id] = kept
             heapq.heappush(self.ends, (max(b[1] for _, b in kept), rsv_id))
+        return changed
+
+    def set_reservation(self, rsv_id: str, rows: Sequence[BookingRow]) -> None:
+        """Replace what the index holds of one reservation by its rows as they are now."""
+        for name in self._hold(rsv_id, rows):
+            self._place(name)
 
     def advance(self, horizon: int) -> None:
-        """Windows start at `horizon` or later from now on: drop what ends by then."""
+        """Windows start at `horizon` or later from now on: drop what ends by then, and file
+        again the nodes whose bookings have all begun."""
         if horizon <= self.horizon:
             return
         self.horizon = horizon
+        moved: set[str] = set()
         while self.ends and self.ends[0][0] <= horizon:
             _, rsv_id = heapq.heappop(self.ends)
             held = self.by_rsv.get(rsv_id)
             if held is not None and max(b[1] for _, b in held) <= horizon:
-                self.set_reservation(rsv_id, ())
+                moved |= self._hold(rsv_id, ())
+        while self.starts and self.starts[0][0] <= horizon:
+            moved.add(heapq.heappop(self.starts)[1])
         over = [n for n, ms in self.maintenance.items() if all(m.window.end <= horizon for m in ms)]
         for name in over:
             del self.maintenance[name]
-            self._touch(name, False)
+            moved.add(name)
+        for name in moved:
+            self._place(name)
 
     # ------------------------------------------------------------ answering
 
@@ -183,22 +219,34 @@ class PoolIndex:
 
     def candidates(self, request: Request, ignore: str | None) -> Iterator[Keyed]:
         """repo.fit_candidates' nodes, less those whose models the request refuses, as
-        (shortlist.best_key, name), most promising first."""
+        (shortlist.best_key, name), most promising first.
+
+        A bucket answers for all its nodes at once when the window opens at the horizon (or
+        they have no booking at all); other nodes, and those the ignored reservation books, are
+        counted one by one."""
         window, whole = request.window, request.node_lease
         need = request.gpus or 0
         least = max(need, 1)
         accepted = {m.casefold() for m in request.models} if request.models else None
+        at_horizon = window.start == self.horizon
+        skip = {name for name, _ in self.by_rsv.get(ignore, ())} if ignore is not None else set()
         streams: list[Iterable[Keyed]] = []
-        for (gpus, healthy, models), names in self.buckets.items():
-            share = gpus if whole else need
-            if not names or gpus < least or healthy < share:
+        one_by_one: list[str] = list(self.odd | skip)
+        for (gpus, free, busy, models), names in self.buckets.items():
+            if not names or gpus < least:
                 continue
             if accepted is not None and not models <= accepted:
                 continue
-            key = -(fill(share, gpus) + TOPOLOGY_MAX)
-            streams.append(_keyed(key, names))
+            if busy and not at_horizon:
+                one_by_one.extend(names)
+                continue
+            share = gpus if whole else need
+            if free < share:
+                continue
+            key = -(fill(busy + share, gpus) + TOPOLOGY_MAX)
+            streams.append(_keyed(key, names, skip))
         odd: list[Keyed] = []
-        for name in set(self.booked) | set(self.maintenance):
+        for name in set(one_by_one):
             static = self.nodes[name]
             if not static.usable or static.gpus < least:
                 continue
@@ -206,11 +254,11 @@ class PoolIndex:
                 continue
             if self._blocked(name, window) is not None:
                 continue
-            busy = self._busy(name, window, ignore)
+            held = self._busy(name, window, ignore)
             share = static.gpus if whole else need
-            if len(static.healthy - busy) < share:
+            if len(static.healthy - held) < share:
                 continue
-            key = -(fill(len(busy) + share, static.gpus) + TOPOLOGY_MAX)
+            key = -(fill(len(held) + share, static.gpus) + TOPOLOGY_MAX)
             odd.append(((key, name), name))
         odd.sort()
         streams.append(odd)
@@ -264,7 +312,8 @@ class PoolIndex:
         return self._capacity[key]
 
 
-def _keyed(key: int, names: Sequence[str]) -> Iterator[Keyed]:
-    """A bucket's nodes as candidates: one key for all, in name order."""
+def _keyed(key: int, names: Sequence[str], skip: set[str]) -> Iterator[Keyed]:
+    """A bucket's nodes as candidates: one key for all, in name order (less `skip`)."""
     for name in names:
-        yield (key, name), name
+        if name not in skip:
+            yield (key, name), name

@@ -12,8 +12,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
+from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
+import pytest
+from conftest import ME
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_shortlist import (
@@ -29,9 +34,14 @@ from test_shortlist import (
 )
 
 from better_compute.engine import shortlist
-from better_compute.service import placing
+from better_compute.inventory import parse_inventory
+from better_compute.model import Principal, Reservation, State
+from better_compute.service import booking, placing, setup, simulate
+from better_compute.service.booking import ReserveArgs
+from better_compute.service.context import Ctx
 from better_compute.service.fleet import Fleet
 from better_compute.storage import repo
+from better_compute.storage.db import Database, open_database
 
 
 def _accepts(models: tuple[str, ...], node_models: set[str]) -> bool:
@@ -96,3 +106,126 @@ def test_the_fleet_in_memory_answers_as_sql(
         ctx.fleet = Fleet()
         ctx.now = horizon
         assert placing.plan(ctx, subject, WINDOW, ask.exclude) == from_sql
+
+
+# ---------------------------------------------------------------- kept equal to the ledger
+
+T0 = 1_790_582_400_000
+HOUR = 3_600_000
+ENTRY = [sys.executable, "-c", "from better_compute.cli import main; main()"]
+
+
+def _node(name: str) -> dict[str, Any]:
+    gpus = {
+        "count": 8,
+        "model": "h100",
+        "nvlinkGroups": 2,
+        "fabric": {"cluster": "c1", "clique": 1},
+    }
+    return {"name": name, "gpus": gpus}
+
+
+@pytest.fixture
+def two_nodes(db_dir: Path) -> Iterator[Database]:
+    """Pool p of two empty 8-GPU nodes n1 and n2 (topN 1: the best plan is the pick), tenant
+    acme."""
+    db = setup.init(str(db_dir / "fleet.db"), T0, force=True, manual=True, admin="admin",
+                    group=None)[0]  # fmt: skip
+    doc = {"pools": [{"name": "p", "nodes": [_node("n1"), _node("n2")]}],
+           "tenants": [{"id": "acme", "quota": {"gpus": 1000}}]}  # fmt: skip
+    setup.inventory_import(Ctx(db, T0), parse_inventory(doc))
+    setup.config_set(Ctx(db, T0), "placement.topN", "1")
+    yield db
+    db.close()
+
+
+def _reserve(db: Database, gpus: int, fleet: Fleet | None = None) -> Reservation:
+    ctx = Ctx(db, T0, fleet=fleet)
+    return booking.reserve(ctx, ReserveArgs("acme", None, gpus, HOUR))
+
+
+def _nodes(rsv: Reservation) -> list[str]:
+    return [a.node_id for a in rsv.allocations]
+
+
+def test_its_own_commits_are_followed_without_reading_the_pool_again(
+    two_nodes: Database,
+) -> None:
+    fleet = Fleet()
+    first = _reserve(two_nodes, 6, fleet)
+    second = _reserve(two_nodes, 4, fleet)  # n1 has 2 left: n2
+    third = _reserve(two_nodes, 2, fleet)  # best fit: the last 2 of n1
+    assert (_nodes(first), _nodes(second), _nodes(third)) == (["n1"], ["n2"], ["n1"])
+    late = _reserve(two_nodes, 8, fleet)  # nothing left: the full planner's reason, from memory
+    assert late.state == State.PENDING
+    assert (
+        late.conditions[0].message
+        == "no node fits (2 nodes): 1 × fits: 0 of 8 gpu free, 1 × fits: 4 of 8 gpu free"
+    )
+    assert fleet.reloads == 0
+
+
+def test_another_connections_commit_is_noticed_inside_the_next_write(
+    two_nodes: Database,
+) -> None:
+    fleet = Fleet()
+    assert _nodes(_reserve(two_nodes, 4, fleet)) == ["n1"]
+    other = open_database(str(two_nodes.path))  # another process, as far as SQLite can tell
+    try:
+        setup.node_flag(Ctx(other, T0), "n2", "node.cordoned", "bios", schedulable=0)
+        booked = _reserve(other, 4)
+    finally:
+        other.close()
+    assert _nodes(booked) == ["n1"]  # n1 is full now
+    # A fleet that missed either commit would place this on n1's booked GPUs or on n2.
+    late = _reserve(two_nodes, 1, fleet)
+    assert late.state == State.PENDING
+    assert (
+        late.conditions[0].message
+        == "no node fits (2 nodes): 1 × cordoned, 1 × fits: 0 of 1 gpu free"
+    )
+    assert fleet.reloads == 1
+
+
+def test_simulate_notices_a_commit_by_another_process_between_requests(db_dir: Path) -> None:
+    """A real second process cordons the node the replay would pick next, between two of
+    simulate's requests (from its progress hook, so at a known point)."""
+    path = db_dir / "sim.db"
+    db = setup.init(str(path), T0, force=True, manual=True, admin=ME, group=None)[0]
+    doc = {"pools": [{"name": "p", "nodes": [_node("n1"), _node("n2")]}]}
+    setup.inventory_import(Ctx(db, T0), parse_inventory(doc))
+    setup.config_set(Ctx(db, T0), "placement.topN", "1")
+    workload = db_dir / "w.jsonl"
+    workload.write_text(
+        "".join(
+            json.dumps({"at": T0 + k * 60_000, "tenant": "acme", "gpus": 2, "duration": "3h"})
+            + "\n"
+            for k in range(3)
+        )
+    )
+    fleet_seen: list[Fleet] = []
+
+    def between(done: int, total: int) -> None:
+        if done == 1:  # after the first request (on n1): cordon n1 from another process
+            cordon = ["--db", str(path), "node", "cordon", "n1", "--reason", "x"]
+            done_ = subprocess.run([*ENTRY, *cordon], capture_output=True, text=True)
+            assert done_.returncode == 0, done_.stderr
+
+    real_index = Fleet.index
+
+    def spying(self: Fleet, *args: Any) -> Any:
+        if self not in fleet_seen:
+            fleet_seen.append(self)
+        return real_index(self, *args)
+
+    ctx = Ctx(db, T0, who=Principal(ME, admin=True))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Fleet, "index", spying)
+        report = simulate.simulate(ctx, str(workload), "jsonl", Fraction(1), progress=between)
+    assert report.placed_at_once == 3
+    placed = {r.id: _nodes(r) for r in repo.reservations_where(db.conn)}
+    # The first went to n1, then BookingRepair moved it off the cordoned node to n2 (the
+    # replay's own tick). A fleet that missed the cordon would have put the second on n1.
+    assert sorted(placed.values()) == [["n2"], ["n2"], ["n2"]]
+    assert fleet_seen[0].reloads == 1
+    db.close()

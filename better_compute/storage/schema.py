@@ -216,8 +216,22 @@ CREATE INDEX bookings_node_window
 CREATE INDEX reservations_charge ON reservations(tenant_id, state, pool_id, quota_charge);
 """
 
+MIGRATION_8 = """
+-- Issue 8, replay (provisionally numbered 8; renumbered when merged): what is due next.
+-- A tick, and simulate asking when the next one is due, look for the live reservations whose
+-- end, preemption deadline or start has come (or comes next), and the pending ones whose retry
+-- is due. With (state, instant) the answer is a seek per state, not a walk over every live
+-- reservation: on a busy ledger there are thousands, and simulate asks after every request.
+CREATE INDEX reservations_ends ON reservations(state, during_end);
+CREATE INDEX reservations_deadlines ON reservations(state, preempt_deadline);
+CREATE INDEX reservations_starts ON reservations(state, during_start);
+CREATE INDEX reservations_retries ON reservations(state, next_attempt_at);
+-- Closing a reservation's usage finds its open windows without reading every usage row.
+CREATE INDEX usage_open ON usage(reservation_id) WHERE "end" IS NULL;
+"""
+
 #: Append-only. Index i holds the SQL that brings user_version i to i + 1.
-MIGRATIONS: tuple[str, ...] = (MIGRATION_1, MIGRATION_2, MIGRATION_3)
+MIGRATIONS: tuple[str, ...] = (MIGRATION_1, MIGRATION_2, MIGRATION_3, MIGRATION_8)
 
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -227,4 +241,4 @@ APPLICATION_ID = 0x42434D50  # "BCMP"
 #: sha256 of the sorted (type, name, tbl_name, sql) rows of sqlite_master that MIGRATIONS make:
 #: opening a ledger compares its schema with this instead of rebuilding every migration in memory
 #: (storage/db.py). tests/test_speed.py fails with the new value whenever a migration is added.
-SCHEMA_DIGEST = "99251b7600fca667790445e2702305ebcbea3f30d8dd3171bbe6b6978a0e3017"
+SCHEMA_DIGEST = "d21f8c38a609cfba9c6ac0cb34731598bb59d4f167880e9990e6df02594274cc"

@@ -21,6 +21,11 @@ from better_compute.storage import repo
 from better_compute.storage import simulation as store
 from better_compute.storage.repo import Conn
 
+#: Events that change neither a reservation's bookings nor whether it is live (created: it has
+#: no booking yet; binding and active: placed, binding and active are all live). Any other
+#: event on a reservation, of whatever type, makes the fleet read its bookings again.
+UNCHANGED = ("reservation.created", "reservation.binding", "reservation.active")
+
 
 class Fleet:
     """Pool indexes, kept equal to the ledger this connection sees (module docstring)."""
@@ -57,7 +62,7 @@ class Fleet:
 
     def _catch_up(self, conn: Conn) -> None:
         """Read again the bookings of every reservation this process's commits changed."""
-        last, touched = store.touched_since(conn, self.seen)
+        last, touched = store.touched_since(conn, self.seen, UNCHANGED)
         self.seen = last
         if not touched or not self.pools:
             return

@@ -107,7 +107,9 @@ def shortlisted_fits(
         )
         order = ((shortlist.best_key(request, shortlist.Candidate(*r)), r[0]) for r in rows)
     fits: list[Fit] = []
-    size = max(FIRST_ROUND, 2 * (enough or 0))
+    # A round from memory costs no query: start with just enough (a bucket of equal nodes
+    # settles at once); from SQL, rounds are fewer and larger.
+    size = max(1, enough or 0) if pool is not None else max(FIRST_ROUND, 2 * (enough or 0))
     head = next(order, None)
     while head is not None:
         names: list[str] = []

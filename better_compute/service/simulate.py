@@ -210,7 +210,7 @@ def _replay(
             due = None
         if due is not None and (arrival is None or due <= arrival):
             last = max(last, due)
-            ticking.tick(_at(ctx, last, system=True))
+            ticking.tick(_at(ctx, last, system=True), shown=False)
             after = due
             continue
         if arrival is None:
@@ -223,7 +223,7 @@ def _replay(
         last = max(last, arrival)
         after = arrival - 1  # the arrivals may have made something due at this very instant
     if until is not None and last < until:
-        ticking.tick(_at(ctx, until, system=True))
+        ticking.tick(_at(ctx, until, system=True), shown=False)
         last = until
     return last
 

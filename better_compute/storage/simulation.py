@@ -136,15 +136,17 @@ def pool_bookings_after(conn: Conn, pool_id: str, after: int) -> list[BookedRow]
     return _booking_rows(rows)
 
 
-def touched_since(conn: Conn, seq: int) -> tuple[int, list[str]]:
+def touched_since(conn: Conn, seq: int, unchanged: Sequence[str] = ()) -> tuple[int, list[str]]:
     """(the latest event seq, the reservations named by events after `seq`): every change to a
-    reservation's bookings or state is written with an event on it."""
+    reservation's bookings or state is written with an event on it. Events of the `unchanged`
+    types (which change neither) do not count."""
     last = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0])
     if last <= seq:
         return last, []
     # A range of the primary key: the few newest events, never the reservation index.
-    rows = conn.execute("SELECT reservation_id FROM events WHERE seq > ?", (seq,))
-    return last, sorted({str(r[0]) for r in rows if r[0] is not None})
+    rows = conn.execute("SELECT reservation_id, type FROM events WHERE seq > ?", (seq,))
+    skip = set(unchanged)
+    return last, sorted({str(r) for r, t in rows if r is not None and t not in skip})
 
 
 def bookings_of(conn: Conn, rsv_ids: Sequence[str]) -> dict[str, list[tuple[str, BookedRow]]]:

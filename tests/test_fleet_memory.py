@@ -33,10 +33,11 @@ from test_shortlist import (
     write_world,
 )
 
+from better_compute.engine import fleet as fleet_engine
 from better_compute.engine import shortlist
 from better_compute.inventory import parse_inventory
 from better_compute.model import Principal, Reservation, State
-from better_compute.service import booking, placing, setup, simulate
+from better_compute.service import booking, placing, setup, simulate, ticking
 from better_compute.service.booking import ReserveArgs
 from better_compute.service.context import Ctx
 from better_compute.service.fleet import Fleet
@@ -229,3 +230,53 @@ def test_simulate_notices_a_commit_by_another_process_between_requests(db_dir: P
     assert sorted(placed.values()) == [["n2"], ["n2"], ["n2"]]
     assert fleet_seen[0].reloads == 1
     db.close()
+
+
+def _story(db: Database, fleet: Fleet | None) -> list[tuple[object, ...]]:
+    """Blockers on both nodes, a request that waits behind them (regular, so each retry also
+    looks for spot work to preempt), a spot one that waits too, then ticks every 30 s for four
+    hours."""
+
+    def reserve(at: int, gpus: int, hours: float, spot: bool = False) -> None:
+        args = ReserveArgs("acme", None, gpus, int(hours * HOUR), spot=spot)
+        booking.reserve(Ctx(db, at, fleet=fleet), args)
+
+    reserve(T0, 8, 1)  # n1 for an hour
+    reserve(T0, 2, 1.5)  # n2
+    reserve(T0, 4, 3, spot=True)  # n2, spot
+    reserve(T0, 8, 2)  # waits: even preempting the spot work leaves 6 of n2's 8 GPUs
+    reserve(T0, 6, 1, spot=True)  # waits too (spot work never preempts)
+    for k in range(1, 481):
+        now = T0 + k * 30_000
+        if k == 100:
+            reserve(now, 2, 0.5)  # changes n1's or n2's refusal in the middle of the retries
+        ticking.tick(Ctx(db, now, fleet=fleet))
+    rows = repo.events(db.conn, tenant=None, reservation=None, since=None)
+    return [(e.type, e.at, e.reservation_id, e.data) for e in rows]
+
+
+def test_retries_from_memory_write_what_retries_from_sql_write(
+    two_nodes: Database, db_dir: Path
+) -> None:
+    """The same story on two copies of one ledger, with and without the fleet: the same events,
+    word for word (no-fit reasons included), while most retries plan nothing again."""
+    copy = db_dir / "copy.db"
+    two_nodes.conn.execute("VACUUM INTO ?", (str(copy),))
+    plain = open_database(str(copy))
+    try:
+        expected = _story(plain, None)
+    finally:
+        plain.close()
+    planned: list[str] = []
+    real = fleet_engine.plan_node
+
+    def counting(request: Any, snap: Any, **kw: Any) -> Any:
+        planned.append(snap.node.name)
+        return real(request, snap, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fleet_engine, "plan_node", counting)
+        assert _story(two_nodes, Fleet()) == expected
+    assert [e for e in expected if e[0] == "reservation.pending"]  # there were retries
+    retries = 2 * 480  # two requests waiting, a tick every 30 s
+    assert len(planned) < retries  # each retry would plan both nodes without the memo

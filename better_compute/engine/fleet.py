@@ -21,16 +21,22 @@ import heapq
 from bisect import insort
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
+from better_compute.engine.fit import plan_node
+from better_compute.engine.place import no_node_fits
 from better_compute.engine.scorers import TOPOLOGY_MAX, fill
-from better_compute.model import Maintenance, Node, NodeSnapshot, Request, Window
+from better_compute.model import Maintenance, Node, NodeSnapshot, NoFit, Request, Window
 
 #: One booked GPU: (start, end, atom, reservation, spot, reservation live).
 Booked = tuple[int, int, int, str, bool, bool]
 #: The key shortlist.best_key gives a candidate, and the candidate's name.
 Keyed = tuple[tuple[int, str], str]
+#: Later than any instant: an answer that no booking will ever change.
+MAX = 2**63 - 1
+#: Remembered answers kept per pool at most (one per pending request); all dropped past it.
+MEMO_KEYS = 1024
 
 
 class BookingRow(NamedTuple):
@@ -83,6 +89,15 @@ class PoolIndex:
     #: (start, node) of bookings that begin after the horizon: when the node may join a bucket.
     starts: list[tuple[int, str]] = field(default_factory=list)
     _capacity: dict[tuple[tuple[str, ...], int], tuple[int, int]] = field(default_factory=dict)
+    #: Bumped whenever a booking is added, removed or changed (not when one merely ends):
+    #: for the whole pool, and per node. Remembered answers compare them.
+    generation: int = 0
+    node_gen: dict[str, int] = field(default_factory=dict)
+    #: Per pending request: each node's refusal, as of (node generation, window starts it holds
+    #: for). See no_fit.
+    _refusals: dict[object, dict[str, tuple[str, int, int, int]]] = field(default_factory=dict)
+    #: Per request: (pool generation, window starts) for which nothing was found to preempt.
+    _nothing: dict[object, tuple[int, int, int]] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -148,7 +163,8 @@ class PoolIndex:
     def _hold(self, rsv_id: str, rows: Sequence[BookingRow]) -> set[str]:
         """Replace the reservation's bookings; returns the nodes whose bookings changed."""
         changed = set()
-        for name, booked in self.by_rsv.pop(rsv_id, []):
+        before = self.by_rsv.pop(rsv_id, [])
+        for name, booked in before:
             held = self.booked[name]
             held.remove(booked)
             if not held:
@@ -167,6 +183,10 @@ class PoolIndex:
         if kept:
             self.by_rsv[rsv_id] = kept
             heapq.heappush(self.ends, (max(b[1] for _, b in kept), rsv_id))
+        if sorted(before) != sorted(kept):
+            self.generation += 1
+            for name in {n for n, _ in before} | {n for n, _ in kept}:
+                self.node_gen[name] = self.node_gen.get(name, 0) + 1
         return changed
 
     def set_reservation(self, rsv_id: str, rows: Sequence[BookingRow]) -> None:
@@ -296,6 +316,66 @@ class PoolIndex:
                 )
             )
         return result
+
+    # ------------------------------------------------------------ answers that stay true
+
+    def _still(self, booked: Iterable[tuple[int, int]], window: Window) -> int:
+        """The first window start (for windows as long as `window`, starting at or after it)
+        at which one of these intervals would begin or cease to overlap: until then, every
+        snapshot of them is the same."""
+        length, until = window.end - window.start, MAX
+        for start, end in booked:
+            if start < window.end and end > window.start:
+                until = min(until, end)  # overlaps until the window starts at its end
+            elif start >= window.end:
+                until = min(until, start - length + 1)  # overlaps once the window reaches it
+        return until
+
+    def _node_still(self, name: str, window: Window) -> int:
+        spans = [(b[0], b[1]) for b in self.booked.get(name, ())]
+        spans += [(m.window.start, m.window.end) for m in self.maintenance.get(name, ())]
+        return self._still(spans, window)
+
+    def no_fit(self, request: Request, ignore: str | None, exclude: frozenset[str]) -> NoFit | None:
+        """The full planner's no-fit reason for a single-node request (every node's refusal,
+        counted), or None when some node fits. A pending request is retried every 30 s: each
+        node's refusal is kept and planned again only when that node's bookings changed or the
+        window has moved past one of them, so a retry costs what changed, not the pool."""
+        window = request.window
+        key = (ignore, replace(request, window=Window(0, window.end - window.start)), exclude)
+        if key not in self._refusals and len(self._refusals) >= MEMO_KEYS:
+            self._refusals.clear()
+        memo = self._refusals.setdefault(key, {})
+        refused = []
+        for name in sorted(self.nodes):
+            gen = self.node_gen.get(name, 0)
+            hit = memo.get(name)
+            if hit is not None and hit[1] == gen and hit[3] <= window.start < hit[2]:
+                refused.append((name, hit[0]))
+                continue
+            if name in exclude:
+                reason = "excluded"
+            else:
+                result = plan_node(request, self.snapshots(window, ignore, [name])[0])
+                if not isinstance(result, str):
+                    return None
+                reason = result
+            memo[name] = (reason, gen, self._node_still(name, window), window.start)
+            refused.append((name, reason))
+        return no_node_fits(len(self.nodes), refused)
+
+    def nothing_to_preempt(self, key: object, window: Window) -> bool:
+        """Whether preemption planning found nothing for `key` on this very pool (no booking
+        changed since) for a window that starts where this one does, as far as bookings go."""
+        seen = self._nothing.get(key)
+        return seen is not None and seen[0] == self.generation and seen[2] <= window.start < seen[1]
+
+    def found_nothing_to_preempt(self, key: object, window: Window) -> None:
+        if key not in self._nothing and len(self._nothing) >= MEMO_KEYS:
+            self._nothing.clear()
+        spans = [(b[0], b[1]) for held in self.booked.values() for b in held]
+        spans += [(m.window.start, m.window.end) for ms in self.maintenance.values() for m in ms]
+        self._nothing[key] = (self.generation, self._still(spans, window), window.start)
 
     def capacity(self, models: Sequence[str], share: int) -> tuple[int, int]:
         """repo.node_capacity: (most GPUs of the accepted models on one node, nodes with at

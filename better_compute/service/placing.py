@@ -53,8 +53,13 @@ def full_plan(
     ctx: Ctx, rsv: Reservation, window: Window, exclude: frozenset[str] = frozenset()
 ) -> Plan | NoFit:
     """Every node of the pool planned: the reference the shortlist must agree with."""
-    pool = _fleet(ctx, rsv.pool_id, window)
+    pool = fleet_pool(ctx, rsv.pool_id, window)
     if pool is not None:
+        request = rsv.request(window)
+        if request.gang_size is None:  # a pending request's retries: what changed is planned
+            no_fit = pool.no_fit(request, rsv.id, exclude)
+            if no_fit is not None:
+                return no_fit
         snaps = pool.snapshots(window, rsv.id)
     else:
         snaps = repo.snapshots(ctx.db.conn, rsv.pool_id, window, ignore_reservation=rsv.id)
@@ -67,7 +72,7 @@ def full_plan(
     )
 
 
-def _fleet(ctx: Ctx, pool_id: str, window: Window) -> PoolIndex | None:
+def fleet_pool(ctx: Ctx, pool_id: str, window: Window) -> PoolIndex | None:
     """The pool from the fleet this command keeps in memory, when it has one that can answer
     for the window (service/fleet.py); None: read it from SQL."""
     if ctx.fleet is None:
@@ -92,7 +97,7 @@ def shortlisted_fits(
     """Fitting nodes, planned most promising first (engine/shortlist.py), until the best `enough`
     single-node plans are known (None: every candidate, as gangs need), by node name."""
     conn = ctx.db.conn
-    pool = _fleet(ctx, pool_id, request.window)
+    pool = fleet_pool(ctx, pool_id, request.window)
     order: Iterator[tuple[tuple[int, str], str]]
     if pool is not None:
         order = pool.candidates(request, ignore)

@@ -188,6 +188,12 @@ def _at(ctx: Ctx, instant: int, *, system: bool = False) -> Ctx:
     return at
 
 
+def _with(ctx: Ctx, fleet: Fleet) -> Ctx:
+    """This step placing from the fleet kept in memory (service/fleet.py)."""
+    ctx.fleet = fleet
+    return ctx
+
+
 def _replay(
     ctx: Ctx,
     plan: list[tuple[Request, ReserveArgs]],
@@ -210,7 +216,7 @@ def _replay(
             due = None
         if due is not None and (arrival is None or due <= arrival):
             last = max(last, due)
-            ticking.tick(_at(ctx, last, system=True), shown=False)
+            ticking.tick(_with(_at(ctx, last, system=True), fleet), shown=False)
             after = due
             continue
         if arrival is None:
@@ -223,7 +229,7 @@ def _replay(
         last = max(last, arrival)
         after = arrival - 1  # the arrivals may have made something due at this very instant
     if until is not None and last < until:
-        ticking.tick(_at(ctx, until, system=True), shown=False)
+        ticking.tick(_with(_at(ctx, until, system=True), fleet), shown=False)
         last = until
     return last
 

@@ -7,12 +7,16 @@ any window that starts at or after its `horizon`: bookings that end by then are 
 such window can overlap them. Keeping it equal to the ledger is the service's business
 (service/fleet.py); this module only holds values.
 
-Candidates come out lazily in engine/shortlist.best_key order. A node with no booking and no
-maintenance left ("plain") has nothing booked in any window, so its key depends only on its GPU
-count: plain nodes wait in buckets by (GPUs, healthy GPUs, models), sorted by name, and only the
-few booked nodes are counted per request. Nodes whose models the request does not accept are
-left out: the planner would refuse every one of them, so they could never change which plans win
+Candidates come out lazily in engine/shortlist.best_key order. A node whose bookings have all
+begun by the horizon (and with no maintenance left) has the same GPUs booked in every window
+that opens at the horizon, so its key depends only on its counts: such nodes wait in buckets by
+(GPUs, healthy GPUs free, GPUs booked, models), sorted by name, and only the other ("odd") nodes
+are counted per request. Nodes whose models the request does not accept are left out: the
+planner would refuse every one of them, so they could never change which plans win
 (shortlist.settled only stops earlier).
+
+A request that keeps waiting is retried every 30 s; `no_fit` and `nothing_to_preempt` remember
+what a retry found and plan again only what changed since (see there).
 """
 
 from __future__ import annotations

@@ -49,6 +49,9 @@ def test_tick_at_the_start_binds_and_activates_in_one_tick(run: Cli) -> None:
 
 def test_tick_before_the_start_leaves_a_calendar_reservation_placed(run: Cli) -> None:
     rsv = reserve(run, "a", "--gpus", "4", "--for", "2h", "--start", "+1h")
+    assert changes(run, at(44 * MIN)) == []
+    # within repair.leadMs of the start, the check passes and the tenant is told (issue 11)
+    assert changes(run, at(59 * MIN)) == [("reservation.starting", rsv["id"])]
     assert changes(run, at(59 * MIN)) == []
     assert run.ok("get", rsv["id"])["state"] == "placed"
     assert changes(run, at(HOUR)) == [
@@ -85,6 +88,9 @@ def test_the_end_of_the_window_releases_it_as_expired(solo: Cli) -> None:
     solo.ok("quota", "set", "--tenant", "acme", "--gpus", "8")
     rsv = reserve(solo, "a", "--gpus", "8", "--for", "2h")
     changes(solo)
+    # notice.expiringMs (40 min) before the end, once (issue 11)
+    assert changes(solo, at(80 * MIN - SEC)) == []
+    assert changes(solo, at(80 * MIN)) == [("reservation.expiring", rsv["id"])]
     assert changes(solo, at(2 * HOUR - SEC)) == []
     assert changes(solo, at(2 * HOUR)) == [("reservation.released", rsv["id"])]
     done = solo.ok("get", rsv["id"])

@@ -208,6 +208,7 @@ def test_tick_until_includes_the_last_instant_and_refuses_bad_ranges(solo: Cli) 
     assert [(e["type"], e["at"]) for e in doc["changes"]] == [
         ("reservation.binding", NOW_MS),
         ("reservation.active", NOW_MS),
+        ("reservation.expiring", NOW_MS),  # 25 minutes is within notice.expiringMs (issue 11)
         ("reservation.released", NOW_MS + 25 * MIN),
     ]
     assert solo.ok("get", rsv["id"])["state"] == "released"
@@ -228,16 +229,20 @@ def test_the_event_log_has_every_transition_in_order(solo: Cli) -> None:
         "reservation.created",
         "reservation.placed",
         "reservation.extended",
+        "reservation.starting",
         "reservation.binding",
         "reservation.active",
+        "reservation.expiring",
         "reservation.released",
     ]
     assert [e["at"] for e in events] == [
         NOW_MS,
         NOW_MS,
         NOW_MS,
+        NOW_MS + 15 * MIN,  # repair.leadMs before the start
         NOW_MS + 30 * MIN,
         NOW_MS + 30 * MIN,
+        NOW_MS + 90 * MIN,  # the first step at or after 40 minutes before the end
         NOW_MS + 2 * HOUR,
     ]
     seqs = [e["seq"] for e in events]

@@ -492,17 +492,25 @@ def _cli() -> list[str]:
 
 
 def test_two_ticks_racing_never_send_the_same_attempt(run: Cli, receiver: Receiver) -> None:
-    hids = [
-        hook(run, receiver, f"/{i}", tenant, [SECRET_A, SECRET_G, SECRET_ALL][i])
-        for i, tenant in enumerate(["acme", "globex", "*"])
-    ]
-    for i in range(6):
+    """Two real processes tick at once. More webhooks than one tick sends to at a time, so both
+    send; every (webhook, event) arrives once, in seq order per webhook."""
+    kinds = [("acme", SECRET_A), ("globex", SECRET_G), ("*", SECRET_ALL)]
+    hids = [hook(run, receiver, f"/{i}", *kinds[i % 3]) for i in range(24)]
+    for i in range(4):
         reserve(run, "acme" if i % 2 else "globex", f"k{i}", "--gpus", "2")
 
-    slow = 0.05
+    # The first answers wait (at most 4 s) until more requests are open at once than one tick
+    # sends at a time: then both ticks are sending, truly in parallel.
+    gate = threading.Condition()
+    open_now = [0, 0]  # open requests, the most seen at once
 
     def plan(path: str, n: int) -> Action:
-        time.sleep(slow)  # long enough for the two ticks to overlap
+        with gate:
+            open_now[0] += 1
+            open_now[1] = max(open_now[1], open_now[0])
+            gate.notify_all()
+            gate.wait_for(lambda: open_now[1] > 16, timeout=4)
+            open_now[0] -= 1
         return 200
 
     receiver.plan = plan
@@ -523,11 +531,17 @@ def test_two_ticks_racing_never_send_the_same_attempt(run: Cli, receiver: Receiv
     for _ in range(5):
         if not tick(run, MIN)["deliveries"]["left"]:
             break
-    for path in ("/0", "/1", "/2"):
-        sent = [s for p, s in receiver.requests if p == path]
-        assert sent == sorted(set(sent)), f"{path}: {sent}"  # once each, in seq order
-    assert sum(r["sent"] for r in reports) > 0
-    assert receiver.seqs("/2") == [e["seq"] for e in log(run, hids[2])]
+    for i, hid in enumerate(hids):
+        sent = [s for p, s in receiver.requests if p == f"/{i}"]
+        assert sent == sorted(set(sent)), f"/{i}: {sent}"  # once each, in seq order
+        assert receiver.seqs(f"/{i}") == [
+            e["seq"]
+            for e in log(
+                run, hid, *([] if kinds[i % 3][0] == "*" else ["--tenant", kinds[i % 3][0]])
+            )
+        ]
+    assert open_now[1] > 16 and all(r["sent"] > 0 for r in reports), (open_now, reports)
+    assert len(receiver.requests) == len(set(receiver.requests))
 
 
 # ---------------------------------------------------------------- notices

@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 import secrets
 import urllib.parse
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from better_compute.errors import Conflict, InvalidInput, NotFound
 from better_compute.model import Delivery, Event, JsonValue, Webhook
@@ -144,16 +144,12 @@ def _visible(conn: Conn, ctx: Ctx) -> list[Webhook]:
 
 def _mine(conn: Conn, ctx: Ctx, hook_id: str) -> Webhook:
     """A webhook this principal may manage; any other is NOT_FOUND."""
-    try:
-        hook = webhooks.get_webhook(conn, hook_id)
-    except NotFound:
-        hook = None
-    if hook is None or not (
-        ctx.who.admin
-        or (hook.tenant_id != ALL_TENANTS and authz.may_act_for(conn, ctx.who, hook.tenant_id))
+    hook = webhooks.get_webhook(conn, hook_id)
+    if ctx.who.admin or (
+        hook.tenant_id != ALL_TENANTS and authz.may_act_for(conn, ctx.who, hook.tenant_id)
     ):
-        raise NotFound(f"no webhook {hook_id!r}; `webhook list` shows yours")
-    return hook
+        return hook
+    raise NotFound(f"no webhook {hook_id!r}; `webhook list` shows them")
 
 
 def list_(ctx: Ctx) -> list[Webhook]:
@@ -218,19 +214,16 @@ def redeliver(
     with ctx.write() as conn:
         hooks = [_mine(conn, ctx, hook_id)] if hook_id is not None else _visible(conn, ctx)
         ids = [h.id for h in hooks]
-        if delivery_id is not None:
-            found = webhooks.deliveries(conn, ids, delivery_id=delivery_id)
-            if not found:
-                raise NotFound(f"no delivery {delivery_id!r}; `webhook deliveries` lists them")
-            if found[0].state == webhooks.QUEUED:
-                raise Conflict(f"delivery {delivery_id} is already queued; `tick` sends it")
-            targets: Sequence[Delivery] = found
-        else:
+        if delivery_id is None:
             targets = webhooks.deliveries(conn, ids, state=webhooks.DEAD)
+        else:
+            targets = webhooks.deliveries(conn, ids, delivery_id=delivery_id)
+            if not targets:
+                raise NotFound(f"no delivery {delivery_id!r}; `webhook deliveries` lists them")
+            if targets[0].state == webhooks.QUEUED:
+                raise Conflict(f"delivery {delivery_id} is already queued; `tick` sends it")
         for d in targets:
             webhooks.requeue(conn, d.id, ctx.now)
-        return (
-            webhooks.deliveries(conn, ids, delivery_id=delivery_id)
-            if delivery_id
-            else [d for d in webhooks.deliveries(conn, ids) if d.id in {t.id for t in targets}]
-        )
+        return [
+            replace(d, state=webhooks.QUEUED, queued_at=ctx.now, next_at=ctx.now) for d in targets
+        ]

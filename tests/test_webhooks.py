@@ -605,3 +605,32 @@ def test_notice_settings_turn_notices_off(run: Cli) -> None:
         types |= {c["type"] for c in tick(run, t)["changes"]}
     assert "reservation.starting" not in types and "reservation.expiring" not in types
     assert "reservation.released" in types
+
+
+def test_a_locked_ledger_ends_delivery_within_the_budget(run: Cli, receiver: Receiver) -> None:
+    """Another command holding the write lock costs delivery its budget, not the busy timeout."""
+    import sqlite3
+
+    from better_compute.render.webhooks import body
+    from better_compute.service import delivery
+    from better_compute.service.context import open_ctx
+    from tests.conftest import ME, NOW
+
+    run.ok("config", "set", "webhook.tickBudgetMs", "500")
+    hook(run, receiver, "/a", "acme", SECRET_A)
+    reserve(run, "acme", "a1")
+    ctx = open_ctx(str(run.db), NOW, ME, None)
+    other = sqlite3.connect(run.db, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        began = time.monotonic()
+        report = delivery.deliver(ctx, body)
+        assert time.monotonic() - began < 2
+        assert report is not None and report.sent == 0
+        other.execute("ROLLBACK")
+        later = delivery.deliver(ctx, body)
+        assert later is not None and later.sent == 2 and later.left == 0
+    finally:
+        other.close()
+        ctx.db.close()
+    assert receiver.types("/a") == ["reservation.created", "reservation.placed"]

@@ -109,5 +109,5 @@ def report(r: Report) -> dict[str, JsonValue]:
 def report_line(r: Report) -> str:
     return (
         f"deliveries: {r.sent} sent, {r.failed} failed, {r.dead_lettered} dead-lettered,"
-        f" {r.left} left for the next tick"
+        f" {'?' if r.left is None else r.left} left for the next tick"
     )

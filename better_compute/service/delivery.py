@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from better_compute import clock
+from better_compute.errors import Unavailable
 from better_compute.model import Event, Webhook
 from better_compute.service.context import Ctx
 from better_compute.storage import repo, webhooks
@@ -50,6 +51,8 @@ MAX_IN_FLIGHT = 16
 #: A claim outlives the send it covers by this much before another tick may take it over.
 CLAIM_SLACK_MS = 60_000
 USER_AGENT = "better-compute-webhooks/1"
+#: How long recording the budget's unanswered sends may wait for the lock (claims lapse anyway).
+GIVE_UP_LOCK_MS = 1_000
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,7 @@ class Report:
     sent: int
     failed: int
     dead_lettered: int
-    left: int
+    left: int | None
 
 
 def retry_delay(attempt: int, delivery_id: str) -> int:
@@ -150,46 +153,82 @@ class _Claimed:
 def deliver(ctx: Ctx, body_of: Callable[[Event], str]) -> Report | None:
     """Fan out, then send queue heads until nothing is due or the budget is spent.
 
-    None when the ledger has no webhooks (the tick's answer then says nothing of deliveries)."""
+    None when the ledger has no webhooks (the tick's answer then says nothing of deliveries).
+    The ledger's lock is waited for only as long as the budget lasts: a ledger locked by another
+    command ends delivery for this tick (UNAVAILABLE is not the tick's failure: its lifecycle has
+    committed), and `left` is then None when even the count cannot be read."""
     with ctx.db.read() as conn:
         if not webhooks.has_webhooks(conn):
             return None
-    settings = ctx.settings
-    deadline = clock.elapsed_s() + settings.webhook_budget_ms / 1000
-    _fan_out(ctx)
-    token = secrets.token_hex(8)
-    answers: queue.Queue[tuple[_Claimed, Outcome]] = queue.Queue()
-    in_flight: dict[str, _Claimed] = {}
-    sent = failed = dead = 0
-    while True:
-        remaining = deadline - clock.elapsed_s()
-        if remaining <= 0:
-            break
-        if len(in_flight) < MAX_IN_FLIGHT:
-            for job in _claim_heads(ctx, token, set(in_flight), MAX_IN_FLIGHT - len(in_flight)):
-                in_flight[job.hook.id] = job
-                timeout = min(settings.webhook_timeout_ms / 1000, remaining)
-                _start(job, body_of(job.event), timeout, answers)
-        if not in_flight:
-            break
-        try:
-            job, outcome = answers.get(timeout=remaining)
-        except queue.Empty:
-            break
-        del in_flight[job.hook.id]
-        result = _record(ctx, job, outcome, token)
-        sent, failed, dead = (
-            sent + (result == "sent"),
-            failed + (result != "sent"),
-            dead + (result == webhooks.DEAD),
-        )
-    for job in in_flight.values():  # still unanswered when the budget ran out
+    run = _Run(ctx, body_of)
+    try:
+        run.fan_out()
+        run.send_until_done()
+    except Unavailable:
+        pass
+    finally:
+        run.give_up_the_rest()
+        ctx.db.set_busy_timeout(ctx.settings.busy_timeout_ms)
+    try:
+        with ctx.db.read() as conn:
+            left: int | None = webhooks.queued_count(conn)
+    except Unavailable:
+        left = None
+    return Report(run.sent, run.failed, run.dead, left)
+
+
+class _Run:
+    """One tick's delivery: the budget, this tick's claim token, the sends in flight, the tally."""
+
+    def __init__(self, ctx: Ctx, body_of: Callable[[Event], str]) -> None:
+        self.ctx, self.body_of = ctx, body_of
+        self.deadline = clock.elapsed_s() + ctx.settings.webhook_budget_ms / 1000
+        self.token = secrets.token_hex(8)
+        self.answers: queue.Queue[tuple[_Claimed, Outcome]] = queue.Queue()
+        self.in_flight: dict[str, _Claimed] = {}
+        self.sent = self.failed = self.dead = 0
+
+    def remaining(self) -> float:
+        """Seconds of budget left; the ledger's lock is waited for no longer than that."""
+        left = self.deadline - clock.elapsed_s()
+        self.ctx.db.set_busy_timeout(max(100, int(left * 1000)))
+        return left
+
+    def fan_out(self) -> None:
+        self.remaining()
+        _fan_out(self.ctx)
+
+    def send_until_done(self) -> None:
+        timeout_s = self.ctx.settings.webhook_timeout_ms / 1000
+        while (remaining := self.remaining()) > 0:
+            room = MAX_IN_FLIGHT - len(self.in_flight)
+            for job in _claim_heads(self.ctx, self.token, set(self.in_flight), room):
+                self.in_flight[job.hook.id] = job
+                _start(job, self.body_of(job.event), min(timeout_s, remaining), self.answers)
+            if not self.in_flight:
+                return  # nothing due, or every due head is another tick's
+            try:
+                job, outcome = self.answers.get(timeout=remaining)
+            except queue.Empty:
+                return
+            del self.in_flight[job.hook.id]
+            self.tally(_record(self.ctx, job, outcome, self.token))
+
+    def give_up_the_rest(self) -> None:
+        """Sends still unanswered when the budget ran out are failed attempts, retried later."""
         gone = Outcome(None, "no answer within the tick's delivery budget (webhook.tickBudgetMs)")
-        result = _record(ctx, job, gone, token)
-        failed, dead = failed + 1, dead + (result == webhooks.DEAD)
-    with ctx.db.read() as conn:
-        left = webhooks.queued_count(conn)
-    return Report(sent, failed, dead, left)
+        self.ctx.db.set_busy_timeout(GIVE_UP_LOCK_MS)
+        for job in self.in_flight.values():
+            try:
+                self.tally(_record(self.ctx, job, gone, self.token))
+            except Unavailable:
+                return  # its claim lapses on its own; the event is sent again then
+        self.in_flight.clear()
+
+    def tally(self, result: str) -> None:
+        self.sent += result == "sent"
+        self.failed += result in (webhooks.QUEUED, webhooks.DEAD)
+        self.dead += result == webhooks.DEAD
 
 
 def _start(

@@ -226,6 +226,10 @@ def test_bad_events_secrets_and_tenants_are_refused(run: Cli) -> None:
     url = "https://hooks.example/x"
     bad_type = run.fails(2, "webhook", "add", "--tenant", "acme", "--url", url, "--events", "nope")
     assert "reservation.preempting" in bad_type["message"]
+    fleet = run.fails(2, "webhook", "add", "--tenant", "acme", "--url", url, "--events", "node.*")
+    assert "--tenant '*'" in fleet["message"]
+    assert run.ok("webhook", "add", "--tenant", "*", "--url", url, "--events", "node.*")
+    run.ok("webhook", "delete", run.ok("webhook", "list")[0]["id"])
     assert run.fails(2, "webhook", "add", "--tenant", "acme", "--url", url, "--secret", "short")
     assert run.fails(3, "webhook", "add", "--tenant", "nobody", "--url", url)["code"] == "NOT_FOUND"
     assert run.fails(3, "webhook", "test", "whk_missing")["code"] == "NOT_FOUND"

@@ -37,6 +37,8 @@ NAMESPACES = (
     "tenant",
     "webhook",
 )
+#: The namespaces whose events carry a tenant: the only ones a tenant's webhook can receive.
+TENANT_NAMESPACES = ("policy", "quota", "reservation", "webhook")
 _TYPE = re.compile(r"^([a-z]+)\.([a-zA-Z]+|\*)$")
 MIN_SECRET, MAX_SECRET = 16, 256
 
@@ -64,8 +66,9 @@ def check_url(url: str) -> str:
     return url
 
 
-def check_events(text: str | None) -> tuple[str, ...]:
-    """`TYPE,…`: event types (`reservation.preempting`) or patterns (`reservation.*`); none: all."""
+def check_events(text: str | None, tenant: str) -> tuple[str, ...]:
+    """`TYPE,…`: event types (`reservation.preempting`) or patterns (`reservation.*`); none: all.
+    A tenant's webhook may not ask for fleet events (`node.*`, …), which it would never get."""
     if text is None:
         return ()
     types = sorted({t.strip() for t in text.split(",") if t.strip()})
@@ -79,6 +82,12 @@ def check_events(text: str | None) -> tuple[str, ...]:
             raise InvalidInput(
                 f"--events: {t[:60]!r} is not an event type; give TYPE,… such as"
                 f" reservation.preempting or reservation.*, of {', '.join(NAMESPACES)}"
+            )
+        if tenant != ALL_TENANTS and m.group(1) not in TENANT_NAMESPACES:
+            raise InvalidInput(
+                f"--events: {t} events belong to the fleet, not to tenant {tenant}; a tenant's"
+                f" webhook receives {', '.join(n + '.*' for n in TENANT_NAMESPACES)}; an admin's"
+                " --tenant '*' webhook receives every event"
             )
     return tuple(types)
 
@@ -101,7 +110,7 @@ def add(
     ctx: Ctx, tenant: str, url: str, events: str | None, secret: str | None
 ) -> tuple[Webhook, str]:
     """Register a webhook; returns it and its secret (shown this once)."""
-    url, types, key = check_url(url), check_events(events), check_secret(secret)
+    url, types, key = check_url(url), check_events(events, tenant), check_secret(secret)
     with ctx.write() as conn:
         if tenant == ALL_TENANTS:
             require_admin(ctx.who, "add a webhook for every tenant")

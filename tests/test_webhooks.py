@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.conftest import HOUR, MIN, NOW_MS, SEC, Cli, at
 
@@ -638,3 +640,27 @@ def test_a_locked_ledger_ends_delivery_within_the_budget(run: Cli, receiver: Rec
         other.close()
         ctx.db.close()
     assert receiver.types("/a") == ["reservation.created", "reservation.placed"]
+
+
+# ---------------------------------------------------------------- backoff and signature
+
+
+@given(st.integers(min_value=1, max_value=200), st.text(min_size=1, max_size=20))
+def test_backoff_is_exponential_capped_jittered_and_replayable(attempt: int, dlv: str) -> None:
+    from better_compute.service.delivery import BACKOFF_BASE_MS, BACKOFF_CAP_MS, retry_delay
+
+    base = min(BACKOFF_BASE_MS * 2 ** min(attempt - 1, 30), BACKOFF_CAP_MS)
+    delay = retry_delay(attempt, dlv)
+    assert base // 2 <= delay < base
+    assert retry_delay(attempt, dlv) == delay  # from the delivery, never from the process
+
+
+@given(st.text(min_size=16, max_size=40), st.integers(0, 2**45), st.binary(max_size=200))
+def test_the_signature_is_what_the_readme_receiver_checks(secret: str, t: int, body: bytes) -> None:
+    from better_compute.service.delivery import sign
+
+    header = sign(secret, t, body)
+    assert header.startswith(f"t={t},v1=")
+    assert verify(secret, header, body)
+    assert not verify(secret, header, body + b" ")
+    assert not verify(secret, header.replace(f"t={t}", f"t={t + 1}"), body)

@@ -118,8 +118,8 @@ def heads(conn: Conn) -> list[tuple[str, str, int, int]]:
     """Each webhook's head of line: (delivery id, webhook id, event seq, next_at), by webhook."""
     rows = conn.execute(
         "SELECT d.id, d.webhook_id, d.event_seq, d.next_at FROM deliveries d"
-        " JOIN (SELECT webhook_id, MIN(event_seq) AS first FROM deliveries WHERE state = ?"
-        "       GROUP BY webhook_id) h ON h.webhook_id = d.webhook_id AND h.first = d.event_seq"
+        " JOIN (SELECT webhook_id, MIN(event_seq) AS head_seq FROM deliveries WHERE state = ?"
+        "       GROUP BY webhook_id) h ON h.webhook_id = d.webhook_id AND h.head_seq = d.event_seq"
         " ORDER BY d.webhook_id",
         (QUEUED,),
     ).fetchall()

@@ -138,9 +138,11 @@ def _tenant(hook: Webhook) -> str | None:
 
 
 def _about(hook: Webhook, ctx: Ctx) -> dict[str, JsonValue]:
+    """The log names the receiving host, never the whole URL: a `*` webhook's events are fleet
+    events every principal reads, and URLs often carry a token in their path or query."""
     return {
         "webhookId": hook.id,
-        "url": hook.url,
+        "host": urllib.parse.urlsplit(hook.url).hostname,
         "events": list(hook.events),
         "by": ctx.principal,
     }

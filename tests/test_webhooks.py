@@ -74,6 +74,13 @@ class Receiver:
                 if action == "hang":
                     time.sleep(receiver.hang_s)
                     return
+                if action == "trickle":  # a byte at a time: no socket timeout ever fires
+                    with contextlib.suppress(OSError):
+                        for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"x" * 200:
+                            self.wfile.write(bytes([byte]))
+                            self.wfile.flush()
+                            time.sleep(0.1)
+                    return
                 if action == "reset":
                     linger = struct.pack("ii", 1, 0)
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
@@ -431,6 +438,20 @@ def test_a_hanging_receiver_does_not_hold_the_tick_past_its_budget(
     assert done["deliveries"]["failed"] == 1 and done["deliveries"]["left"] == 4
     attempt = run.ok("webhook", "deliveries", "--webhook", run.ok("webhook", "list")[0]["id"])
     assert "budget" in attempt[0]["attempts"][0]["error"]
+
+
+def test_a_trickling_receiver_is_cut_off_by_the_budget(run: Cli, receiver: Receiver) -> None:
+    run.ok("config", "set", "webhook.timeoutMs", "5000")
+    run.ok("config", "set", "webhook.tickBudgetMs", "1000")
+    hid = hook(run, receiver, "/t", "acme", SECRET_A, "--events", "reservation.created")
+    receiver.plan = lambda path, n: "trickle"
+    reserve(run, "acme", "a1")
+    began = time.monotonic()
+    done = tick(run)
+    assert time.monotonic() - began < 3.5
+    assert done["deliveries"] == {"sent": 0, "failed": 1, "deadLettered": 0, "left": 1}
+    attempt = run.ok("webhook", "deliveries", "--webhook", hid)[0]["attempts"][0]
+    assert attempt["status"] is None and "budget" in attempt["error"]
 
 
 @pytest.mark.parametrize("action", ["big", "redirect", "reset"])

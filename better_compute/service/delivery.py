@@ -202,7 +202,8 @@ class _Run:
         timeout_s = self.ctx.settings.webhook_timeout_ms / 1000
         while (remaining := self.remaining()) > 0:
             room = MAX_IN_FLIGHT - len(self.in_flight)
-            for job in _claim_heads(self.ctx, self.token, set(self.in_flight), room):
+            claimed = _claim_heads(self.ctx, self.token, set(self.in_flight), room) if room else []
+            for job in claimed:
                 self.in_flight[job.hook.id] = job
                 _start(job, self.body_of(job.event), min(timeout_s, remaining), self.answers)
             if not self.in_flight:

@@ -304,8 +304,60 @@ CREATE INDEX reservations_retries ON reservations(state, next_attempt_at);
 CREATE INDEX usage_open ON usage(reservation_id) WHERE "end" IS NULL;
 """
 
+MIGRATION_6 = """
+-- Signed webhooks (PRODUCT.md §4 Running): where a tenant's events are POSTed.
+CREATE TABLE webhooks (
+  id TEXT PRIMARY KEY,              -- whk_…
+  seq INTEGER NOT NULL UNIQUE,      -- creation order
+  tenant_id TEXT NOT NULL,          -- the tenant whose events it receives, or '*' for every event
+  url TEXT NOT NULL,                -- http or https, no credentials in it
+  events TEXT NOT NULL DEFAULT '[]',-- JSON list of event types or 'ns.*' patterns; [] = all
+  secret TEXT NOT NULL,             -- the HMAC key; shown once, then only its fingerprint
+  created_at INTEGER NOT NULL,
+  created_by TEXT NOT NULL,
+  cursor INTEGER NOT NULL           -- the last event seq already queued for it
+);
+-- One event to deliver to one webhook. Per webhook, the lowest queued seq goes first.
+CREATE TABLE deliveries (
+  id TEXT PRIMARY KEY,              -- dlv_…
+  webhook_id TEXT NOT NULL REFERENCES webhooks(id),
+  event_seq INTEGER NOT NULL,
+  state TEXT NOT NULL,              -- queued|delivered|dead
+  attempts INTEGER NOT NULL DEFAULT 0,
+  queued_at INTEGER NOT NULL,       -- ledger instant its retry period began
+  next_at INTEGER NOT NULL,         -- ledger instant its next attempt is due
+  claim TEXT,                       -- the tick sending it now
+  claim_until INTEGER,              -- real-clock epoch ms at which that claim lapses
+  UNIQUE (webhook_id, event_seq)
+);
+CREATE INDEX deliveries_queue ON deliveries(webhook_id, state, event_seq);
+CREATE INDEX deliveries_state ON deliveries(state, webhook_id);
+-- Every attempt of a delivery, with the receiver's status code or the error.
+CREATE TABLE delivery_attempts (
+  delivery_id TEXT NOT NULL REFERENCES deliveries(id),
+  n INTEGER NOT NULL,               -- 1, 2, … per delivery
+  at INTEGER NOT NULL,              -- ledger instant of the attempt
+  status INTEGER,                   -- HTTP status; NULL when there was no answer
+  error TEXT,                       -- why it failed; NULL on a 2xx
+  PRIMARY KEY (delivery_id, n)
+);
+-- Notices given once per reservation (reservation.starting, reservation.expiring).
+CREATE TABLE notices (
+  reservation_id TEXT NOT NULL,
+  type TEXT NOT NULL,
+  PRIMARY KEY (reservation_id, type)
+);
+"""
+
 #: Append-only. Index i holds the SQL that brings user_version i to i + 1.
-MIGRATIONS: tuple[str, ...] = (MIGRATION_1, MIGRATION_2, MIGRATION_3, MIGRATION_4, MIGRATION_5)
+MIGRATIONS: tuple[str, ...] = (
+    MIGRATION_1,
+    MIGRATION_2,
+    MIGRATION_3,
+    MIGRATION_4,
+    MIGRATION_5,
+    MIGRATION_6,
+)
 
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -315,4 +367,4 @@ APPLICATION_ID = 0x42434D50  # "BCMP"
 #: sha256 of the sorted (type, name, tbl_name, sql) rows of sqlite_master that MIGRATIONS make:
 #: opening a ledger compares its schema with this instead of rebuilding every migration in memory
 #: (storage/db.py). tests/test_speed.py fails with the new value whenever a migration is added.
-SCHEMA_DIGEST = "d9e4f32b91adf3eae1a5ea938bd396521e5c382e1ae036959459c468e2fd8a60"
+SCHEMA_DIGEST = "26105d6b530241aa66af3e4c2b58fb4bf6ba0b3b50e6622b9b43633223434942"

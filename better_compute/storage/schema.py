@@ -216,8 +216,32 @@ CREATE INDEX bookings_node_window
 CREATE INDEX reservations_charge ON reservations(tenant_id, state, pool_id, quota_charge);
 """
 
+MIGRATION_5 = """
+-- Issue 10: calendar policies per pool (PRODUCT.md §5.6). NULL means no limit; durations in ms.
+CREATE TABLE calendar_policies (
+  pool_id TEXT PRIMARY KEY REFERENCES pools(id),
+  min_duration_ms INTEGER,
+  max_duration_ms INTEGER,
+  min_lead_ms INTEGER,              -- a calendar request starts at least this long after now
+  max_horizon_ms INTEGER,           -- ... and ends at most this long after now
+  sizes TEXT NOT NULL DEFAULT '[]', -- allowed total GPUs of a request, JSON list; [] = any
+  no_changes INTEGER NOT NULL DEFAULT 0 -- `--commit`: placed calendar reservations are final
+);
+-- Calendar reservations placed under a `--commit` policy: no cancel, extend or early release.
+-- Recorded at admission, so a policy set later does not bind what was booked before it.
+CREATE TABLE calendar_commitments (
+  reservation_id TEXT PRIMARY KEY REFERENCES reservations(id),
+  pool_id TEXT NOT NULL
+);
+-- advice tries windows at booking ends (bookings_window serves those) and stretches them up to
+-- booking starts: this index reads a pool's starts in a range.
+CREATE INDEX bookings_starts ON bookings(pool_id, start);
+-- cancel --series: a series' occurrences.
+CREATE INDEX reservations_series ON reservations(series_id, seq);
+"""
+
 #: Append-only. Index i holds the SQL that brings user_version i to i + 1.
-MIGRATIONS: tuple[str, ...] = (MIGRATION_1, MIGRATION_2, MIGRATION_3)
+MIGRATIONS: tuple[str, ...] = (MIGRATION_1, MIGRATION_2, MIGRATION_3, MIGRATION_5)
 
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -227,4 +251,4 @@ APPLICATION_ID = 0x42434D50  # "BCMP"
 #: sha256 of the sorted (type, name, tbl_name, sql) rows of sqlite_master that MIGRATIONS make:
 #: opening a ledger compares its schema with this instead of rebuilding every migration in memory
 #: (storage/db.py). tests/test_speed.py fails with the new value whenever a migration is added.
-SCHEMA_DIGEST = "99251b7600fca667790445e2702305ebcbea3f30d8dd3171bbe6b6978a0e3017"
+SCHEMA_DIGEST = "f234843f46ef6bd8795f36670c0b5179faf434eaae312f8cd56f39115f7c62e5"

@@ -1,0 +1,184 @@
+"""The window search shared by `advice` and `reserve --start-range` (PRODUCT.md §5.6).
+
+engine/search.py walks the instants where a pool's free capacity changes; this module feeds it
+those instants (storage/calendar.py) and the real planner (service/placing.py, the one `reserve`
+runs, gang planner included) as its fit test, so a window found here is a window `reserve` books.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from better_compute.engine import calendar as policy_rules
+from better_compute.engine import search
+from better_compute.errors import InvalidInput
+from better_compute.model import CalendarPolicy, Plan, Reservation, Window
+from better_compute.service import placing
+from better_compute.service.context import Ctx
+from better_compute.storage import calendar as cal
+from better_compute.storage import repo
+from better_compute.timeparse import MAX_MS, human_duration, iso, parse_duration, parse_range
+
+#: The most windows one `advice` answers.
+MAX_LIMIT = 100
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """What the person asked, read against now: starts in [first, last], a length in
+    [min_ms, max_ms] (equal for --duration), an end in [end_from, end_to] for --end-range."""
+
+    first: int
+    last: int
+    min_ms: int
+    max_ms: int
+    end_from: int | None = None
+    end_to: int | None = None
+
+    def ask(self) -> search.Ask:
+        return search.Ask(
+            self.first, self.last, self.min_ms, self.max_ms, self.end_from, self.end_to
+        )
+
+
+def _range(flag: str, text: str, now: int, *, durations: bool = False) -> tuple[int, int]:
+    from better_compute.timeparse import parse_time
+
+    try:
+        if durations:
+            return parse_range(text, parse_duration)
+        return parse_range(text, lambda t: parse_time(t, now), allow_equal=True)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{flag}: {exc.message}") from None
+
+
+def wanted(
+    now: int,
+    start_range: str,
+    *,
+    duration_ms: int | None = None,
+    duration_range: str | None = None,
+    end_range: str | None = None,
+) -> Wanted:
+    """Read the ranges; exactly one way of saying the length. Inverted, malformed or wholly past
+    ranges are INVALID_INPUT."""
+    given = [x for x in (duration_ms, duration_range, end_range) if x is not None]
+    if len(given) != 1:
+        raise InvalidInput(
+            "say how long with exactly one of --duration D, --duration-range MIN..MAX or"
+            " --end-range FROM..TO"
+        )
+    first, last = _range("--start-range", start_range, now)
+    if last < now:
+        raise InvalidInput(
+            f"--start-range ends at {iso(last)}, before now ({iso(now)}): ask for a future range"
+        )
+    first = max(first, now)
+    if duration_ms is not None:
+        if duration_ms <= 0:
+            raise InvalidInput("the duration must be positive, such as 90m or 3d")
+        return Wanted(first, last, duration_ms, duration_ms)
+    if duration_range is not None:
+        lo, hi = _range("--duration-range", duration_range, now, durations=True)
+        if lo <= 0:
+            raise InvalidInput("--duration-range: MIN must be a positive duration, such as 1d")
+        return Wanted(first, last, lo, hi)
+    assert end_range is not None
+    end_from, end_to = _range("--end-range", end_range, now)
+    if end_to <= first:
+        raise InvalidInput(
+            f"--end-range ends at {iso(end_to)}, not after the earliest start {iso(first)}"
+        )
+    return Wanted(first, last, 1, end_to - first, end_from, end_to)
+
+
+def bounded(
+    ask: search.Ask, policy: CalendarPolicy | None, now: int, total_gpus: int
+) -> search.Ask | str:
+    """The ask narrowed to what the pool's calendar policy allows, or why none of it is."""
+    end_to = MAX_MS if ask.end_to is None else min(ask.end_to, MAX_MS)
+    if policy is None:
+        return replace(ask, end_to=end_to)
+    size = policy_rules.size_refusal(policy, total_gpus)
+    if size is not None:
+        return size
+    lo = max(ask.min_ms, policy.min_duration_ms or 0)
+    hi = ask.max_ms if policy.max_duration_ms is None else min(ask.max_ms, policy.max_duration_ms)
+    if lo > hi:
+        asked = human_duration(ask.min_ms)
+        if ask.max_ms != ask.min_ms:
+            asked += f" to {human_duration(ask.max_ms)}"
+        return (
+            f"a duration of {asked} is outside the allowed durations"
+            f" ({policy_rules.allowed_durations(policy)})"
+        )
+    first = max(ask.first, policy_rules.earliest_start(policy, now))
+    if first > ask.last:
+        assert policy.min_lead_ms is not None
+        return (
+            f"no start up to {iso(ask.last)} respects the minimum lead time"
+            f" {human_duration(policy.min_lead_ms)} (start at {iso(first)} or later)"
+        )
+    horizon = policy_rules.latest_end(policy, now)
+    if horizon is not None:
+        end_to = min(end_to, horizon)
+    narrowed = replace(ask, first=first, min_ms=lo, max_ms=hi, end_to=end_to)
+    if narrowed.opening() > narrowed.last or narrowed.ends(narrowed.opening()) is None:
+        horizon_text = ""
+        if policy.max_horizon_ms is not None:
+            horizon_text = f" (the maximum horizon {human_duration(policy.max_horizon_ms)})"
+        return (
+            f"no window of an allowed length ({policy_rules.allowed_durations(policy)}) that"
+            f" starts in range ends by {iso(end_to)}{horizon_text}"
+        )
+    return narrowed
+
+
+def fits(ctx: Ctx, draft: Reservation, window: Window) -> bool:
+    """Would `reserve` place this draft in this window right now (no preemption)?"""
+    return isinstance(placing.plan(ctx, draft, window), Plan)
+
+
+def find(ctx: Ctx, draft: Reservation, ask: search.Ask, limit: int) -> list[Window]:
+    """Up to `limit` windows of the draft's pool, earliest start first (engine/search.py)."""
+    conn = ctx.db.conn
+    opening = ask.opening()
+    if opening > ask.last:
+        return []
+    ends = cal.change_ends(conn, draft.pool_id, opening, ask.last)
+    latest = ask.last + ask.max_ms if ask.end_to is None else min(ask.last + ask.max_ms, ask.end_to)
+    starts = cal.change_starts(conn, draft.pool_id, opening, latest)
+    return search.windows(ask, ends, starts, lambda w: fits(ctx, draft, w), limit=limit)
+
+
+def longest(ctx: Ctx, draft: Reservation, ask: search.Ask) -> Window | None:
+    """The longest window of any start in range (a near miss)."""
+    conn = ctx.db.conn
+    opening = ask.opening()
+    if opening > ask.last:
+        return None
+    ends = cal.change_ends(conn, draft.pool_id, opening, ask.last)
+    latest = ask.last + ask.max_ms if ask.end_to is None else min(ask.last + ask.max_ms, ask.end_to)
+    starts = cal.change_starts(conn, draft.pool_id, opening, latest)
+    return search.longest_anywhere(ask, ends, starts, lambda w: fits(ctx, draft, w))
+
+
+def unsupported(ctx: Ctx, draft: Reservation, pool_name: str) -> str | None:
+    """Why no node of the pool could ever hold the draft (model, node size, gang size)."""
+    share = draft.gpus or 1
+    largest, fitting = repo.node_capacity(ctx.db.conn, draft.pool_id, draft.models, share)
+    gpus = f"{'/'.join(draft.models)} GPUs" if draft.models else "GPUs"
+    if largest == 0:
+        return f"pool {pool_name} has no {gpus}"
+    if share > largest:
+        return f"the largest node of pool {pool_name} has {largest} {gpus}, not {share}"
+    if draft.gang_size is not None and draft.gang_size > fitting:
+        return (
+            f"pool {pool_name} has {fitting} nodes with {share} or more {gpus}, not a gang of"
+            f" {draft.gang_size}"
+        )
+    return None
+
+
+def policy_of(ctx: Ctx, pool_id: str) -> CalendarPolicy | None:
+    return cal.policy(ctx.db.conn, pool_id)

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from better_compute.engine import search
+from better_compute.engine import freetime, search
 from better_compute.engine.place import place
 from better_compute.model import (
     Atom,
@@ -257,3 +257,54 @@ def test_a_duration_range_gives_the_longest_window_at_its_start(
             d for d in range(minutes, minutes + extra + 1) if fits(Window(w.start, w.start + d * M))
         )
         assert w.duration == longest * M
+
+
+# ---------------------------------------------------------------- the cheap first test
+
+
+def free_nodes(pool: Pool, lo: int, hi: int, length: int, gang: bool) -> list[freetime.NodeFree]:
+    """What storage/calendar.py answers, worked out in Python: per node, GPUs never booked in
+    [lo, hi) and the long enough gaps of the others."""
+    nodes = []
+    for name, (gpus, clique) in sorted(pool.nodes.items()):
+        held: dict[int, list[tuple[int, int]]] = {}
+        for n, atoms, s, e in pool.bookings:
+            if n == name and e > lo and s < hi:
+                for a in atoms:
+                    held.setdefault(a, []).append((s, e))
+        gaps = []
+        for atom, spans in held.items():
+            cursor = lo
+            for s, e in sorted(spans):
+                if s - cursor >= length:
+                    gaps.append((atom, cursor, s))
+                cursor = max(cursor, e)
+            if hi - cursor >= length:
+                gaps.append((atom, cursor, hi))
+        nodes.append(
+            freetime.NodeFree(name, f"c1.{clique}" if gang else "", gpus - len(held), tuple(gaps))
+        )
+    return nodes
+
+
+@settings(max_examples=150, deadline=None)
+@given(pools(), st.sampled_from([None, 2]))
+def test_the_cheap_test_never_refuses_a_start_the_planner_takes(
+    case: tuple[Pool, int, int, int, int], gang: int | None
+) -> None:
+    pool, gpus, first, last, minutes = case
+    length = minutes * M
+    nodes = free_nodes(pool, first * M, last * M + length, length, gang is not None)
+    spans = freetime.possible_starts(
+        nodes, need=gpus, size=gang or 1, gang=gang is not None, first=first * M,
+        last=last * M, length=length,
+    )  # fmt: skip
+    fits = pool.fits(gpus, gang, "fabric.domain" if gang else None)
+    for m in range(first, last + 1):
+        window = Window(m * M, m * M + length)
+        if fits(window):
+            assert freetime.covers(spans, window.start), (m, spans)
+    # Counted GPUs are all the planner needs here (no NVLink groups): the test is exact too.
+    for m in range(first, last + 1):
+        window = Window(m * M, m * M + length)
+        assert freetime.covers(spans, window.start) == fits(window), m

@@ -73,6 +73,8 @@ def candidate_starts(ask: Ask, change_ends: Sequence[int]) -> Iterator[int]:
 def longest_end(lo: int, hi: int, change_starts: Sequence[int], start: int, fits: Fits) -> int:
     """The latest end in [lo, hi] at which [start, end) fits, knowing [start, lo) fits.
     `change_starts` (booking and maintenance starts) must be sorted."""
+    if hi == lo:
+        return lo
     inner = change_starts[bisect_right(change_starts, lo) : bisect_left(change_starts, hi)]
     ends = [*dict.fromkeys(inner), hi]  # ascending; fitting ones form a prefix (see the top)
     best, low, high = lo, 0, len(ends) - 1
@@ -88,7 +90,7 @@ def longest_end(lo: int, hi: int, change_starts: Sequence[int], start: int, fits
 def windows(
     ask: Ask,
     change_ends: Sequence[int],
-    change_starts: Sequence[int],
+    change_starts: Sequence[int] | Callable[[], Sequence[int]],
     fits: Fits,
     *,
     limit: int,
@@ -96,6 +98,7 @@ def windows(
 ) -> list[Window]:
     """Up to `limit` fitting windows, earliest start first, each the longest allowed at its start.
 
+    `change_starts` may be given as a function, called only if a window has room to stretch.
     `maybe`, if given, is a cheaper test that never says no to a window `fits` accepts; a window
     it refuses is not planned."""
     found: list[Window] = []
@@ -107,7 +110,10 @@ def windows(
         shortest = Window(start, lo)
         if (maybe is not None and not maybe(shortest)) or not fits(shortest):
             continue
-        found.append(Window(start, longest_end(lo, hi, change_starts, start, fits)))
+        if hi > lo and callable(change_starts):  # read once a window can stretch
+            change_starts = change_starts()
+        starts = () if callable(change_starts) else change_starts
+        found.append(Window(start, longest_end(lo, hi, starts, start, fits)))
         if len(found) >= limit:
             break
     return found

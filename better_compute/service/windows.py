@@ -7,12 +7,14 @@ runs, gang planner included) as its fit test, so a window found here is a window
 
 from __future__ import annotations
 
+import json
+from collections import defaultdict
 from dataclasses import dataclass, replace
 
 from better_compute.engine import calendar as policy_rules
-from better_compute.engine import search
+from better_compute.engine import freetime, search
 from better_compute.errors import InvalidInput
-from better_compute.model import CalendarPolicy, Plan, Reservation, Window
+from better_compute.model import FABRIC_DOMAIN, CalendarPolicy, Plan, Reservation, Window
 from better_compute.service import placing
 from better_compute.service.context import Ctx
 from better_compute.storage import calendar as cal
@@ -147,8 +149,76 @@ def find(ctx: Ctx, draft: Reservation, ask: search.Ask, limit: int) -> list[Wind
         return []
     ends = cal.change_ends(conn, draft.pool_id, opening, ask.last)
     latest = ask.last + ask.max_ms if ask.end_to is None else min(ask.last + ask.max_ms, ask.end_to)
-    starts = cal.change_starts(conn, draft.pool_id, opening, latest)
-    return search.windows(ask, ends, starts, lambda w: fits(ctx, draft, w), limit=limit)
+    maybe = prefilter(ctx, draft, ask)
+    return search.windows(
+        ask,
+        ends,
+        lambda: cal.change_starts(conn, draft.pool_id, opening, latest),
+        lambda w: fits(ctx, draft, w),
+        limit=limit,
+        maybe=maybe,
+    )
+
+
+def prefilter(ctx: Ctx, draft: Reservation, ask: search.Ask) -> search.Fits | None:
+    """engine/freetime.py's cheap test (enough GPUs free, counted), so that the planner runs only
+    at starts that could fit; worked out a chunk of the range at a time, as the search reaches
+    it. Quarantined GPUs count as free here (an over-count keeps the test necessary: only the
+    planner refuses). None for a node lease (whole machines: the planner alone)."""
+    if draft.node_lease or draft.gpus is None:
+        return None
+    conn, pool_id, need = ctx.db.conn, draft.pool_id, draft.gpus
+    length = max(1, ask.min_ms)
+    accepted = {m.casefold() for m in draft.models}
+    refused = set()
+    if accepted:
+        refused = {n for n, m in cal.node_models(conn, pool_id) if m.casefold() not in accepted}
+    gang = draft.gang_size is not None
+    eligible = [
+        (name, _group(draft.topology_key, labels, domain) if gang else "", total)
+        for name, labels, total, domain in cal.eligible_nodes(conn, pool_id)
+        if name not in refused
+    ]
+
+    def chunk(first: int, last: int) -> list[freetime.Span]:
+        hi = last + length
+        booked, found = cal.gaps(conn, pool_id, first, hi, length)
+        free: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+        for node, atom, a, z in found:
+            free[node].append((atom, a, z))
+        blocked: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        for node, m_start, m_end in cal.maintenance_in(conn, pool_id, first, hi):
+            blocked[node].append((m_start, m_end))
+        nodes = [
+            freetime.NodeFree(
+                name,
+                group,
+                total - booked.get(name, 0),
+                tuple(free[name]),
+                tuple(blocked[name]),
+            )
+            for name, group, total in eligible
+        ]
+        size = draft.gang_size or 1
+        return freetime.possible_starts(
+            nodes, need=need, size=size, gang=gang, first=first, last=last, length=length
+        )
+
+    return freetime.Chunked(chunk, ask.last, CHUNK_MS)
+
+
+#: The first stretch of starts the cheap test works out at once; each next one is twice as long.
+CHUNK_MS = 86_400_000
+
+
+def _group(key: str | None, labels: str, domain: str | None) -> str | None:
+    """A node's topology value, as Node.label reads it ("" without a key: any nodes)."""
+    if key is None:
+        return ""
+    if key == FABRIC_DOMAIN:
+        return domain
+    value = json.loads(labels).get(key)
+    return None if value is None else str(value)
 
 
 def longest(ctx: Ctx, draft: Reservation, ask: search.Ask) -> Window | None:

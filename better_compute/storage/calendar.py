@@ -132,3 +132,88 @@ def pool_ids(conn: Conn) -> list[tuple[str, str]]:
 
 def ids_in(conn: Conn, rsv_ids: Sequence[str]) -> list[Reservation]:
     return [repo.get_reservation(conn, rsv_id) for rsv_id in rsv_ids]
+
+
+# ---------------------------------------------------------------- free time, counted in SQL
+
+#: Per GPU of the pool with a booking in the span [:lo, :hi): its gaps of at least :length
+#: between bookings (each booking's start, after the latest end of the bookings before it, or
+#: :lo) and after its last booking (up to :hi). Window functions, portable to PostgreSQL.
+GAPS_SQL = """
+WITH b AS (
+  SELECT node_id, atom, start, "end" FROM bookings
+  WHERE pool_id = :pool AND "end" > :lo AND "end" < :bound AND start < :hi
+), o AS (
+  SELECT node_id, atom, start,
+         MAX("end") OVER (PARTITION BY node_id, atom ORDER BY start, "end"
+                          ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before
+  FROM b
+), t AS (
+  SELECT node_id, atom, MAX("end") AS last_end FROM b GROUP BY node_id, atom
+)
+SELECT node_id, atom, COALESCE(before, :lo), start FROM o
+ WHERE start - COALESCE(before, :lo) >= :length
+UNION ALL
+SELECT node_id, atom, last_end, :hi FROM t WHERE :hi - last_end >= :length
+"""
+
+#: Per node of the pool, how many of its GPUs have a booking in the span.
+BOOKED_SQL = """
+SELECT node_id, COUNT(DISTINCT atom) FROM bookings
+WHERE pool_id = :pool AND "end" > :lo AND "end" < :bound AND start < :hi
+GROUP BY node_id
+"""
+
+#: Per eligible node (schedulable, reachable): its labels, GPUs and the fabric of its GPUs (for
+#: fabric.domain); and, separately, its unhealthy GPUs.
+NODES_SQL = """
+SELECT n.name, n.labels, COUNT(*),
+       MIN(a.fabric_cluster), MAX(a.fabric_cluster), MIN(a.fabric_clique), MAX(a.fabric_clique),
+       COUNT(a.fabric_cluster), COUNT(a.fabric_clique)
+FROM nodes n JOIN atoms a ON a.node_id = n.name
+WHERE n.pool_id = ? AND n.schedulable != 0 AND n.reachable != 0
+GROUP BY n.name, n.labels
+"""
+
+
+def eligible_nodes(conn: Conn, pool_id: str) -> list[tuple[str, str, int, str | None]]:
+    """(name, labels JSON, GPUs, fabric.domain or None) of each schedulable, reachable node."""
+    out = []
+    for name, labels, total, c_lo, c_hi, q_lo, q_hi, n_c, n_q in conn.execute(
+        NODES_SQL, (pool_id,)
+    ):
+        whole = n_c == total and n_q == total and c_lo == c_hi and q_lo == q_hi
+        domain = f"{c_lo}.{q_lo}" if whole and c_lo is not None else None
+        out.append((str(name), str(labels), int(total), domain))
+    return out
+
+
+def gaps(
+    conn: Conn, pool_id: str, lo: int, hi: int, length: int
+) -> tuple[dict[str, int], list[tuple[str, int, int, int]]]:
+    """Over [lo, hi): per node, how many GPUs have a booking there; and (node, atom, gap start,
+    gap end) of every gap of at least `length` of those GPUs."""
+    bound = hi + repo.longest_booking(conn, pool_id)
+    params = {"pool": pool_id, "lo": lo, "hi": hi, "bound": bound, "length": length}
+    booked = {str(n): int(c) for n, c in conn.execute(BOOKED_SQL, params)}
+    found = [(str(n), int(a), int(x), int(z)) for n, a, x, z in conn.execute(GAPS_SQL, params)]
+    return booked, found
+
+
+def node_models(conn: Conn, pool_id: str) -> list[tuple[str, str]]:
+    """(node, model) of every distinct model on each node of the pool."""
+    rows = conn.execute(
+        "SELECT DISTINCT n.name, a.model FROM nodes n JOIN atoms a ON a.node_id = n.name"
+        " WHERE n.pool_id = ?",
+        (pool_id,),
+    )
+    return [(str(n), str(m)) for n, m in rows]
+
+
+def maintenance_in(conn: Conn, pool_id: str, lo: int, hi: int) -> list[tuple[str, int, int]]:
+    rows = conn.execute(
+        'SELECT m.node_id, m.start, m."end" FROM maintenance m JOIN nodes n ON n.name = m.node_id'
+        ' WHERE n.pool_id = ? AND m."end" > ? AND m.start < ?',
+        (pool_id, lo, hi),
+    )
+    return [(str(n), int(s), int(e)) for n, s, e in rows]

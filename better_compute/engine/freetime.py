@@ -1,0 +1,134 @@
+"""Which starts could possibly fit, from GPU counts alone: the search's cheap first test.
+
+Planning a window (the real planner) costs a query and a snapshot per node; on a busy fleet most
+candidate starts fail. This module answers, once per search, the starts at which enough nodes
+(`size` of them in one topology group for a gang) have at least `need` healthy GPUs free for the
+whole shortest window. It ignores what only the planner knows (NVLink groups), so it never
+refuses a start the planner would accept: a necessary condition, never a verdict.
+
+Input per node: the healthy GPUs free over the whole span, and for the others the gaps between
+their bookings that are long enough. An atom is free for [s, s + d) exactly when s lies in
+[gap start, gap end - d] of one of its gaps.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from better_compute.model import Window
+
+#: A closed interval of starts [first, last].
+Span = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class NodeFree:
+    """One eligible node over the searched span."""
+
+    name: str
+    group: str | None  # its topology value; None: lacks the label (never joins a gang)
+    always: int  # healthy GPUs with no booking in the span
+    gaps: tuple[tuple[int, int, int], ...] = ()  # (atom, gap start, gap end) of the others
+    blocked: tuple[tuple[int, int], ...] = field(default=())  # maintenance windows [start, end)
+
+
+def _at_least(spans: Iterable[Span], k: int) -> list[Span]:
+    """Where at least k of the closed intervals overlap, as disjoint closed intervals."""
+    if k <= 0:
+        raise ValueError("k must be positive")
+    events = sorted([(a, 0) for a, _ in spans] + [(b, 1) for _, b in spans])
+    out: list[Span] = []
+    depth, opened = 0, 0
+    for t, kind in events:  # at one instant, openings (0) come before closings (1)
+        if kind == 0:
+            depth += 1
+            if depth == k:
+                opened = t
+        else:
+            if depth == k:
+                out.append((opened, t))
+            depth -= 1
+    return out
+
+
+def _minus(spans: list[Span], holes: Sequence[Span]) -> list[Span]:
+    """Closed spans with the open intervals `holes` (lo, hi) taken out."""
+    for lo, hi in holes:
+        cut: list[Span] = []
+        for a, b in spans:
+            if b <= lo or a >= hi:
+                cut.append((a, b))
+                continue
+            if a <= lo:
+                cut.append((a, lo))
+            if b >= hi:
+                cut.append((hi, b))
+        spans = cut
+    return spans
+
+
+def node_starts(node: NodeFree, need: int, first: int, last: int, length: int) -> list[Span]:
+    """Starts in [first, last] at which the node has `need` GPUs free for `length`."""
+    if node.always >= need:
+        spans = [(first, last)]
+    else:
+        atom_spans = [
+            (max(a, first), min(z - length, last)) for _, a, z in node.gaps if z - length >= a
+        ]
+        spans = _at_least([s for s in atom_spans if s[0] <= s[1]], need - node.always)
+    holes = [(m_start - length, m_end) for m_start, m_end in node.blocked]
+    return _minus(spans, holes)
+
+
+def possible_starts(
+    nodes: Sequence[NodeFree],
+    *,
+    need: int,
+    size: int,
+    gang: bool,
+    first: int,
+    last: int,
+    length: int,
+) -> list[Span]:
+    """Starts where `size` nodes (of one group for a gang) have `need` GPUs free for `length`,
+    as sorted disjoint closed intervals."""
+    groups: dict[str, list[Span]] = {}
+    for node in nodes:
+        key = node.group if gang else ""
+        if key is None:
+            continue  # nodes without the label never join a gang
+        groups.setdefault(key, []).extend(node_starts(node, need, first, last, length))
+    found = sorted(s for spans in groups.values() for s in _at_least(spans, size))
+    merged: list[Span] = []
+    for a, b in found:
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def covers(spans: Sequence[Span], t: int) -> bool:
+    """Whether t lies in one of the sorted disjoint closed spans."""
+    i = bisect_right(spans, t, key=lambda s: s[0]) - 1
+    return i >= 0 and spans[i][0] <= t <= spans[i][1]
+
+
+class Chunked:
+    """`possible_starts` worked out a stretch of the range at a time, as an ascending search
+    reaches it: a search that finds its window early reads only the start of the range."""
+
+    def __init__(self, compute: Callable[[int, int], list[Span]], last: int, step: int) -> None:
+        self._compute, self._last, self._step = compute, last, max(1, step)
+        self._upto: int | None = None
+        self._spans: list[Span] = []
+
+    def __call__(self, window: Window) -> bool:
+        t = window.start
+        if self._upto is None or t > self._upto:
+            upto = min(self._last, t + self._step - 1)
+            self._spans, self._upto = self._compute(t, upto), upto
+            self._step *= 2
+        return covers(self._spans, t)

@@ -496,3 +496,27 @@ def test_advice_windows_book_at_once_and_none_earlier_was_missed(
                      f"{minutes}m", "--start", rec["startTime"], "--key", f"r{i}")  # fmt: skip
         assert rsv["state"] == "placed", (rec, rsv)
         run.ok("cancel", rsv["id"])
+
+
+def test_preview_of_a_calendar_request_is_judged_by_the_policy(run: Cli) -> None:
+    set_policy(run, "--min-duration", "1d")
+    err = run.fails(INVALID, "preview", "--tenant", "acme", "--gpus", "8", "--for", "1h",
+                    "--start", "+1d")  # fmt: skip
+    assert "allowed durations (at least 1d)" in err["message"]
+    assert run.ok("preview", "--tenant", "acme", "--gpus", "8", "--for", "1h")["fits"]
+
+
+def test_a_series_retried_later_with_a_relative_start_is_the_same_series(run: Cli) -> None:
+    run.ok("quota", "set", "--tenant", "acme", "--gpus", "1000")
+    rows = nightly(run, "--count", "2")
+    again = nightly(run, "--count", "2", now=at(MIN))
+    assert [r["id"] for r in again] == [r["id"] for r in rows]
+
+
+def test_advice_on_a_ledger_without_pools_says_so(db_dir: object) -> None:
+    from pathlib import Path
+
+    run = Cli(init_db(Path(str(db_dir)) / "empty.db"))
+    err = run.fails(NOT_FOUND, "advice", "--gpus", "1", "--start-range", "now..+1d",
+                    "--duration", "1h")  # fmt: skip
+    assert "no pool exists" in err["message"]

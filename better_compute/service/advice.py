@@ -133,7 +133,7 @@ def advise(ctx: Ctx, args: AdviceArgs) -> Advice:
             end_range=args.end_range,
         )
         pools = cal.pool_ids(conn)
-        if args.pool is not None:
+        if args.pool is not None or not pools:  # no pool at all: find_pool says so
             row = repo.find_pool(conn, args.pool)
             chosen = [(str(row["id"]), str(row["name"]))]
         else:

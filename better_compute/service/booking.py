@@ -335,6 +335,7 @@ def preview(ctx: Ctx, args: ReserveArgs) -> Preview:
         check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
         # Preview takes no id: a draft named "preview" plans exactly as the real request would.
         draft = _new_reservation(ctx, args, pool["id"], charge, "preview", 0)
+        draft = calendar.admit(ctx, draft, pool["name"])  # a calendar policy judges it too
         window = retry_window(draft, ctx.now)
         request = draft.request(window)
         outcome: Plan | NoFit

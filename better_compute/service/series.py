@@ -74,7 +74,8 @@ def reserve_series(ctx: Ctx, args: ReserveArgs, repeat: Repeat) -> list[Reservat
             series_id: str | None = None
             for i, start in enumerate(starts(first, repeat, args.duration_ms), 1):
                 key = None if args.key is None else f"{args.key}#{i}"
-                rsv = booking.reserve_in(ctx, replace(args, start=start, key=key, start_text=None))
+                # start_text stays: a retry of the same `--start +14h` line is the same series.
+                rsv = booking.reserve_in(ctx, replace(args, start=start, key=key))
                 if rsv.state != State.PLACED:
                     why = rsv.conditions[0].message if rsv.conditions else rsv.state.value
                     raise Conflict(

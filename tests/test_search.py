@@ -308,3 +308,33 @@ def test_the_cheap_test_never_refuses_a_start_the_planner_takes(
     for m in range(first, last + 1):
         window = Window(m * M, m * M + length)
         assert freetime.covers(spans, window.start) == fits(window), m
+
+
+@settings(max_examples=150, deadline=None)
+@given(pools(), st.integers(0, 60), st.sampled_from([None, 2]))
+def test_the_counted_shortcuts_change_no_answer(
+    case: tuple[Pool, int, int, int, int], extra: int, gang: int | None
+) -> None:
+    """With the cheap test and the counted bound on the end, the search answers exactly what
+    the planner alone answers (in chunks of 10 minutes of starts)."""
+    pool, gpus, first, last, minutes = case
+    ask = search.Ask(first * M, last * M, minutes * M, (minutes + extra) * M)
+    fits = pool.fits(gpus, gang, "fabric.domain" if gang else None)
+    plain = search.windows(ask, pool.ends(), pool.starts(), fits, limit=3)
+
+    def compute(a: int, b: int) -> freetime.Free:
+        hi = b + ask.max_ms
+        nodes = free_nodes(pool, a, hi, ask.min_ms, gang is not None)
+        spans = freetime.possible_starts(
+            nodes, need=gpus, size=gang or 1, gang=gang is not None, first=a, last=b,
+            length=ask.min_ms,
+        )  # fmt: skip
+        return freetime.Free(tuple(nodes), tuple(spans), hi)
+
+    chunked = freetime.Chunked(
+        compute, ask.last, 10 * M, need=gpus, size=gang or 1, gang=gang is not None
+    )
+    quick = search.windows(
+        ask, pool.ends(), pool.starts(), fits, limit=3, maybe=chunked, reach=chunked.reach
+    )
+    assert quick == plain

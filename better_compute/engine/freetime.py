@@ -116,19 +116,93 @@ def covers(spans: Sequence[Span], t: int) -> bool:
     return i >= 0 and spans[i][0] <= t <= spans[i][1]
 
 
+def free_until(node: NodeFree, need: int, start: int, horizon: int, cap: int) -> int | None:
+    """The latest end (at most `cap`) up to which the node keeps `need` GPUs free from `start`,
+    or None if it has not `need` free at `start`. A gap reaching `horizon` (the span's end) runs
+    on past it, so it counts as reaching `cap`."""
+    if any(m_start <= start < m_end for m_start, m_end in node.blocked):
+        return None
+    ends = [cap] * node.always + [
+        cap if z >= horizon else min(z, cap) for _, a, z in node.gaps if a <= start < z
+    ]
+    if len(ends) < need:
+        return None
+    until = sorted(ends, reverse=True)[need - 1]
+    for m_start, _ in node.blocked:
+        if m_start > start:
+            until = min(until, m_start)
+    return until
+
+
+def reach(
+    nodes: Sequence[NodeFree],
+    *,
+    need: int,
+    size: int,
+    gang: bool,
+    start: int,
+    horizon: int,
+    cap: int,
+) -> int | None:
+    """An upper bound on the end of any window from `start` that fits (None: none does), from
+    counts: the latest end up to which `size` nodes (of one group for a gang) stay free."""
+    groups: dict[str, list[int]] = {}
+    for node in nodes:
+        key = node.group if gang else ""
+        if key is None:
+            continue
+        until = free_until(node, need, start, horizon, cap)
+        if until is not None:
+            groups.setdefault(key, []).append(until)
+    best = [sorted(u, reverse=True)[size - 1] for u in groups.values() if len(u) >= size]
+    return max(best, default=None)
+
+
+@dataclass(frozen=True)
+class Free:
+    """One stretch of the range worked out: the nodes' free time and the possible starts."""
+
+    nodes: tuple[NodeFree, ...]
+    spans: tuple[Span, ...]
+    horizon: int  # the end of the span the gaps were read over
+
+
 class Chunked:
     """`possible_starts` worked out a stretch of the range at a time, as an ascending search
     reaches it: a search that finds its window early reads only the start of the range."""
 
-    def __init__(self, compute: Callable[[int, int], list[Span]], last: int, step: int) -> None:
+    def __init__(
+        self,
+        compute: Callable[[int, int], Free],
+        last: int,
+        step: int,
+        *,
+        need: int,
+        size: int,
+        gang: bool,
+    ) -> None:
         self._compute, self._last, self._step = compute, last, max(1, step)
+        self._need, self._size, self._gang = need, size, gang
         self._upto: int | None = None
-        self._spans: list[Span] = []
+        self._free = Free((), (), 0)
 
     def __call__(self, window: Window) -> bool:
+        """Could a window from this start fit? (Starts come in ascending order.)"""
         t = window.start
         if self._upto is None or t > self._upto:
             upto = min(self._last, t + self._step - 1)
-            self._spans, self._upto = self._compute(t, upto), upto
+            self._free, self._upto = self._compute(t, upto), upto
             self._step *= 2
-        return covers(self._spans, t)
+        return covers(self._free.spans, t)
+
+    def reach(self, start: int, cap: int) -> int | None:
+        """See `reach`; `start` must have been asked about last."""
+        return reach(
+            self._free.nodes,
+            need=self._need,
+            size=self._size,
+            gang=self._gang,
+            start=start,
+            horizon=self._free.horizon,
+            cap=cap,
+        )

@@ -95,12 +95,15 @@ def windows(
     *,
     limit: int,
     maybe: Fits | None = None,
+    reach: Callable[[int, int], int | None] | None = None,
 ) -> list[Window]:
     """Up to `limit` fitting windows, earliest start first, each the longest allowed at its start.
 
     `change_starts` may be given as a function, called only if a window has room to stretch.
     `maybe`, if given, is a cheaper test that never says no to a window `fits` accepts; a window
-    it refuses is not planned."""
+    it refuses is not planned. `reach(start, cap)`, if given, bounds from above the end of any
+    window from `start` that fits (at most cap): the planner first tries the latest candidate
+    end within it, and one plan usually settles the window."""
     found: list[Window] = []
     for start in candidate_starts(ask, change_ends):
         span = ask.ends(start)
@@ -108,11 +111,21 @@ def windows(
             continue
         lo, hi = span
         shortest = Window(start, lo)
-        if (maybe is not None and not maybe(shortest)) or not fits(shortest):
+        if maybe is not None and not maybe(shortest):
             continue
         if hi > lo and callable(change_starts):  # read once a window can stretch
             change_starts = change_starts()
         starts = () if callable(change_starts) else change_starts
+        bound = reach(start, hi) if reach is not None and hi > lo else None
+        if bound is not None:
+            hi = max(lo, min(hi, bound))  # no longer window fits
+            if hi > lo and fits(Window(start, hi)):
+                found.append(Window(start, hi))  # one plan settles it
+                if len(found) >= limit:
+                    break
+                continue
+        if not fits(shortest):
+            continue
         found.append(Window(start, longest_end(lo, hi, starts, start, fits)))
         if len(found) >= limit:
             break

@@ -157,10 +157,11 @@ def find(ctx: Ctx, draft: Reservation, ask: search.Ask, limit: int) -> list[Wind
         lambda w: fits(ctx, draft, w),
         limit=limit,
         maybe=maybe,
+        reach=None if maybe is None else maybe.reach,
     )
 
 
-def prefilter(ctx: Ctx, draft: Reservation, ask: search.Ask) -> search.Fits | None:
+def prefilter(ctx: Ctx, draft: Reservation, ask: search.Ask) -> freetime.Chunked | None:
     """engine/freetime.py's cheap test (enough GPUs free, counted), so that the planner runs only
     at starts that could fit; worked out a chunk of the range at a time, as the search reaches
     it. Quarantined GPUs count as free here (an over-count keeps the test necessary: only the
@@ -180,8 +181,12 @@ def prefilter(ctx: Ctx, draft: Reservation, ask: search.Ask) -> search.Fits | No
         if name not in refused
     ]
 
-    def chunk(first: int, last: int) -> list[freetime.Span]:
-        hi = last + length
+    # Read far enough to bound how long a window may stretch (engine/freetime.reach).
+    stretch = ask.max_ms if ask.end_to is None else min(ask.max_ms, ask.end_to - ask.first)
+    stretch = max(length, min(stretch, MAX_STRETCH_MS))
+
+    def chunk(first: int, last: int) -> freetime.Free:
+        hi = last + stretch
         booked, found = cal.gaps(conn, pool_id, first, hi, length)
         free: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
         for node, atom, a, z in found:
@@ -199,16 +204,19 @@ def prefilter(ctx: Ctx, draft: Reservation, ask: search.Ask) -> search.Fits | No
             )
             for name, group, total in eligible
         ]
-        size = draft.gang_size or 1
-        return freetime.possible_starts(
+        spans = freetime.possible_starts(
             nodes, need=need, size=size, gang=gang, first=first, last=last, length=length
         )
+        return freetime.Free(tuple(nodes), tuple(spans), hi)
 
-    return freetime.Chunked(chunk, ask.last, CHUNK_MS)
+    size = draft.gang_size or 1
+    return freetime.Chunked(chunk, ask.last, CHUNK_MS, need=need, size=size, gang=gang)
 
 
 #: The first stretch of starts the cheap test works out at once; each next one is twice as long.
 CHUNK_MS = 86_400_000
+#: How far past a start the cheap test reads to bound a window's end (longer: the planner alone).
+MAX_STRETCH_MS = 30 * 86_400_000
 
 
 def _group(key: str | None, labels: str, domain: str | None) -> str | None:

@@ -332,7 +332,13 @@ def test_the_counted_shortcuts_change_no_answer(
         return freetime.Free(tuple(nodes), tuple(spans), hi)
 
     chunked = freetime.Chunked(
-        compute, ask.last, 10 * M, need=gpus, size=gang or 1, gang=gang is not None
+        compute,
+        ask.last,
+        10 * M,
+        need=gpus,
+        size=gang or 1,
+        gang=gang is not None,
+        plan_first=extra % 2 == 1,
     )
     quick = search.windows(
         ask, pool.ends(), pool.starts(), fits, limit=3, maybe=chunked, reach=chunked.reach

@@ -180,8 +180,12 @@ class Chunked:
         need: int,
         size: int,
         gang: bool,
+        plan_first: bool = False,
     ) -> None:
         self._compute, self._last, self._step = compute, last, max(1, step)
+        #: Let the first start go to the planner untested: when it often fits (a single node on
+        #: a fleet with room), working out the free time first would cost more than it saves.
+        self._plan_first = plan_first
         self._need, self._size, self._gang = need, size, gang
         self._upto: int | None = None
         self._free = Free((), (), 0)
@@ -189,6 +193,9 @@ class Chunked:
     def __call__(self, window: Window) -> bool:
         """Could a window from this start fit? (Starts come in ascending order.)"""
         t = window.start
+        if self._plan_first:
+            self._plan_first = False
+            return True
         if self._upto is None or t > self._upto:
             upto = min(self._last, t + self._step - 1)
             self._free, self._upto = self._compute(t, upto), upto
@@ -196,7 +203,9 @@ class Chunked:
         return covers(self._free.spans, t)
 
     def reach(self, start: int, cap: int) -> int | None:
-        """See `reach`; `start` must have been asked about last."""
+        """See `reach`; `start` must have been asked about last (None before any chunk)."""
+        if self._upto is None:
+            return None
         return reach(
             self._free.nodes,
             need=self._need,

@@ -210,7 +210,9 @@ def prefilter(ctx: Ctx, draft: Reservation, ask: search.Ask) -> freetime.Chunked
         return freetime.Free(tuple(nodes), tuple(spans), hi)
 
     size = draft.gang_size or 1
-    return freetime.Chunked(chunk, ask.last, CHUNK_MS, need=need, size=size, gang=gang)
+    return freetime.Chunked(
+        chunk, ask.last, CHUNK_MS, need=need, size=size, gang=gang, plan_first=not gang
+    )
 
 
 #: The first stretch of starts the cheap test works out at once; each next one is twice as long.

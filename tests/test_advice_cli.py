@@ -434,6 +434,8 @@ def test_cancel_series_cancels_what_has_not_started(run: Cli) -> None:
         (["--every", "1d", "--count", "999"], "--count"),
         (["--every", "1d", "--until", "+1h"], "--until"),
         (["--every", "1d", "--count", "2", "--start-range", "now..+1d"], "--start-range"),
+        (["--count", "2"], "need --every"),
+        (["--every", "0s", "--count", "2"], "more than 0"),
     ],
 )
 def test_series_errors(run: Cli, flags: list[str], needle: str) -> None:

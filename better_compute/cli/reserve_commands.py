@@ -167,8 +167,10 @@ def reserve(
     c = ctx()
     args = _with_start(args, start, c.now)
     if every is not None or count is not None or until is not None:
+        if every is None:
+            raise InvalidInput("--count and --until need --every D, such as --every 1d")
         repeat = series.Repeat(
-            parse_duration(every or ""), count, None if until is None else parse_time(until, c.now)
+            parse_duration(every), count, None if until is None else parse_time(until, c.now)
         )
         rows = series.reserve_series(c, args, repeat)
         emit(as_json, [js.reservation(r) for r in rows], lambda: human.reservations(rows))

@@ -285,6 +285,10 @@ def advice_jobs(path: Path) -> dict[str, Job]:
             [*ask, "--gpus", "8", "--duration", "3d", "--limit", "1"],
             None,
         ),
+        "advice: 4 GPUs, 1d..3d, 14-day range": (
+            [*ask, "--gpus", "4", "--duration-range", "1d..3d", "--limit", "1"],
+            None,
+        ),
         "advice: 4 GPUs, 1d..3d, 14-day range, limit 5": (
             [*ask, "--gpus", "4", "--duration-range", "1d..3d", "--limit", "5"],
             None,

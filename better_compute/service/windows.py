@@ -211,7 +211,14 @@ def prefilter(ctx: Ctx, draft: Reservation, ask: search.Ask) -> freetime.Chunked
 
     size = draft.gang_size or 1
     return freetime.Chunked(
-        chunk, ask.last, CHUNK_MS, need=need, size=size, gang=gang, plan_first=not gang
+        chunk,
+        ask.last,
+        CHUNK_MS,
+        need=need,
+        size=size,
+        gang=gang,
+        # A window that may stretch wants the counted bound on its end from the first start on.
+        plan_first=not gang and ask.min_ms == ask.max_ms and ask.end_from is None,
     )
 
 

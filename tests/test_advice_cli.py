@@ -522,3 +522,32 @@ def test_advice_on_a_ledger_without_pools_says_so(db_dir: object) -> None:
     err = run.fails(NOT_FOUND, "advice", "--gpus", "1", "--start-range", "now..+1d",
                     "--duration", "1h")  # fmt: skip
     assert "no pool exists" in err["message"]
+
+
+def test_a_gang_on_one_fabric_waits_for_its_domain_not_for_free_nodes_elsewhere(run: Cli) -> None:
+    # west-01 (c1.1) busy for 5h: 6 nodes are free, but only 3 of them share c1.1.
+    run.ok("reserve", "--tenant", "acme", "--gpus", "8", "--for", "5h", "--key", "one")
+    assert run.ok("get", run.ok("list")[0]["id"])["allocations"][0]["nodeId"] == "west-01"
+    recs = advise(run, "--gpus", "8", "--gang", "4", "--topology-key", "fabric.domain",
+                  "--start-range", "now..+1d", "--duration", "1h")  # fmt: skip
+    assert recs[0]["startTime"] == NOW_MS + 5 * HOUR
+    anywhere = advise(run, "--gpus", "8", "--gang", "4", "--start-range", "now..+1d",
+                      "--duration", "1h")  # fmt: skip
+    assert anywhere[0]["startTime"] == NOW_MS
+
+
+def test_advice_model_and_nvlink_flags(run: Cli) -> None:
+    run.ok("pool", "create", "east")
+    run.ok("node", "add", "e1", "--pool", "east", "--gpus", "8", "--model", "a100",
+           "--nvlink-groups", "2")  # fmt: skip
+    recs = advise(run, "--gpus", "4", "--model", "A100", "--topology", "nvlink-all",
+                  "--start-range", "now..+1d", "--duration", "1h")  # fmt: skip
+    assert recs[0]["location"] == "east"
+    assert recs[0]["otherLocations"]["west"]["status"] == "NOT_SUPPORTED"
+    # 5 GPUs in one NVLink group of 4 never fit: the near miss is 4 GPUs.
+    near = advise(run, "--gpus", "5", "--pool", "east", "--topology", "nvlink-all", "--model",
+                  "a100", "--start-range", "now..+1d", "--duration", "1h")  # fmt: skip
+    assert [(r["nearMiss"]["kind"], r["gpus"]) for r in near] == [("fewer-gpus", 4)]
+    err = run.fails(INVALID, "advice", "--gpus", "1", "--topology", "ring", "--start-range",
+                    "now..+1d", "--duration", "1h")  # fmt: skip
+    assert "--topology" in err["message"]

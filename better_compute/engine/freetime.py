@@ -91,15 +91,19 @@ def possible_starts(
     first: int,
     last: int,
     length: int,
+    by_node: dict[str, list[Span]] | None = None,
 ) -> list[Span]:
     """Starts where `size` nodes (of one group for a gang) have `need` GPUs free for `length`,
-    as sorted disjoint closed intervals."""
+    as sorted disjoint closed intervals. Each node's own starts go into `by_node` if given."""
     groups: dict[str, list[Span]] = {}
     for node in nodes:
         key = node.group if gang else ""
         if key is None:
             continue  # nodes without the label never join a gang
-        groups.setdefault(key, []).extend(node_starts(node, need, first, last, length))
+        mine = node_starts(node, need, first, last, length)
+        if by_node is not None and mine:
+            by_node[node.name] = mine
+        groups.setdefault(key, []).extend(mine)
     found = sorted(s for spans in groups.values() for s in _at_least(spans, size))
     merged: list[Span] = []
     for a, b in found:
@@ -165,6 +169,8 @@ class Free:
     nodes: tuple[NodeFree, ...]
     spans: tuple[Span, ...]
     horizon: int  # the end of the span the gaps were read over
+    #: Each node's own possible starts (nodes with none are left out).
+    by_node: dict[str, list[Span]] = field(default_factory=dict)
 
 
 class Chunked:
@@ -201,6 +207,13 @@ class Chunked:
             self._free, self._upto = self._compute(t, upto), upto
             self._step *= 2
         return covers(self._free.spans, t)
+
+    def candidates(self, start: int) -> list[str] | None:
+        """The nodes that could take a share of a window from `start` (a superset of those the
+        planner finds fitting, by name); None before any chunk is worked out."""
+        if self._upto is None:
+            return None
+        return sorted(n for n, spans in self._free.by_node.items() if covers(spans, start))
 
     def reach(self, start: int, cap: int) -> int | None:
         """See `reach`; `start` must have been asked about last (None before any chunk)."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from better_compute.engine import calendar as policy_rules
 from better_compute.engine import freetime, search
+from better_compute.engine.place import place
 from better_compute.errors import InvalidInput
 from better_compute.model import FABRIC_DOMAIN, CalendarPolicy, Plan, Reservation, Window
 from better_compute.service import placing
@@ -141,6 +142,18 @@ def fits(ctx: Ctx, draft: Reservation, window: Window) -> bool:
     return isinstance(placing.plan(ctx, draft, window), Plan)
 
 
+def fits_among(ctx: Ctx, draft: Reservation, window: Window, names: list[str]) -> bool:
+    """`fits`, planning only `names`: every node that could take a share of the window (the
+    counted test's superset of the planner's fitting nodes, as storage's shortlist is for
+    placing.plan). The same planner over the same fitting nodes: the same yes or no, without
+    the shortlist's query over the whole window."""
+    if not names:
+        return False
+    snaps = repo.snapshots(ctx.db.conn, draft.pool_id, window, names=names)
+    request = draft.request(window)
+    return isinstance(place(request, snaps, seed=0, top_n=1), Plan)
+
+
 def find(ctx: Ctx, draft: Reservation, ask: search.Ask, limit: int) -> list[Window]:
     """Up to `limit` windows of the draft's pool, earliest start first (engine/search.py)."""
     conn = ctx.db.conn
@@ -150,11 +163,18 @@ def find(ctx: Ctx, draft: Reservation, ask: search.Ask, limit: int) -> list[Wind
     ends = cal.change_ends(conn, draft.pool_id, opening, ask.last)
     latest = ask.last + ask.max_ms if ask.end_to is None else min(ask.last + ask.max_ms, ask.end_to)
     maybe = prefilter(ctx, draft, ask)
+
+    def test(window: Window) -> bool:
+        names = None if maybe is None else maybe.candidates(window.start)
+        if names is None or (draft.gang_size is None and len(names) > FEW_NODES):
+            return fits(ctx, draft, window)  # the shortlist stops at the best few itself
+        return fits_among(ctx, draft, window, names)
+
     return search.windows(
         ask,
         ends,
         lambda: cal.change_starts(conn, draft.pool_id, opening, latest),
-        lambda w: fits(ctx, draft, w),
+        test,
         limit=limit,
         maybe=maybe,
         reach=None if maybe is None else maybe.reach,
@@ -204,10 +224,18 @@ def prefilter(ctx: Ctx, draft: Reservation, ask: search.Ask) -> freetime.Chunked
             )
             for name, group, total in eligible
         ]
+        by_node: dict[str, list[freetime.Span]] = {}
         spans = freetime.possible_starts(
-            nodes, need=need, size=size, gang=gang, first=first, last=last, length=length
+            nodes,
+            need=need,
+            size=size,
+            gang=gang,
+            first=first,
+            last=last,
+            length=length,
+            by_node=by_node,
         )
-        return freetime.Free(tuple(nodes), tuple(spans), hi)
+        return freetime.Free(tuple(nodes), tuple(spans), hi, by_node)
 
     size = draft.gang_size or 1
     return freetime.Chunked(
@@ -224,6 +252,10 @@ def prefilter(ctx: Ctx, draft: Reservation, ask: search.Ask) -> freetime.Chunked
 
 #: The first stretch of starts the cheap test works out at once; each next one is twice as long.
 CHUNK_MS = 86_400_000
+#: A single-node request plans the counted candidates itself when there are at most this many;
+#: with more, placing.plan's shortlist (which stops at the best few) is cheaper. A gang plans
+#: every fitting node either way, so it always plans the candidates.
+FEW_NODES = 64
 #: How far past a start the cheap test reads to bound a window's end (longer: the planner alone).
 MAX_STRETCH_MS = 30 * 86_400_000
 

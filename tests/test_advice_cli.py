@@ -124,14 +124,16 @@ def test_nothing_fits_gives_near_misses_marked_as_such(run: Cli) -> None:
     recs = advise(run, "--gpus", "8", "--start-range", "now..+1d", "--duration", "1d")
     assert [r["nearMiss"]["kind"] for r in recs] == ["later"]
     assert recs[0]["startTime"] == NOW_MS + 30 * HOUR
-    # A shorter window: 6 hours are free before a booking at +6h, a day was asked.
+    # A shorter window: 6 hours are free before a booking at +6h, 10 hours were asked.
     run.ok("cancel", run.ok("list", "--tenant", "acme")[0]["id"])
     fill_west(run, start="+6h", hours=100, key="later")
-    recs = advise(run, "--gpus", "8", "--start-range", "now..+1h", "--duration", "1d")
+    recs = advise(run, "--gpus", "8", "--start-range", "now..+1h", "--duration", "10h")
     kinds = [r["nearMiss"]["kind"] for r in recs]
     assert kinds == ["shorter"], recs
     assert (recs[0]["startTime"], recs[0]["endTime"]) == (NOW_MS, NOW_MS + 6 * HOUR)
-    assert recs[0]["nearMiss"]["details"] == "shorter: 6h of 1d"
+    assert recs[0]["nearMiss"]["details"] == "shorter: 6h of 10h"
+    # Less than half the asked length is no near miss.
+    assert advise(run, "--gpus", "8", "--start-range", "now..+1h", "--duration", "13h") == []
 
 
 def test_fewer_gpus_is_a_near_miss(run: Cli) -> None:

@@ -179,21 +179,6 @@ def test_a_policy_narrows_the_ask_and_refuses_what_it_cannot_allow() -> None:
     assert isinstance(horizon, str) and "horizon" in horizon
 
 
-def test_longest_anywhere_prefers_the_longest_then_the_earliest() -> None:
-    pool = Pool(
-        {"a": (4, 1)},
-        [
-            ("a", FULL, 30 * M, 60 * M),
-            ("a", FULL, 100 * M, 120 * M),
-            ("a", FULL, 200 * M, 10_000 * M),
-        ],
-    )
-    got = search.longest_anywhere(
-        search.Ask(0, 300 * M, 1, 90 * M), pool.ends(), pool.starts(), pool.fits(4)
-    )
-    assert got == Window(120 * M, 200 * M)
-
-
 # ---------------------------------------------------------------- the property
 
 

@@ -219,8 +219,10 @@ class Chunked:
         """See `reach`; `start` must have been asked about last (None before any chunk)."""
         if self._upto is None:
             return None
+        by_node = self._free.by_node
+        able = [n for n in self._free.nodes if n.name in by_node and covers(by_node[n.name], start)]
         return reach(
-            self._free.nodes,
+            able,
             need=self._need,
             size=self._size,
             gang=self._gang,

@@ -130,24 +130,3 @@ def windows(
         if len(found) >= limit:
             break
     return found
-
-
-def longest_anywhere(
-    ask: Ask, change_ends: Sequence[int], change_starts: Sequence[int], fits: Fits
-) -> Window | None:
-    """The longest fitting window of any start in range (earliest among equals): a near miss
-    when the asked length fits nowhere."""
-    best: Window | None = None
-    for start in candidate_starts(ask, change_ends):
-        span = ask.ends(start)
-        if span is None:
-            continue
-        lo, hi = span
-        if best is not None and hi - start <= best.duration:
-            continue  # cannot beat what was found
-        if not fits(Window(start, lo)):
-            continue
-        window = Window(start, longest_end(lo, hi, change_starts, start, fits))
-        if best is None or window.duration > best.duration:
-            best = window
-    return best

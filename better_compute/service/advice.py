@@ -221,7 +221,8 @@ def _near_misses(
     pools: list[tuple[str, str]],
 ) -> list[Recommendation]:
     """Up to two windows that almost fit: a later start just past the range, then a shorter
-    window in range, then fewer GPUs per node in range; one of each kind at most."""
+    window in range (the earliest start where at least half the length fits, as long as fits
+    there), then fewer GPUs per node in range; one of each kind at most."""
     misses: list[Recommendation] = []
     for kind in (LATER, SHORTER, FEWER_GPUS):
         best: tuple[tuple[int, int, str], Recommendation] | None = None
@@ -230,9 +231,7 @@ def _near_misses(
             if rec is None:
                 continue
             rank = (rec.window.start, -rec.window.duration, target.name)
-            if kind == SHORTER:
-                rank = (-rec.window.duration, rec.window.start, target.name)
-            elif kind == FEWER_GPUS:
+            if kind == FEWER_GPUS:
                 rank = (-rec.gpus, rec.window.start, target.name)
             if best is None or rank < best[0]:
                 best = (rank, rec)
@@ -261,14 +260,16 @@ def _near_miss(
         details = "a later start"
         return _recommend(ctx, target, found[0], args, args.gpus, pools, LATER, details)
     if kind == SHORTER:
+        # At least half the asked length: a few minutes is no answer to "three days".
         policy = windows.policy_of(ctx, target.pool_id)
-        floor = max(1, policy.min_duration_ms or 1) if policy is not None else 1
+        floor = max(1, ask.min_ms // 2, policy.min_duration_ms or 1 if policy else 1)
         if ask.min_ms <= floor:
             return None
         shorter = replace(ask, min_ms=floor, max_ms=ask.min_ms - 1, end_from=None)
-        window = windows.longest(ctx, target.draft, shorter)
-        if window is None:
+        found = windows.find(ctx, target.draft, shorter, 1)
+        if not found:
             return None
+        window = found[0]
         details = f"shorter: {human_duration(window.duration)} of {human_duration(ask.min_ms)}"
         return _recommend(ctx, target, window, args, args.gpus, pools, SHORTER, details)
     return _fewer_gpus(ctx, target, ask, args, pools)

@@ -154,6 +154,19 @@ def fits_among(ctx: Ctx, draft: Reservation, window: Window, names: list[str]) -
     return isinstance(place(request, snaps, seed=0, top_n=1), Plan)
 
 
+def _tester(ctx: Ctx, draft: Reservation, maybe: freetime.Chunked | None) -> search.Fits:
+    """The planner's yes or no for a window: over the counted candidates when they are known and
+    few enough (or a gang), else through placing.plan."""
+
+    def test(window: Window) -> bool:
+        names = None if maybe is None else maybe.candidates(window.start)
+        if names is None or (draft.gang_size is None and len(names) > FEW_NODES):
+            return fits(ctx, draft, window)  # the shortlist stops at the best few itself
+        return fits_among(ctx, draft, window, names)
+
+    return test
+
+
 def find(ctx: Ctx, draft: Reservation, ask: search.Ask, limit: int) -> list[Window]:
     """Up to `limit` windows of the draft's pool, earliest start first (engine/search.py)."""
     conn = ctx.db.conn
@@ -163,18 +176,11 @@ def find(ctx: Ctx, draft: Reservation, ask: search.Ask, limit: int) -> list[Wind
     ends = cal.change_ends(conn, draft.pool_id, opening, ask.last)
     latest = ask.last + ask.max_ms if ask.end_to is None else min(ask.last + ask.max_ms, ask.end_to)
     maybe = prefilter(ctx, draft, ask)
-
-    def test(window: Window) -> bool:
-        names = None if maybe is None else maybe.candidates(window.start)
-        if names is None or (draft.gang_size is None and len(names) > FEW_NODES):
-            return fits(ctx, draft, window)  # the shortlist stops at the best few itself
-        return fits_among(ctx, draft, window, names)
-
     return search.windows(
         ask,
         ends,
         lambda: cal.change_starts(conn, draft.pool_id, opening, latest),
-        test,
+        _tester(ctx, draft, maybe),
         limit=limit,
         maybe=maybe,
         reach=None if maybe is None else maybe.reach,
@@ -268,18 +274,6 @@ def _group(key: str | None, labels: str, domain: str | None) -> str | None:
         return domain
     value = json.loads(labels).get(key)
     return None if value is None else str(value)
-
-
-def longest(ctx: Ctx, draft: Reservation, ask: search.Ask) -> Window | None:
-    """The longest window of any start in range (a near miss)."""
-    conn = ctx.db.conn
-    opening = ask.opening()
-    if opening > ask.last:
-        return None
-    ends = cal.change_ends(conn, draft.pool_id, opening, ask.last)
-    latest = ask.last + ask.max_ms if ask.end_to is None else min(ask.last + ask.max_ms, ask.end_to)
-    starts = cal.change_starts(conn, draft.pool_id, opening, latest)
-    return search.longest_anywhere(ask, ends, starts, lambda w: fits(ctx, draft, w))
 
 
 def unsupported(ctx: Ctx, draft: Reservation, pool_name: str) -> str | None:

@@ -37,7 +37,7 @@ from better_compute.model import (
 from better_compute.service import authz, backups, ticking
 from better_compute.service.authz import require_admin
 from better_compute.service.context import Ctx
-from better_compute.storage import ledger, repo
+from better_compute.storage import fleet, ledger, repo
 from better_compute.storage.create import create_database
 from better_compute.storage.db import Database
 from better_compute.storage.repo import Conn
@@ -392,7 +392,7 @@ def quota_show(ctx: Ctx, tenant: str) -> list[QuotaLine]:
             name = None
             if pool_id:
                 name = repo.pool_name(conn, pool_id)
-            held = repo.held_charge(conn, tenant, pool_id)
+            held = fleet.held_charge(conn, tenant, pool_id)
             lines.append(QuotaLine(pool_id or None, name, cap, held))
         return lines
 

@@ -25,7 +25,7 @@ from better_compute.model import (
     State,
     Window,
 )
-from better_compute.service import authz, listing, metering, placing, reading
+from better_compute.service import authz, calendar, listing, metering, placing, reading
 from better_compute.service.admission import Draft, check_policy, check_quota
 from better_compute.service.context import Ctx
 from better_compute.service.preemption import try_preempt
@@ -52,6 +52,10 @@ class ReserveArgs:
     #: How --start was written when it was relative to now (`+2h`): a retry of the same command
     #: line later is the same request, so the key compares this text rather than the instant.
     start_text: str | None = None
+    #: `--start-range FROM..TO` (and `--duration-range MIN..MAX`): book the earliest window that
+    #: fits (service/calendar.py). Compared as written on a key's reuse.
+    start_range: str | None = None
+    duration_range: str | None = None
 
     def __post_init__(self) -> None:
         # Model names compare without regard to case: stored and compared lowercased, sorted.
@@ -81,12 +85,20 @@ def validate(args: ReserveArgs) -> None:
         raise InvalidInput("--for must be a positive duration such as 90m or 3d")
     if args.key is not None and not args.key.strip():
         raise InvalidInput("--key must not be empty")
+    if args.start_range is not None and args.start is not None:
+        raise InvalidInput("give --start or --start-range, not both")
+    if args.duration_range is not None and args.start_range is None:
+        raise InvalidInput("--duration-range needs --start-range FROM..TO")
 
 
 def _params(args: ReserveArgs, pool_id: str) -> str:
     """The canonical request that an idempotency key is compared on."""
+    ranges = {"startRange": args.start_range} if args.start_range is not None else {}
+    if args.duration_range is not None:
+        ranges["durationRange"] = args.duration_range
     return json.dumps(
         {
+            **ranges,
             "pool": pool_id,
             "gpus": args.gpus,
             "models": list(args.models),
@@ -280,26 +292,34 @@ def _replay(ctx: Ctx, args: ReserveArgs) -> Reservation | None:
 def reserve(ctx: Ctx, args: ReserveArgs) -> Reservation:
     validate(args)
     check_horizon(ctx, args)
-    with ctx.write() as conn:
-        replay = _replay(ctx, args)
-        if replay is not None:
-            return replay
-        pool, charge = _admit(ctx, args)
-        params = _params(args, pool["id"])
-        _require_possible(ctx, args, pool)
-        check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
-        rsv_id, seq = repo.next_id(conn, "rsv"), repo.next_seq(conn, "reservations")
-        rsv = _new_reservation(ctx, args, pool["id"], charge, rsv_id, seq)
-        repo.insert_reservation(conn, rsv, params)
-        ctx.event(
-            "reservation.created",
-            rsv.tenant_id,
-            rsv.id,
-            {"gpuCount": charge, "spot": rsv.spot, "binding": rsv.binding.value},
-        )
-        rsv = place_or_pend(ctx, rsv)
-        record_outcome(ctx, rsv)
-        return repo.get_reservation(conn, rsv.id)
+    with ctx.write():
+        return reserve_in(ctx, args)
+
+
+def reserve_in(ctx: Ctx, args: ReserveArgs) -> Reservation:
+    """reserve inside the caller's write transaction (a recurring series books several)."""
+    conn = ctx.db.conn
+    replay = _replay(ctx, args)
+    if replay is not None:
+        return replay
+    pool, charge = _admit(ctx, args)
+    params = _params(args, pool["id"])
+    _require_possible(ctx, args, pool)
+    check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
+    rsv_id, seq = repo.next_id(conn, "rsv"), repo.next_seq(conn, "reservations")
+    rsv = _new_reservation(ctx, args, pool["id"], charge, rsv_id, seq)
+    rsv = calendar.admit(ctx, rsv, pool["name"], args.start_range, args.duration_range)
+    repo.insert_reservation(conn, rsv, params)
+    calendar.record(ctx, rsv)
+    ctx.event(
+        "reservation.created",
+        rsv.tenant_id,
+        rsv.id,
+        {"gpuCount": charge, "spot": rsv.spot, "binding": rsv.binding.value},
+    )
+    rsv = place_or_pend(ctx, rsv)
+    record_outcome(ctx, rsv)
+    return repo.get_reservation(conn, rsv.id)
 
 
 # ---------------------------------------------------------------- preview
@@ -323,6 +343,7 @@ def preview(ctx: Ctx, args: ReserveArgs) -> Preview:
         check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
         # Preview takes no id: a draft named "preview" plans exactly as the real request would.
         draft = _new_reservation(ctx, args, pool["id"], charge, "preview", 0)
+        draft = calendar.admit(ctx, draft, pool["name"])  # a calendar policy judges it too
         window = retry_window(draft, ctx.now)
         request = draft.request(window)
         outcome: Plan | NoFit
@@ -398,6 +419,7 @@ def _end_now(ctx: Ctx, rsv_id: str, reason: ReleaseReason, hint: str) -> Reserva
     with ctx.write() as conn:
         rsv = mine(ctx, rsv_id)
         states.require(rsv, allowed, verb, hint)
+        calendar.require_changeable(ctx, rsv, verb)
         finish(ctx, rsv, reason, ctx.now)
         return repo.get_reservation(conn, rsv_id)
 
@@ -419,6 +441,7 @@ def extend(ctx: Ctx, rsv_id: str, by_ms: int) -> Reservation:
     with ctx.write() as conn:
         rsv = mine(ctx, rsv_id)
         states.require(rsv, states.EXTENDABLE, "extend")
+        calendar.require_changeable(ctx, rsv, "extend")
         if rsv.preempt_deadline is not None:
             raise Conflict(
                 f"cannot extend {rsv.id}: it is being preempted and ends at its deadline"

@@ -349,6 +349,30 @@ CREATE TABLE notices (
 );
 """
 
+MIGRATION_7 = """
+-- Issue 10: calendar policies per pool (PRODUCT.md §5.6). NULL means no limit; durations in ms.
+CREATE TABLE calendar_policies (
+  pool_id TEXT PRIMARY KEY REFERENCES pools(id),
+  min_duration_ms INTEGER,
+  max_duration_ms INTEGER,
+  min_lead_ms INTEGER,              -- a calendar request starts at least this long after now
+  max_horizon_ms INTEGER,           -- ... and ends at most this long after now
+  sizes TEXT NOT NULL DEFAULT '[]', -- allowed total GPUs of a request, JSON list; [] = any
+  no_changes INTEGER NOT NULL DEFAULT 0 -- `--commit`: placed calendar reservations are final
+);
+-- Calendar reservations placed under a `--commit` policy: no cancel, extend or early release.
+-- Recorded at admission, so a policy set later does not bind what was booked before it.
+CREATE TABLE calendar_commitments (
+  reservation_id TEXT PRIMARY KEY REFERENCES reservations(id),
+  pool_id TEXT NOT NULL
+);
+-- advice tries windows at booking ends (bookings_window serves those) and stretches them up to
+-- booking starts: this index reads a pool's starts in a range.
+CREATE INDEX bookings_starts ON bookings(pool_id, start);
+-- cancel --series: a series' occurrences.
+CREATE INDEX reservations_series ON reservations(series_id, seq);
+"""
+
 #: Append-only. Index i holds the SQL that brings user_version i to i + 1.
 MIGRATIONS: tuple[str, ...] = (
     MIGRATION_1,
@@ -357,6 +381,7 @@ MIGRATIONS: tuple[str, ...] = (
     MIGRATION_4,
     MIGRATION_5,
     MIGRATION_6,
+    MIGRATION_7,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -367,4 +392,4 @@ APPLICATION_ID = 0x42434D50  # "BCMP"
 #: sha256 of the sorted (type, name, tbl_name, sql) rows of sqlite_master that MIGRATIONS make:
 #: opening a ledger compares its schema with this instead of rebuilding every migration in memory
 #: (storage/db.py). tests/test_speed.py fails with the new value whenever a migration is added.
-SCHEMA_DIGEST = "26105d6b530241aa66af3e4c2b58fb4bf6ba0b3b50e6622b9b43633223434942"
+SCHEMA_DIGEST = "602fc927cbcc6b226504bac4391891947f261dd4bbd7bdf02b89249382b2c70b"

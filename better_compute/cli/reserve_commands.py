@@ -27,12 +27,13 @@ from better_compute.timeparse import is_relative, parse_duration, parse_time
 if TYPE_CHECKING:
     from better_compute.render import human
     from better_compute.render import json as js
-    from better_compute.service import booking, reading
+    from better_compute.service import booking, finding, reading
     from better_compute.service.booking import ReserveArgs
 else:
     human = lazy("better_compute.render.human")
     js = lazy("better_compute.render.json")
     booking = lazy("better_compute.service.booking")
+    finding = lazy("better_compute.service.finding")
     reading = lazy("better_compute.service.reading")
 
 
@@ -47,6 +48,12 @@ SpotOpt = Annotated[bool, typer.Option("--spot", help="Spot: cheaper, preemptibl
 GangOpt = Annotated[int | None, typer.Option("--gang", help="Whole nodes at once, 2 to 64.")]
 KeyOpt = Annotated[str | None, typer.Option("--topology-key", help="Label all gang members share.")]
 LeaseOpt = Annotated[bool, typer.Option("--node-lease", help="Lease whole machines.")]
+NameOpt = Annotated[
+    str | None, typer.Option("--name", help="A name to find it by.", metavar="TEXT")
+]
+LabelOpt = Annotated[
+    list[str] | None, typer.Option("--label", help="k=v to find it by; repeatable.", metavar="K=V")
+]
 
 
 def _reserve_args(
@@ -108,6 +115,8 @@ def reserve(
     gang: GangOpt = None,
     topology_key: KeyOpt = None,
     node_lease: LeaseOpt = False,
+    name: NameOpt = None,
+    label: LabelOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Reserve GPUs now or for a window later. A request that does not fit yet is pending."""
@@ -125,6 +134,7 @@ def reserve(
         node_lease,
         key,
     )
+    args = replace(args, name=finding.check_name(name), labels=finding.parse_labels(label or []))
     c = ctx()
     r = booking.reserve(c, _with_start(args, start, c.now))
     emit(as_json, js.reservation(r), lambda: human.reservation(r))
@@ -196,11 +206,32 @@ def list_(
     pool: Annotated[str | None, typer.Option("--pool", help="Pool id or name.")] = None,
     state: Annotated[list[str] | None, typer.Option("--state", help="Repeatable.")] = None,
     key: Annotated[str | None, typer.Option("--key", help="Only this idempotency key.")] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="Only this exact name.", metavar="TEXT")
+    ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--label", help="Only with this k=v label; repeatable (all must match).", metavar="K=V"
+        ),
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option("--from", help="Only windows ending after TIME.", metavar="TIME"),
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option("--to", help="Only windows starting before TIME.", metavar="TIME"),
+    ] = None,
+    sort: Annotated[
+        str, typer.Option("--sort", help="created (oldest first) or start.", metavar="ORDER")
+    ] = "created",
     ids: Annotated[bool, typer.Option("--ids", help="Print only ids, one per line.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Reservations, oldest first."""
-    rows = booking.list_reservations(ctx(), tenant, pool, state or [], key)
+    """Reservations, oldest first; filters narrow them (a window filter: those overlapping it)."""
+    filters = finding.Filters(tenant, pool, state or [], key, name, label or [], since, until, sort)
+    rows = finding.list_reservations(ctx(), filters)
     if ids and not (as_json or G.json):
         sys.stdout.write("".join(f"{r.id}\n" for r in rows))
         return

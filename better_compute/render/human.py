@@ -80,6 +80,10 @@ def reservation(rsv: Reservation) -> RenderableType:
     if rsv.release_reason:
         state.append(f", reason: {rsv.release_reason.value}", style="dim")
     grid.add_row("reservation", rsv.id)
+    if rsv.name is not None:
+        grid.add_row("name", Text(rsv.name))
+    if rsv.labels:
+        grid.add_row("labels", Text(", ".join(f"{k}={v}" for k, v in rsv.labels)))
     grid.add_row("state", state)
     grid.add_row("tenant", rsv.tenant_id)
     grid.add_row("asks", f"{_shape(rsv)} for {human_duration(rsv.duration_ms)}")

@@ -52,6 +52,8 @@ def reservation(rsv: Reservation) -> dict[str, JsonValue]:
         "releaseReason": rsv.release_reason.value if rsv.release_reason else None,
         "createdAt": rsv.created_at,
         "nextAttemptAt": rsv.next_attempt_at,
+        "name": rsv.name,
+        "labels": dict(rsv.labels),
     }
 
 

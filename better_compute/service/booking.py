@@ -25,10 +25,11 @@ from better_compute.model import (
     State,
     Window,
 )
-from better_compute.service import authz, metering, placing, reading
+from better_compute.service import authz, finding, metering, placing, reading
 from better_compute.service.admission import Draft, check_policy, check_quota
 from better_compute.service.context import Ctx
 from better_compute.service.preemption import try_preempt
+from better_compute.storage import finding as finding_store
 from better_compute.storage import repo
 from better_compute.timeparse import MAX_MS, iso
 
@@ -52,6 +53,9 @@ class ReserveArgs:
     #: How --start was written when it was relative to now (`+2h`): a retry of the same command
     #: line later is the same request, so the key compares this text rather than the instant.
     start_text: str | None = None
+    #: What people find it by (service/finding.py); not part of placement.
+    name: str | None = None
+    labels: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         # Model names compare without regard to case: stored and compared lowercased, sorted.
@@ -81,12 +85,18 @@ def validate(args: ReserveArgs) -> None:
         raise InvalidInput("--for must be a positive duration such as 90m or 3d")
     if args.key is not None and not args.key.strip():
         raise InvalidInput("--key must not be empty")
+    finding.check_name(args.name)
 
 
 def _params(args: ReserveArgs, pool_id: str) -> str:
-    """The canonical request that an idempotency key is compared on."""
+    """The canonical request that an idempotency key is compared on (a name and labels only
+    when given, so requests from before they existed still compare equal)."""
+    tags: dict[str, object] = {"name": args.name} if args.name is not None else {}
+    if args.labels:
+        tags["labels"] = dict(args.labels)
     return json.dumps(
         {
+            **tags,
             "pool": pool_id,
             "gpus": args.gpus,
             "models": list(args.models),
@@ -164,6 +174,8 @@ def _new_reservation(
         created_at=ctx.now,
         next_attempt_at=None,
         principal=ctx.principal,
+        name=args.name,
+        labels=args.labels,
     )
 
 
@@ -283,11 +295,18 @@ def reserve(ctx: Ctx, args: ReserveArgs) -> Reservation:
         rsv_id, seq = repo.next_id(conn, "rsv"), repo.next_seq(conn, "reservations")
         rsv = _new_reservation(ctx, args, pool["id"], charge, rsv_id, seq)
         repo.insert_reservation(conn, rsv, params)
+        finding_store.set_tags(conn, rsv.id, args.name, args.labels)
         ctx.event(
             "reservation.created",
             rsv.tenant_id,
             rsv.id,
-            {"gpuCount": charge, "spot": rsv.spot, "binding": rsv.binding.value},
+            {
+                "gpuCount": charge,
+                "spot": rsv.spot,
+                "binding": rsv.binding.value,
+                "name": args.name,
+                "labels": dict(args.labels),
+            },
         )
         rsv = place_or_pend(ctx, rsv)
         record_outcome(ctx, rsv)
@@ -365,23 +384,8 @@ def list_reservations(
     state_names: list[str],
     key: str | None = None,
 ) -> list[Reservation]:
-    allowed = {s.value for s in State}
-    for name in state_names:
-        if name not in allowed:
-            names = ", ".join(s.value for s in State)
-            raise InvalidInput(f"--state {name!r} is not a state; use one of {names}")
-    with ctx.db.read() as conn:
-        tenants: list[str] | None = None
-        if tenant is not None:
-            repo.require_tenant(conn, tenant)
-            authz.require_tenant(conn, ctx.who, tenant)
-            tenants = [tenant]
-        elif (seen := authz.visible_tenants(conn, ctx.who)) is not None:
-            tenants = list(seen)
-        pool_id = repo.find_pool(conn, pool)["id"] if pool is not None else None
-        return repo.list_reservations(
-            conn, tenants=tenants, pool_id=pool_id, key=key, states=state_names
-        )
+    """`list` without issue 12's filters (service/finding.py has them all)."""
+    return finding.list_reservations(ctx, finding.Filters(tenant, pool, state_names, key))
 
 
 # ---------------------------------------------------------------- changing

@@ -744,6 +744,8 @@ def _reservation(row: sqlite3.Row, allocations: tuple[Allocation, ...]) -> Reser
         preempt_deadline=_opt_int(row["preempt_deadline"]),
         preempted_by=_opt_str(row["preempted_by"]),
         allocations=allocations,
+        name=_opt_str(row["name"]),
+        labels=() if row["labels"] == "{}" else _labels(row["labels"]),
     )
 
 

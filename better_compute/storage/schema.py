@@ -216,8 +216,24 @@ CREATE INDEX bookings_node_window
 CREATE INDEX reservations_charge ON reservations(tenant_id, state, pool_id, quota_charge);
 """
 
+MIGRATION_7 = """
+-- Issue 12 (provisional number 7; the lead renumbers at merge). Finding a reservation: a free-text
+-- name and key=value labels. `labels` is the JSON object a reservation is read with; the
+-- reservation_labels rows are the same pairs, for portable indexed filtering (`list --label`).
+ALTER TABLE reservations ADD COLUMN name TEXT;
+ALTER TABLE reservations ADD COLUMN labels TEXT NOT NULL DEFAULT '{}';
+CREATE INDEX reservations_name ON reservations(name, tenant_id);
+CREATE TABLE reservation_labels (
+  reservation_id TEXT NOT NULL REFERENCES reservations(id),
+  key TEXT NOT NULL,
+  value TEXT NOT NULL,
+  PRIMARY KEY (reservation_id, key)
+);
+CREATE INDEX reservation_labels_pair ON reservation_labels(key, value, reservation_id);
+"""
+
 #: Append-only. Index i holds the SQL that brings user_version i to i + 1.
-MIGRATIONS: tuple[str, ...] = (MIGRATION_1, MIGRATION_2, MIGRATION_3)
+MIGRATIONS: tuple[str, ...] = (MIGRATION_1, MIGRATION_2, MIGRATION_3, MIGRATION_7)
 
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -227,4 +243,4 @@ APPLICATION_ID = 0x42434D50  # "BCMP"
 #: sha256 of the sorted (type, name, tbl_name, sql) rows of sqlite_master that MIGRATIONS make:
 #: opening a ledger compares its schema with this instead of rebuilding every migration in memory
 #: (storage/db.py). tests/test_speed.py fails with the new value whenever a migration is added.
-SCHEMA_DIGEST = "99251b7600fca667790445e2702305ebcbea3f30d8dd3171bbe6b6978a0e3017"
+SCHEMA_DIGEST = "940427f0e0bb48fb5ef2d0530857e2b696a6bc06af86182882ad8a18f9b232d4"

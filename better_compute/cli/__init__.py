@@ -42,6 +42,7 @@ COMMANDS: dict[str, str] = {
     "extend": "reserve_commands",
     "release": "reserve_commands",
     "launch": "launch_commands",
+    "update": "launch_commands",
     "tick": "run_commands",
     "timeline": "run_commands",
     "events": "run_commands",

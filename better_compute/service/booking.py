@@ -25,7 +25,7 @@ from better_compute.model import (
     State,
     Window,
 )
-from better_compute.service import authz, finding, metering, placing, reading
+from better_compute.service import authz, budgets, finding, metering, placing, reading
 from better_compute.service.admission import Draft, check_policy, check_quota
 from better_compute.service.context import Ctx
 from better_compute.service.preemption import try_preempt
@@ -294,6 +294,7 @@ def reserve(ctx: Ctx, args: ReserveArgs) -> Reservation:
         check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
         rsv_id, seq = repo.next_id(conn, "rsv"), repo.next_seq(conn, "reservations")
         rsv = _new_reservation(ctx, args, pool["id"], charge, rsv_id, seq)
+        budgets.check_reservation(conn, rsv, ctx.now)
         repo.insert_reservation(conn, rsv, params)
         finding_store.set_tags(conn, rsv.id, args.name, args.labels)
         ctx.event(
@@ -334,6 +335,7 @@ def preview(ctx: Ctx, args: ReserveArgs) -> Preview:
         check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
         # Preview takes no id: a draft named "preview" plans exactly as the real request would.
         draft = _new_reservation(ctx, args, pool["id"], charge, "preview", 0)
+        budgets.check_reservation(conn, draft, ctx.now)
         window = retry_window(draft, ctx.now)
         request = draft.request(window)
         outcome: Plan | NoFit
@@ -475,6 +477,7 @@ def extend(ctx: Ctx, rsv_id: str, by_ms: int) -> Reservation:
                 raise Conflict(
                     f"cannot extend {rsv.id}: node {alloc.node_id} {why}; nothing was changed"
                 )
+        budgets.check(conn, rsv.tenant_id, rsv.pool_id, rsv.quota_charge, extra, ctx.now)
         repo.move_bookings_end(conn, rsv.id, old_end, new_end)
         longer = Window(rsv.during.start, new_end)
         repo.save_reservation(conn, replace(rsv, during=longer, duration_ms=longer.duration))

@@ -16,7 +16,7 @@ from better_compute.engine.sticky import keep
 from better_compute.errors import Conflict, InvalidInput
 from better_compute.lifecycle.tick import retry_window
 from better_compute.model import JsonValue, Plan, Reservation, State, Window
-from better_compute.service import booking, placing, reading
+from better_compute.service import booking, budgets, placing, reading
 from better_compute.service.admission import Draft, check_policy, check_quota
 from better_compute.service.context import Ctx
 from better_compute.storage import repo
@@ -140,6 +140,7 @@ def _admit(ctx: Ctx, old: Reservation, new: Reservation, window: Window) -> None
     extra = new.quota_charge - old.quota_charge
     if extra > 0:
         check_quota(conn, new.tenant_id, new.pool_id, name, extra)
+    budgets.check(conn, new.tenant_id, new.pool_id, new.quota_charge, window, ctx.now, old.id)
 
 
 def _replan(ctx: Ctx, old: Reservation, new: Reservation, window: Window) -> None:

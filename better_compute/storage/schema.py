@@ -230,6 +230,15 @@ CREATE TABLE reservation_labels (
   PRIMARY KEY (reservation_id, key)
 );
 CREATE INDEX reservation_labels_pair ON reservation_labels(key, value, reservation_id);
+-- Budgets in GPU-hours over a rolling period, beside the GPUs-at-once cap of `quotas`; pool_id ''
+-- means across every pool. Stored in GPU-milliseconds so sums stay exact integers.
+CREATE TABLE budgets (
+  tenant_id TEXT NOT NULL REFERENCES tenants(id),
+  pool_id TEXT NOT NULL,
+  gpu_ms INTEGER NOT NULL,
+  period_ms INTEGER NOT NULL,
+  PRIMARY KEY (tenant_id, pool_id)
+);
 """
 
 #: Append-only. Index i holds the SQL that brings user_version i to i + 1.
@@ -243,4 +252,4 @@ APPLICATION_ID = 0x42434D50  # "BCMP"
 #: sha256 of the sorted (type, name, tbl_name, sql) rows of sqlite_master that MIGRATIONS make:
 #: opening a ledger compares its schema with this instead of rebuilding every migration in memory
 #: (storage/db.py). tests/test_speed.py fails with the new value whenever a migration is added.
-SCHEMA_DIGEST = "940427f0e0bb48fb5ef2d0530857e2b696a6bc06af86182882ad8a18f9b232d4"
+SCHEMA_DIGEST = "91cad638a0cdefe066fcc75e626a381b148aec4876700d915b4ebd8daf6cc718"

@@ -13,6 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from better_compute.cli import app as _app_module
+from better_compute.cli import examples
 
 if TYPE_CHECKING:
     import typer
@@ -56,6 +57,8 @@ _VALUED = ("--db", "--now", "--as")
 def load(modules: tuple[str, ...] = MODULES) -> None:
     for name in modules:
         importlib.import_module(f"better_compute.cli.{name}")
+    examples.attach(_app_module.app)
+    examples.tidy_help()
 
 
 def command_word(argv: list[str]) -> str | None:

@@ -31,6 +31,7 @@ MODULES: tuple[str, ...] = (
     "run_commands",
     "setup_commands",
     "simulate_commands",
+    "completion_commands",
 )
 
 #: Command words whose commands live wholly in one module (tests/test_speed.py checks it).
@@ -44,11 +45,15 @@ COMMANDS: dict[str, str] = {
     "release": "reserve_commands",
     "launch": "launch_commands",
     "update": "launch_commands",
+    "completion": "completion_commands",
     "tick": "run_commands",
     "timeline": "run_commands",
     "events": "run_commands",
     "pool": "setup_commands",
 }
+
+#: Set by the completion script when a shell asks for completions.
+_COMPLETE_VAR = "_BETTER_COMPUTE_COMPLETE"
 
 #: Global options that take a value (see cli/app.py main_options).
 _VALUED = ("--db", "--now", "--as")
@@ -78,6 +83,7 @@ def command_word(argv: list[str]) -> str | None:
 
 def main() -> None:
     """Entry point: load what the command needs, then run it (cli/app.py main)."""
+    import os
     import sys
 
     argv = sys.argv[1:]
@@ -88,6 +94,10 @@ def main() -> None:
         load((COMMANDS[word],))
     else:
         load()
+    if _COMPLETE_VAR in os.environ:  # a shell asking for completions (cli/completion_commands.py)
+        from better_compute.cli import completion_commands
+
+        _app_module.main(prepare=completion_commands.prepare)
     _app_module.main()
 
 

@@ -64,6 +64,7 @@ EXAMPLES: dict[str, str] = {
     "tick": "better-compute tick --until +6h --step 5m",
     "timeline": "better-compute timeline --pool west --from now --to +1d --step 60",
     "update": "better-compute update rsv_0123456789ab --start +2d --for 12h --gpus 4",
+    "completion": "better-compute completion bash > ~/.better-compute-completion.bash",
     "usage": "better-compute usage --tenant acme --from -30d --to now",
 }
 

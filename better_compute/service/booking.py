@@ -296,7 +296,8 @@ def reserve(ctx: Ctx, args: ReserveArgs) -> Reservation:
         rsv = _new_reservation(ctx, args, pool["id"], charge, rsv_id, seq)
         budgets.check_reservation(conn, rsv, ctx.now)
         repo.insert_reservation(conn, rsv, params)
-        finding_store.set_tags(conn, rsv.id, args.name, args.labels)
+        if args.name is not None or args.labels:
+            finding_store.set_tags(conn, rsv.id, args.name, args.labels)
         ctx.event(
             "reservation.created",
             rsv.tenant_id,

@@ -42,6 +42,8 @@ def test_name_and_labels_are_stored_shown_and_in_events(run: Cli) -> None:
     assert (plain["name"], plain["labels"]) == (None, {})
     _, text, _ = run("get", rsv["id"], json=False)
     assert "pretrain run 7" in text and "team=vision" in text
+    _, table, _ = run("list", json=False)
+    assert "name" in table and "pretrain" in table
 
 
 @pytest.mark.parametrize(

@@ -103,11 +103,13 @@ def reservation(rsv: Reservation) -> RenderableType:
 
 def reservations(rows: Sequence[Reservation]) -> RenderableType:
     table = table_of(title=f"{len(rows)} reservations")
-    for col in ("id", "tenant", "state", "asks", "window", "nodes"):
+    named = any(r.name is not None for r in rows)  # the name column only when some have one
+    for col in ("id", *(("name",) if named else ()), "tenant", "state", "asks", "window", "nodes"):
         table.add_column(col, no_wrap=col in ("id", "state", "window"))
     for r in rows:
         table.add_row(
             r.id,
+            *((Text(r.name or "—"),) if named else ()),
             r.tenant_id,
             Text(r.state.value, style=STATE_STYLE[r.state.value]),
             _shape(r),

@@ -98,7 +98,8 @@ def main() -> None:
         from better_compute.cli import completion_commands
 
         _app_module.main(prepare=completion_commands.prepare)
-    _app_module.main()
+    else:
+        _app_module.main()
 
 
 def __getattr__(name: str) -> Any:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,21 +13,29 @@ import pytest
 from conftest import Cli
 from test_speed import _loaded_after, small_ledger  # noqa: F401  (a fixture)
 
-ENTRY = [sys.executable, "-c", "from better_compute.cli import main; main()"]
+from better_compute.cli import main
 
 
 def complete(db: Path, words: str, shell: str = "bash") -> list[str]:
-    """What the installed script would get back for the command line `words` (cursor at end)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BETTER_COMPUTE_")}
-    env |= {"BETTER_COMPUTE_DB": str(db), "_BETTER_COMPUTE_COMPLETE": f"complete_{shell}"}
+    """What the installed script would get back for the command line `words` (cursor at end):
+    the real entry point, in this process, with the variables the script sets."""
+    env = {"BETTER_COMPUTE_DB": str(db), "_BETTER_COMPUTE_COMPLETE": f"complete_{shell}"}
     line = f"better-compute {words}"
     if shell == "bash":
         env |= {"COMP_WORDS": line, "COMP_CWORD": str(len(line.split(" ")) - 1)}
     else:
         env |= {"_TYPER_COMPLETE_ARGS": line, "_TYPER_COMPLETE_FISH_ACTION": "get-args"}
-    out = subprocess.run(ENTRY, env=env, capture_output=True, text=True, check=True, timeout=60)
-    assert out.stderr == ""
-    return out.stdout.split()
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in env.items():
+            mp.setenv(key, value)
+        mp.setattr(sys, "argv", ["better-compute"])
+        mp.setattr(sys, "stdout", out)
+        mp.setattr(sys, "stderr", err)
+        with pytest.raises(SystemExit) as done:
+            main()
+    assert done.value.code == 0 and err.getvalue() == ""
+    return out.getvalue().split()
 
 
 @pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
@@ -76,3 +86,24 @@ def test_normal_runs_load_no_completion_code(small_ledger: Path, tmp_path: Path)
     for argv in (["--version"], ["--db", str(small_ledger), "list", "--json"]):
         loaded = _loaded_after(argv, tmp_path)
         assert not [m for m in loaded if m.startswith(completion)], argv
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_the_bash_script_completes_in_bash(run: Cli) -> None:
+    """End to end: bash sources the printed script and asks it, as a user's Tab would."""
+    mine = run.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h")
+    script = run("completion", "bash", json=False)[1]
+    entry = Path(sys.executable).parent / "better-compute"
+    if not entry.exists():
+        pytest.skip("needs the installed command")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BETTER_COMPUTE_")}
+    env["PATH"] = f"{entry.parent}{os.pathsep}{env.get('PATH', '')}"
+    env["BETTER_COMPUTE_DB"] = str(run.db)
+    ask = (
+        script
+        + "\nCOMP_WORDS=(better-compute cancel ''); COMP_CWORD=2"
+        + '\n_better_compute_completion better-compute; echo "${COMPREPLY[@]}"'
+    )
+    done = subprocess.run(["bash", "-c", ask], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [mine["id"]]

@@ -141,3 +141,13 @@ def test_bad_format_and_node(run: Cli) -> None:
     other = next(f"west-0{i}" for i in range(1, 8) if f"west-0{i}" not in names)
     err = run.fails(2, "launch", rsv["id"], "--node", other)
     assert "not a member" in err["message"]
+
+
+def test_a_spot_reservation_being_preempted_warns_with_its_deadline(solo: Cli) -> None:
+    spot = solo.ok("reserve", "--tenant", "globex", "--gpus", "8", "--for", "1d", "--spot")
+    solo.ok("tick")
+    solo.ok("reserve", "--tenant", "acme", "--gpus", "8", "--for", "1h")
+    assert solo.ok("get", spot["id"])["state"] == "active"
+    code, text, err = solo("launch", spot["id"], json=False)
+    assert code == 0 and "is being preempted: it ends at 2026-09-28T08:02:00Z" in err
+    assert "NODE_RANK=0" in text

@@ -301,3 +301,12 @@ def test_update_then_update_back_leaves_the_ledger_as_it_was(
     finally:
         db.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_node_lease_moves_whole_and_stays_charged_what_it_leases(run: Cli) -> None:
+    rsv = reserve(run, "--node-lease", "--gang", "2", "--for", "2h", "--start", "+1h")
+    assert rsv["quotaCharge"] == 16
+    moved = run.ok("update", rsv["id"], "--start", "+5h", "--gpus", "4")
+    assert placement(moved) == placement(rsv)
+    assert moved["quotaCharge"] == 16 and moved["devices"][0]["count"] == 4
+    assert all(len(atoms) == 8 for _, atoms in placement(moved).values())

@@ -150,7 +150,8 @@ def _replan(ctx: Ctx, old: Reservation, new: Reservation, window: Window) -> Non
     request = new.request(window)
     held = {a.node_id: a.atoms for a in old.allocations}
     snaps = repo.snapshots(conn, new.pool_id, window, ignore_reservation=old.id, names=list(held))
-    chosen: Plan | None = keep(request, {s.node.name: s for s in snaps}, held)
+    here = {s.node.name: s for s in snaps if s.node.pool_id == new.pool_id}  # not moved away
+    chosen: Plan | None = keep(request, here, held)
     with ctx.db.savepoint("reshape"):
         if chosen is not None:
             by_node = {a.node_id: a for a in old.allocations}

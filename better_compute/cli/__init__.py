@@ -31,6 +31,7 @@ MODULES: tuple[str, ...] = (
     "run_commands",
     "setup_commands",
     "simulate_commands",
+    "webhook_commands",
     "completion_commands",
 )
 
@@ -50,6 +51,7 @@ COMMANDS: dict[str, str] = {
     "timeline": "run_commands",
     "events": "run_commands",
     "pool": "setup_commands",
+    "webhook": "webhook_commands",
 }
 
 #: Set by the completion script when a shell asks for completions.

@@ -64,6 +64,15 @@ EXAMPLES: dict[str, str] = {
     "tick": "better-compute tick --until +6h --step 5m",
     "timeline": "better-compute timeline --pool west --from now --to +1d --step 60",
     "update": "better-compute update rsv_0123456789ab --start +2d --for 12h --gpus 4",
+    "webhook add": (
+        "better-compute webhook add --tenant acme --url https://hooks.example.com/gpu"
+        " --events reservation.preempting,reservation.expiring"
+    ),
+    "webhook list": "better-compute webhook list --json",
+    "webhook delete": "better-compute webhook delete whk_0123456789ab",
+    "webhook test": "better-compute webhook test whk_0123456789ab",
+    "webhook deliveries": "better-compute webhook deliveries --failed",
+    "webhook redeliver": "better-compute webhook redeliver --failed --webhook whk_0123456789ab",
     "completion": "better-compute completion bash > ~/.better-compute-completion.bash",
     "usage": "better-compute usage --tenant acme --from -30d --to now",
 }

@@ -231,11 +231,15 @@ def list_(
 ) -> None:
     """Reservations, oldest first; filters narrow them (a window filter: those overlapping it)."""
     filters = finding.Filters(tenant, pool, state or [], key, name, label or [], since, until, sort)
-    rows = finding.list_reservations(ctx(), filters)
-    if ids and not (as_json or G.json):
+    if as_json or G.json:  # encoded page by page (issue 8), written once every page is read
+        pages = finding.pages(ctx(), filters)
+        sys.stdout.write(js.array(js.reservation(r) for page in pages for r in page) + "\n")
+        return
+    rows = [r for page in finding.pages(ctx(), filters) for r in page]
+    if ids:
         sys.stdout.write("".join(f"{r.id}\n" for r in rows))
         return
-    emit(as_json, [js.reservation(r) for r in rows], lambda: human.reservations(rows))
+    emit(False, None, lambda: human.reservations(rows))
 
 
 @app.command()

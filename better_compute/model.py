@@ -211,6 +211,9 @@ class Reservation:
     preempt_deadline: int | None = None
     preempted_by: str | None = None
     allocations: tuple[Allocation, ...] = field(default=())
+    #: What people find it by (issue 12): a free-text name and key=value labels.
+    name: str | None = None
+    labels: tuple[tuple[str, str], ...] = ()
 
     @property
     def node_lease(self) -> bool:

@@ -373,6 +373,31 @@ CREATE INDEX bookings_starts ON bookings(pool_id, start);
 CREATE INDEX reservations_series ON reservations(series_id, seq);
 """
 
+MIGRATION_8 = """
+-- Issue 12. Finding a reservation: a free-text
+-- name and key=value labels. `labels` is the JSON object a reservation is read with; the
+-- reservation_labels rows are the same pairs, for portable indexed filtering (`list --label`).
+ALTER TABLE reservations ADD COLUMN name TEXT;
+ALTER TABLE reservations ADD COLUMN labels TEXT NOT NULL DEFAULT '{}';
+CREATE INDEX reservations_name ON reservations(name, tenant_id);
+CREATE TABLE reservation_labels (
+  reservation_id TEXT NOT NULL REFERENCES reservations(id),
+  key TEXT NOT NULL,
+  value TEXT NOT NULL,
+  PRIMARY KEY (reservation_id, key)
+);
+CREATE INDEX reservation_labels_pair ON reservation_labels(key, value, reservation_id);
+-- Budgets in GPU-hours over a rolling period, beside the GPUs-at-once cap of `quotas`; pool_id ''
+-- means across every pool. Stored in GPU-milliseconds so sums stay exact integers.
+CREATE TABLE budgets (
+  tenant_id TEXT NOT NULL REFERENCES tenants(id),
+  pool_id TEXT NOT NULL,
+  gpu_ms INTEGER NOT NULL,
+  period_ms INTEGER NOT NULL,
+  PRIMARY KEY (tenant_id, pool_id)
+);
+"""
+
 #: Append-only. Index i holds the SQL that brings user_version i to i + 1.
 MIGRATIONS: tuple[str, ...] = (
     MIGRATION_1,
@@ -382,6 +407,7 @@ MIGRATIONS: tuple[str, ...] = (
     MIGRATION_5,
     MIGRATION_6,
     MIGRATION_7,
+    MIGRATION_8,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -392,4 +418,4 @@ APPLICATION_ID = 0x42434D50  # "BCMP"
 #: sha256 of the sorted (type, name, tbl_name, sql) rows of sqlite_master that MIGRATIONS make:
 #: opening a ledger compares its schema with this instead of rebuilding every migration in memory
 #: (storage/db.py). tests/test_speed.py fails with the new value whenever a migration is added.
-SCHEMA_DIGEST = "602fc927cbcc6b226504bac4391891947f261dd4bbd7bdf02b89249382b2c70b"
+SCHEMA_DIGEST = "584e84e404bb1c434e74e371f1344b4ebe596dbc177edb3efa48d9ac093e9b56"

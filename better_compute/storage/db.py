@@ -36,9 +36,22 @@ def _read_header(path: Path) -> bytes:
     return os.pread(_HEADER_FDS[key], 100, 0)
 
 
+#: What names a PostgreSQL ledger rather than an SQLite file (libpq's two URL schemes).
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+def is_postgres_url(path: str) -> bool:
+    return path.strip().lower().startswith(POSTGRES_SCHEMES)
+
+
 def _require_path(path: str) -> None:
     if not path.strip():
         raise InvalidInput("--db (or BETTER_COMPUTE_DB) is empty; name a database file")
+    if is_postgres_url(path):
+        raise InvalidInput(
+            "PostgreSQL ledgers (--db postgresql://...) are not supported by this better-compute"
+            " yet; give --db an SQLite file path"
+        )
 
 
 def _header_kind(path: Path) -> str:

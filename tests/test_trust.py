@@ -25,6 +25,10 @@ from conftest import DAY, HOUR, ME, NOW_MS, Cli, at, init_db
 from better_compute import identity
 from better_compute.cli import main
 
+pytestmark = pytest.mark.sqlite_only(
+    reason="file permissions, damaged files and restore are about the SQLite file"
+)
+
 ENTRY = [sys.executable, "-c", "from better_compute.cli import main; main()"]
 
 

@@ -16,7 +16,9 @@ Transactions mirror SQLite's (docs/postgres.md):
 
 from __future__ import annotations
 
+import random
 import re
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
@@ -30,6 +32,12 @@ from better_compute.storage.conn import POSTGRES
 from better_compute.storage.schema import MIGRATIONS, SCHEMA_VERSION, migration_text
 
 DEFAULT_LOCK_TIMEOUT_MS = 30_000
+
+#: The lock order's first lock: every write holds the ledger clock row (PRODUCT.md §2).
+CLOCK_LOCK = "SELECT value FROM meta WHERE key = 'last_at' FOR UPDATE"
+
+#: How often taking the write lock may lose a deadlock or serialization check before UNAVAILABLE.
+LOCK_ATTEMPTS = 5
 
 #: Failures that say "try again", never "the ledger is wrong": nothing of the command was written.
 _TRANSIENT = (
@@ -168,34 +176,73 @@ class PgDatabase:
     @contextmanager
     def write(self) -> Iterator[PgConn]:
         """One write transaction, holding the ledger clock row first (the lock order)."""
-        with self._transaction("READ COMMITTED"):
-            self.conn.raw.execute("SELECT value FROM meta WHERE key = 'last_at' FOR UPDATE")
+        if self.conn.in_transaction:  # init fills its new ledger inside the one that creates it
+            with self._mapped(), self.conn.raw.transaction():
+                yield self.conn
+            return
+        self._begin_write()
+        with self._mapped(), self._committed():
             yield self.conn
 
     @contextmanager
     def read(self) -> Iterator[PgConn]:
         """One consistent snapshot for everything a command reads."""
-        with self._transaction("REPEATABLE READ"):
+        if self.conn.in_transaction:
             yield self.conn
+            return
+        with self._mapped():
+            self.conn.raw.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            with self._committed():
+                yield self.conn
+
+    def _begin_write(self) -> None:
+        """BEGIN and take the clock row. Losing a deadlock or a serialization check here costs
+        nothing yet, so it is retried a bounded number of times before UNAVAILABLE; a lock
+        awaited past lock_timeout (db.busyTimeoutMs) is UNAVAILABLE at once, as on SQLite."""
+        raw = self.conn.raw
+        for attempt in range(LOCK_ATTEMPTS):
+            try:
+                raw.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+                raw.execute(CLOCK_LOCK)
+                return
+            except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected):
+                raw.execute("ROLLBACK")
+                time.sleep(random.uniform(0, 0.02 * 2**attempt))
+            except (pg_errors.LockNotAvailable, pg_errors.QueryCanceled):
+                raw.execute("ROLLBACK")
+                raise Unavailable(
+                    f"database {self.where} stayed locked past the busy timeout; try again"
+                ) from None
+        raise Unavailable(
+            f"database {self.where}: {LOCK_ATTEMPTS} attempts to take the write lock lost to"
+            " deadlocks or serialization failures; nothing was written, run it again"
+        )
 
     @contextmanager
-    def _transaction(self, isolation: str) -> Iterator[None]:
-        """A transaction, or a savepoint inside one already open (init fills its new ledger
-        inside the transaction that creates it)."""
+    def _committed(self) -> Iterator[None]:
+        """COMMIT after the body, ROLLBACK if it raised."""
         raw = self.conn.raw
-        outer = not self.conn.in_transaction
         try:
-            with raw.transaction():
-                if outer:
-                    raw.execute(f"SET TRANSACTION ISOLATION LEVEL {isolation}")
-                yield
+            yield
+        except BaseException:
+            if self.conn.in_transaction and not raw.closed:
+                raw.execute("ROLLBACK")
+            raise
+        raw.execute("COMMIT")
+
+    @contextmanager
+    def _mapped(self) -> Iterator[None]:
+        """The server's "try again" failures are UNAVAILABLE with nothing written, never a bug."""
+        try:
+            yield
         except _TRANSIENT as exc:
             raise Unavailable(
                 f"database {self.where} was busy ({type(exc).__name__}): nothing was written,"
                 " run the command again"
             ) from None
         except psycopg.OperationalError as exc:
-            raise Unavailable(f"database {self.where} cannot be used: {exc}") from None
+            detail = " ".join(str(exc).split())[:300]
+            raise Unavailable(f"database {self.where} cannot be used: {detail}") from None
 
     @contextmanager
     def savepoint(self, name: str) -> Iterator[None]:
@@ -331,6 +378,7 @@ def create_database(url: str, *, force: bool, db_id: str, fill: Any = None) -> P
                     f"{db.where} already holds a better-compute ledger; add --force to replace it"
                 )
             if version is not None:
+                raw.execute(CLOCK_LOCK)  # the lock order: writers finish or wait, never deadlock
                 _drop_ledger(db)
             for script in MIGRATIONS:
                 raw.execute(migration_text(script, POSTGRES))

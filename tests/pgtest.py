@@ -87,7 +87,7 @@ def redirect(
     if not active():
         return args, env
     for i, arg in enumerate(args[:-1]):
-        if arg == "--db":
+        if arg in ("--db", "--to"):  # --to: `migrate`'s target
             args[i + 1] = url_for(args[i + 1])
     if env and env.get("BETTER_COMPUTE_DB"):
         env = {**env, "BETTER_COMPUTE_DB": url_for(str(env["BETTER_COMPUTE_DB"]))}

@@ -25,6 +25,7 @@ del globals()["app"]  # importing the submodule bound its name: `app` is the Typ
 MODULES: tuple[str, ...] = (
     "backup_commands",
     "hardware_commands",
+    "migrate_commands",
     "reserve_commands",
     "run_commands",
     "setup_commands",
@@ -44,6 +45,7 @@ COMMANDS: dict[str, str] = {
     "timeline": "run_commands",
     "events": "run_commands",
     "pool": "setup_commands",
+    "migrate": "migrate_commands",
 }
 
 #: Global options that take a value (see cli/app.py main_options).

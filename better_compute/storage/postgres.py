@@ -128,7 +128,17 @@ def _scalar(conn: PgConn, sql: str) -> Any:
     return row[0]
 
 
+#: A password written into a URL: `user:secret@` or a `password=` parameter.
+_PASSWORD = re.compile(r"://[^/@]*:[^/@]*@|[?&]password=", re.IGNORECASE)
+
+
 def _connect(url: str) -> psycopg.Connection[Any]:
+    if _PASSWORD.search(url):
+        raise InvalidInput(
+            f"--db {redact(url)!r} carries a password, which would sit in shell history and"
+            " process lists: leave it out and give it to libpq instead (~/.pgpass, or PGPASSWORD"
+            " in the environment of cron and CI jobs)"
+        )
     try:
         raw = psycopg.connect(
             url, autocommit=True, cursor_factory=psycopg.ClientCursor, row_factory=_row_factory
@@ -143,6 +153,7 @@ def _connect(url: str) -> psycopg.Connection[Any]:
 
 def redact(url: str) -> str:
     """The URL without a password, should one have been written into it."""
+    url = re.sub(r"([?&]password=)[^&]*", r"\1***", url, flags=re.IGNORECASE)
     return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
 
 

@@ -39,13 +39,20 @@ def one_round(base: str, clients: int) -> None:
         conn.execute(f"CREATE SCHEMA {schema}")
     sep = "&" if "?" in base else "?"
     url = f"{base}{sep}options=-csearch_path%3D{schema}"
-    subprocess.run([*ENTRY, "--db", url, "--now", NOW, "init", "--demo"], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [*ENTRY, "--db", url, "--now", NOW, "init", "--demo"], check=True, capture_output=True
+    )
     started = time.perf_counter()
     procs = [
-        (time.perf_counter(), subprocess.Popen(
-            [*ENTRY, "--db", url, "--json", "reserve", *request(i)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        (
+            time.perf_counter(),
+            subprocess.Popen(
+                [*ENTRY, "--db", url, "--json", "reserve", *request(i)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            ),
+        )
         for i in range(clients)
     ]
     exits: Counter[str] = Counter()
@@ -59,7 +66,7 @@ def one_round(base: str, clients: int) -> None:
     total = time.perf_counter() - started
     with psycopg.connect(url) as conn:
         doubles = conn.execute(
-            'SELECT COUNT(*) FROM bookings a JOIN bookings b ON a.node_id = b.node_id'
+            "SELECT COUNT(*) FROM bookings a JOIN bookings b ON a.node_id = b.node_id"
             ' AND a.atom = b.atom AND a.id < b.id AND a."end" > b.start AND b."end" > a.start'
         ).fetchone()[0]
     with psycopg.connect(base, autocommit=True) as conn:

@@ -7,6 +7,7 @@ are about what only PostgreSQL has: the server's roles as principals, GRANTs, UR
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +19,27 @@ from conftest import ME, NOW, invoke
 postgres = pytest.mark.postgres_only
 
 
+def test_without_psycopg_a_url_says_which_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as if the extra were not installed
+    result = invoke(["--db", "postgresql://someone@127.0.0.1:1/ledger", "list"])
+    assert result.exit_code == 2, result.stderr
+    assert "pip install 'better-compute[postgres]'" in result.stderr
+
+
+def test_placeholders_are_translated_once_and_quoted_text_is_left_alone() -> None:
+    pytest.importorskip("psycopg")
+    from better_compute.storage.postgres import translate
+
+    sql = "SELECT 'a%b?:c', \"end\" FROM t WHERE y = ? AND z = :name AND w::text LIKE '%x'"
+    assert translate(sql) == (
+        "SELECT 'a%%b?:c', \"end\" FROM t WHERE y = %s AND z = %(name)s AND w::text LIKE '%%x'"
+    )
+
+
 def test_an_unreachable_server_is_unavailable_and_says_where() -> None:
+    pytest.importorskip("psycopg")
     result = invoke(["--db", "postgresql://someone@127.0.0.1:1/ledger", "list"])
     assert result.exit_code == 7, result.stderr
     assert "cannot connect to postgresql://someone@127.0.0.1:1/ledger" in result.stderr
@@ -29,6 +50,7 @@ def test_an_unreachable_server_is_unavailable_and_says_where() -> None:
     ["postgresql://someone:hunter2@127.0.0.1:1/ledger", "postgres://h/ledger?password=hunter2"],
 )
 def test_a_password_in_the_url_is_refused_and_never_printed(url: str) -> None:
+    pytest.importorskip("psycopg")
     result = invoke(["--db", url, "list"])
     assert result.exit_code == 2, result.stderr
     assert "hunter2" not in result.stderr and ".pgpass" in result.stderr
@@ -134,6 +156,19 @@ def test_init_refuses_a_schema_holding_other_tables_and_replaces_only_with_force
     assert again.exit_code == 4 and "--force" in again.stderr
     _json(invoke(["--db", other, "--now", NOW, "--json", "init", "--force"]))
     assert _json(invoke(["--db", other, "--json", "pool", "list"])) == []
+
+
+@postgres
+def test_a_role_without_the_grants_is_forbidden_not_a_bug(role: str) -> None:
+    url = _ledger()
+    _json(invoke(["--db", url, "--now", NOW, "--json", "init", "--demo"]))
+    result = invoke(["--db", _as_role(url, role), "list"])
+    assert result.exit_code == 7 and "GRANTs" in result.stderr  # the schema is out of its sight
+    schema = url.rsplit("%3D", 1)[1]
+    _sql(url, f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+    result = invoke(["--db", _as_role(url, role), "list"])
+    assert result.exit_code == 6, result.stderr
+    assert "the server refused your role" in result.stderr
 
 
 @postgres

@@ -20,14 +20,14 @@ import random
 import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from functools import lru_cache
 from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
 
-from better_compute.errors import Conflict, InvalidInput, Unavailable
+from better_compute.errors import Conflict, Forbidden, InvalidInput, Unavailable
 from better_compute.storage.conn import POSTGRES
 from better_compute.storage.schema import MIGRATIONS, SCHEMA_VERSION, migration_text
 
@@ -75,7 +75,8 @@ _PLACEHOLDER = re.compile(r"'(?:[^']|'')*'|\"[^\"]*\"|--[^\n]*|%|\?|(?<!:):([A-Z
 @lru_cache(maxsize=1024)
 def translate(sql: str) -> str:
     """SQLite placeholders to psycopg's, once per statement text: `?` is `%s`, `:name` is
-    `%(name)s`, a literal `%` is doubled. Quoted text, identifiers and comments pass unchanged."""
+    `%(name)s`, a literal `%` is doubled. Quoted text, identifiers and comments keep their `?`
+    and `:` as they are."""
 
     def one(match: re.Match[str]) -> str:
         text = match.group(0)
@@ -85,7 +86,7 @@ def translate(sql: str) -> str:
             return "%%"
         if match.group(1) is not None:
             return f"%({match.group(1)})s"
-        return text
+        return text.replace("%", "%%")  # a quoted literal or identifier, or a comment
 
     return _PLACEHOLDER.sub(one, sql)
 
@@ -241,19 +242,8 @@ class PgDatabase:
             raise
         raw.execute("COMMIT")
 
-    @contextmanager
-    def _mapped(self) -> Iterator[None]:
-        """The server's "try again" failures are UNAVAILABLE with nothing written, never a bug."""
-        try:
-            yield
-        except _TRANSIENT as exc:
-            raise Unavailable(
-                f"database {self.where} was busy ({type(exc).__name__}): nothing was written,"
-                " run the command again"
-            ) from None
-        except psycopg.OperationalError as exc:
-            detail = " ".join(str(exc).split())[:300]
-            raise Unavailable(f"database {self.where} cannot be used: {detail}") from None
+    def _mapped(self) -> AbstractContextManager[None]:
+        return mapped(self.where)
 
     @contextmanager
     def savepoint(self, name: str) -> Iterator[None]:
@@ -268,6 +258,28 @@ class PgDatabase:
                 raw.execute(f"RELEASE SAVEPOINT {name}")
             raise
         raw.execute(f"RELEASE SAVEPOINT {name}")
+
+
+@contextmanager
+def mapped(where: str) -> Iterator[None]:
+    """What the server refuses is the product's answer, never a bug: "try again" failures are
+    UNAVAILABLE with nothing written; a missing GRANT is FORBIDDEN."""
+    try:
+        yield
+    except _TRANSIENT as exc:
+        raise Unavailable(
+            f"database {where} was busy ({type(exc).__name__}): nothing was written,"
+            " run the command again"
+        ) from None
+    except pg_errors.InsufficientPrivilege as exc:
+        detail = " ".join(str(exc).split())[:200]
+        raise Forbidden(
+            f"the server refused your role ({detail}): an admin grants what docs/postgres.md"
+            " lists for ordinary users"
+        ) from None
+    except psycopg.OperationalError as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise Unavailable(f"database {where} cannot be used: {detail}") from None
 
 
 # ---------------------------------------------------------------- schema
@@ -316,19 +328,25 @@ def open_database(url: str, busy_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS) -> P
     """Open an initialised ledger, migrating it forward; a schema without one is refused."""
     db = PgDatabase(url)
     try:
-        version = _version(db)
-        if version is None:
-            raise Unavailable(
-                f"no better-compute ledger in {db.where}; run `better-compute init` first"
-            )
-        _migrate(db, version)
-        if db.conn.raw.execute("SELECT 1 FROM meta WHERE key = 'db_id'").fetchone() is None:
-            raise Unavailable(f"{db.where} holds a ledger that `init` never finished")
-        db.set_busy_timeout(busy_timeout_ms)
+        with mapped(db.where):
+            _open(db, busy_timeout_ms)
     except BaseException:
         db.close()
         raise
     return db
+
+
+def _open(db: PgDatabase, busy_timeout_ms: int) -> None:
+    version = _version(db)
+    if version is None:
+        raise Unavailable(
+            f"no better-compute ledger in {db.where}; run `better-compute init` first (or, if"
+            " there is one, your role may not use its schema: see the GRANTs in docs/postgres.md)"
+        )
+    _migrate(db, version)
+    if db.conn.raw.execute("SELECT 1 FROM meta WHERE key = 'db_id'").fetchone() is None:
+        raise Unavailable(f"{db.where} holds a ledger that `init` never finished")
+    db.set_busy_timeout(busy_timeout_ms)
 
 
 def ledger_exists(url: str) -> bool:
@@ -376,7 +394,7 @@ def create_database(url: str, *, force: bool, db_id: str, fill: Any = None) -> P
     db = PgDatabase(url)
     try:
         raw = db.conn.raw
-        with raw.transaction():
+        with mapped(db.where), raw.transaction():
             raw.execute("SELECT pg_advisory_xact_lock(1111706960)")
             version = _version(db)
             if version is None and _tables(db):

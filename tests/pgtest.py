@@ -79,6 +79,11 @@ def url_for(path: str) -> str:
     return f"{_state['url']}{sep}options=-csearch_path%3D{schema}"
 
 
+def ledger(path: str) -> str:
+    """What a test that opens its ledger through the library (not the CLI) should open."""
+    return url_for(path) if active() else path
+
+
 def redirect(
     args: Sequence[str], env: Mapping[str, str | None] | None
 ) -> tuple[list[str], Mapping[str, str | None] | None]:

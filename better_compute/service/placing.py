@@ -21,7 +21,7 @@ from better_compute.model import (
     Window,
 )
 from better_compute.service.context import Ctx
-from better_compute.storage import fleet, repo
+from better_compute.storage import fleet, locks, repo
 
 
 class LostRace(Exception):
@@ -202,6 +202,7 @@ def place_now(
     ctx: Ctx, rsv: Reservation, window: Window, exclude: frozenset[str] = frozenset()
 ) -> Reservation | NoFit:
     """Plan and commit, excluding a node that lost a race, up to placement.maxAttempts times."""
+    locks.lock_pool(ctx.db.conn, rsv.pool_id)  # the lock order: clock row, pool row, victims
     excluded = set(exclude)
     outcome: Plan | NoFit = NoFit("no attempt made")
     for _ in range(max(1, ctx.settings.max_attempts)):

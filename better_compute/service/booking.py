@@ -226,16 +226,21 @@ def _admit(ctx: Ctx, args: ReserveArgs) -> tuple[sqlite3.Row, int]:
     return pool, charge
 
 
-def _require_possible(conn: sqlite3.Connection, args: ReserveArgs, pool: sqlite3.Row) -> None:
+def _require_possible(ctx: Ctx, args: ReserveArgs, pool: sqlite3.Row) -> None:
     """Refuse what no node of the pool could ever hold, whatever its state (cordoned, unhealthy
     or booked nodes count): waiting could never place it, and it would hold quota meanwhile.
     Checked after policy (which may refuse the principal outright) and before quota: a request
     no pool could ever hold is wrong whatever the tenant holds."""
     share = args.gpus or 1
-    enough = args.gang or 1
-    if fleet.nodes_holding(conn, pool["id"], args.models, share, enough) >= enough:
-        return  # the usual answer, from the first nodes that hold the share
-    largest, fitting = repo.node_capacity(conn, pool["id"], args.models, share)
+    if ctx.fleet is not None:  # a long-running command's fleet in memory (service/fleet.py)
+        index = ctx.fleet.index(ctx.db.conn, pool["id"], ctx.now)
+        largest, fitting = index.capacity(args.models, share)
+    else:
+        conn = ctx.db.conn
+        enough = args.gang or 1
+        if fleet.nodes_holding(conn, pool["id"], args.models, share, enough) >= enough:
+            return  # the usual answer, from the first nodes that hold the share
+        largest, fitting = repo.node_capacity(conn, pool["id"], args.models, share)
     gpus = f"{'/'.join(args.models)} GPUs" if args.models else "GPUs"
     if share > largest:
         raise InvalidInput(
@@ -281,7 +286,7 @@ def reserve(ctx: Ctx, args: ReserveArgs) -> Reservation:
             return replay
         pool, charge = _admit(ctx, args)
         params = _params(args, pool["id"])
-        _require_possible(conn, args, pool)
+        _require_possible(ctx, args, pool)
         check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
         rsv_id, seq = repo.next_id(conn, "rsv"), repo.next_seq(conn, "reservations")
         rsv = _new_reservation(ctx, args, pool["id"], charge, rsv_id, seq)
@@ -314,7 +319,7 @@ def preview(ctx: Ctx, args: ReserveArgs) -> Preview:
     check_horizon(ctx, args)
     with ctx.db.read() as conn:
         pool, charge = _admit(ctx, args)
-        _require_possible(conn, args, pool)
+        _require_possible(ctx, args, pool)
         check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
         # Preview takes no id: a draft named "preview" plans exactly as the real request would.
         draft = _new_reservation(ctx, args, pool["id"], charge, "preview", 0)

@@ -290,8 +290,22 @@ WHEN OLD.state != 'released' BEGIN
 END;
 """
 
+MIGRATION_5 = """
+-- Issue 8, replay: what is due next.
+-- A tick, and simulate asking when the next one is due, look for the live reservations whose
+-- end, preemption deadline or start has come (or comes next), and the pending ones whose retry
+-- is due. With (state, instant) the answer is a seek per state, not a walk over every live
+-- reservation: on a busy ledger there are thousands, and simulate asks after every request.
+CREATE INDEX reservations_ends ON reservations(state, during_end);
+CREATE INDEX reservations_deadlines ON reservations(state, preempt_deadline);
+CREATE INDEX reservations_starts ON reservations(state, during_start);
+CREATE INDEX reservations_retries ON reservations(state, next_attempt_at);
+-- Closing a reservation's usage finds its open windows without reading every usage row.
+CREATE INDEX usage_open ON usage(reservation_id) WHERE "end" IS NULL;
+"""
+
 #: Append-only. Index i holds the SQL that brings user_version i to i + 1.
-MIGRATIONS: tuple[str, ...] = (MIGRATION_1, MIGRATION_2, MIGRATION_3, MIGRATION_4)
+MIGRATIONS: tuple[str, ...] = (MIGRATION_1, MIGRATION_2, MIGRATION_3, MIGRATION_4, MIGRATION_5)
 
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -301,4 +315,4 @@ APPLICATION_ID = 0x42434D50  # "BCMP"
 #: sha256 of the sorted (type, name, tbl_name, sql) rows of sqlite_master that MIGRATIONS make:
 #: opening a ledger compares its schema with this instead of rebuilding every migration in memory
 #: (storage/db.py). tests/test_speed.py fails with the new value whenever a migration is added.
-SCHEMA_DIGEST = "9c43b7fcbba3320d1987e7d5334a3903f211bd2ff198871de17824a47837aedb"
+SCHEMA_DIGEST = "d9e4f32b91adf3eae1a5ea938bd396521e5c382e1ae036959459c468e2fd8a60"

@@ -42,7 +42,7 @@ def pool_use(conn: Conn, pool_id: str, now: int) -> tuple[int, int]:
 
 def usable_nodes_after(conn: Conn, pool_id: str, after: str, limit: int) -> list[str]:
     """Up to `limit` names, by name after `after`, of the pool's schedulable, reachable nodes:
-    placement's reading of the pool in name order (service/placing.perfect_fits)."""
+    placement's reading of the pool in name order (service/placing.name_order_scan)."""
     rows = conn.execute(
         "SELECT name FROM nodes WHERE pool_id = ? AND name > ?"
         " AND schedulable = 1 AND reachable = 1 ORDER BY name LIMIT ?",

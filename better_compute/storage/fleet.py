@@ -87,7 +87,7 @@ def reservation_pages(
     """`list`: reservations of `tenants` (all, when None), narrowed by pool, key and states,
     oldest first, `size` at a time: one cursor read page by page, so a listing of thousands
     never holds them all as objects at once."""
-    clauses, args = ["1"], []  # type: tuple[list[str], list[object]]
+    clauses, args = ["1 = 1"], []  # type: tuple[list[str], list[object]]
     if tenants is not None:
         clauses.append(f"tenant_id IN ({','.join('?' * len(tenants))})")
         args.extend(tenants)

@@ -553,3 +553,11 @@ def test_advice_model_and_nvlink_flags(run: Cli) -> None:
     err = run.fails(INVALID, "advice", "--gpus", "1", "--topology", "ring", "--start-range",
                     "now..+1d", "--duration", "1h")  # fmt: skip
     assert "--topology" in err["message"]
+
+
+def test_fewer_gpus_keeps_to_the_policy_sizes(run: Cli) -> None:
+    run.ok("reserve", "--tenant", "acme", "--gpus", "6", "--gang", "7", "--for", "2d", "--key", "f")
+    set_policy(run, "--sizes", "1,8")
+    recs = advise(run, "--gpus", "8", "--start-range", "now..+1h", "--duration", "3d")
+    fewer = [r for r in recs if r["nearMiss"]["kind"] == "fewer-gpus"]
+    assert [r["gpus"] for r in fewer] == [1]

@@ -33,15 +33,15 @@ from better_compute.timeparse import (
 if TYPE_CHECKING:
     from better_compute.render import human
     from better_compute.render import json as js
-    from better_compute.service import booking, listing, reading, series
+    from better_compute.service import booking, finding, reading, series
     from better_compute.service.booking import ReserveArgs
 else:
     series = lazy("better_compute.service.series")
     human = lazy("better_compute.render.human")
     js = lazy("better_compute.render.json")
     booking = lazy("better_compute.service.booking")
+    finding = lazy("better_compute.service.finding")
     reading = lazy("better_compute.service.reading")
-    listing = lazy("better_compute.service.listing")
 
 
 GpusOpt = Annotated[int | None, typer.Option("--gpus", help="GPUs (per node with --gang).")]
@@ -55,6 +55,12 @@ SpotOpt = Annotated[bool, typer.Option("--spot", help="Spot: cheaper, preemptibl
 GangOpt = Annotated[int | None, typer.Option("--gang", help="Whole nodes at once, 2 to 64.")]
 KeyOpt = Annotated[str | None, typer.Option("--topology-key", help="Label all gang members share.")]
 LeaseOpt = Annotated[bool, typer.Option("--node-lease", help="Lease whole machines.")]
+NameOpt = Annotated[
+    str | None, typer.Option("--name", help="A name to find it by.", metavar="TEXT")
+]
+LabelOpt = Annotated[
+    list[str] | None, typer.Option("--label", help="k=v to find it by; repeatable.", metavar="K=V")
+]
 
 
 def _reserve_args(
@@ -147,6 +153,8 @@ def reserve(
     every: EveryOpt = None,
     count: CountOpt = None,
     until: UntilOpt = None,
+    name: NameOpt = None,
+    label: LabelOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Reserve GPUs now or for a window later. A request that does not fit yet is pending."""
@@ -164,7 +172,13 @@ def reserve(
         node_lease,
         key,
     )
-    args = replace(args, start_range=start_range, duration_range=duration_range)
+    args = replace(
+        args,
+        start_range=start_range,
+        duration_range=duration_range,
+        name=finding.check_name(name),
+        labels=finding.parse_labels(label or []),
+    )
     c = ctx()
     args = _with_start(args, start, c.now)
     if every is not None or count is not None or until is not None:
@@ -246,15 +260,36 @@ def list_(
     pool: Annotated[str | None, typer.Option("--pool", help="Pool id or name.")] = None,
     state: Annotated[list[str] | None, typer.Option("--state", help="Repeatable.")] = None,
     key: Annotated[str | None, typer.Option("--key", help="Only this idempotency key.")] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="Only this exact name.", metavar="TEXT")
+    ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--label", help="Only with this k=v label; repeatable (all must match).", metavar="K=V"
+        ),
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option("--from", help="Only windows ending after TIME.", metavar="TIME"),
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option("--to", help="Only windows starting before TIME.", metavar="TIME"),
+    ] = None,
+    sort: Annotated[
+        str, typer.Option("--sort", help="created (oldest first) or start.", metavar="ORDER")
+    ] = "created",
     ids: Annotated[bool, typer.Option("--ids", help="Print only ids, one per line.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Reservations, oldest first."""
+    """Reservations, oldest first; filters narrow them (a window filter: those overlapping it)."""
+    filters = finding.Filters(tenant, pool, state or [], key, name, label or [], since, until, sort)
     if as_json or G.json:  # encoded page by page (issue 8), written once every page is read
-        pages = listing.pages(ctx(), tenant, pool, state or [], key)
+        pages = finding.pages(ctx(), filters)
         sys.stdout.write(js.array(js.reservation(r) for page in pages for r in page) + "\n")
         return
-    rows = listing.reservations(ctx(), tenant, pool, state or [], key)
+    rows = [r for page in finding.pages(ctx(), filters) for r in page]
     if ids:
         sys.stdout.write("".join(f"{r.id}\n" for r in rows))
         return

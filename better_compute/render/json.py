@@ -59,6 +59,8 @@ def reservation(rsv: Reservation) -> dict[str, JsonValue]:
         "releaseReason": rsv.release_reason.value if rsv.release_reason else None,
         "createdAt": rsv.created_at,
         "nextAttemptAt": rsv.next_attempt_at,
+        "name": rsv.name,
+        "labels": dict(rsv.labels),
     }
     if rsv.series_id is not None:  # a recurring reservation's occurrences share it (issue 10)
         doc["seriesId"] = rsv.series_id

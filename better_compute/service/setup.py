@@ -412,6 +412,10 @@ RANGES = {
     "timeline.maxBuckets": (1, 100_000),
     "db.busyTimeoutMs": (0, 3_600_000),
     "inventory.maxBytes": (1024, 2**34),
+    "notice.expiringMs": (0, 30 * DAY_MS),
+    "webhook.timeoutMs": (100, 60_000),
+    "webhook.retryForMs": (0, 30 * DAY_MS),
+    "webhook.tickBudgetMs": (0, 600_000),
 }
 
 

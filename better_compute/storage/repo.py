@@ -144,6 +144,10 @@ SETTING_KEYS: dict[str, str] = {
     "binding.autoBind": "auto_bind",
     "db.busyTimeoutMs": "busy_timeout_ms",
     "inventory.maxBytes": "inventory_max_bytes",
+    "notice.expiringMs": "notice_expiring_ms",
+    "webhook.timeoutMs": "webhook_timeout_ms",
+    "webhook.retryForMs": "webhook_retry_for_ms",
+    "webhook.tickBudgetMs": "webhook_budget_ms",
 }
 
 
@@ -784,6 +788,8 @@ def _reservation(row: sqlite3.Row, allocations: tuple[Allocation, ...]) -> Reser
         preempt_deadline=row["preempt_deadline"],
         preempted_by=row["preempted_by"],
         allocations=allocations,
+        name=_opt_str(row["name"]),
+        labels=() if row["labels"] == "{}" else _labels(row["labels"]),
     )
 
 

@@ -305,6 +305,51 @@ CREATE INDEX usage_open ON usage(reservation_id) WHERE "end" IS NULL;
 """
 
 MIGRATION_6 = """
+-- Signed webhooks (PRODUCT.md §4 Running): where a tenant's events are POSTed.
+CREATE TABLE webhooks (
+  id TEXT PRIMARY KEY,              -- whk_…
+  seq INTEGER NOT NULL UNIQUE,      -- creation order
+  tenant_id TEXT NOT NULL,          -- the tenant whose events it receives, or '*' for every event
+  url TEXT NOT NULL,                -- http or https, no credentials in it
+  events TEXT NOT NULL DEFAULT '[]',-- JSON list of event types or 'ns.*' patterns; [] = all
+  secret TEXT NOT NULL,             -- the HMAC key; shown once, then only its fingerprint
+  created_at INTEGER NOT NULL,
+  created_by TEXT NOT NULL,
+  cursor INTEGER NOT NULL           -- the last event seq already queued for it
+);
+-- One event to deliver to one webhook. Per webhook, the lowest queued seq goes first.
+CREATE TABLE deliveries (
+  id TEXT PRIMARY KEY,              -- dlv_…
+  webhook_id TEXT NOT NULL REFERENCES webhooks(id),
+  event_seq INTEGER NOT NULL,
+  state TEXT NOT NULL,              -- queued|delivered|dead
+  attempts INTEGER NOT NULL DEFAULT 0,
+  queued_at INTEGER NOT NULL,       -- ledger instant its retry period began
+  next_at INTEGER NOT NULL,         -- ledger instant its next attempt is due
+  claim TEXT,                       -- the tick sending it now
+  claim_until INTEGER,              -- real-clock epoch ms at which that claim lapses
+  UNIQUE (webhook_id, event_seq)
+);
+CREATE INDEX deliveries_queue ON deliveries(webhook_id, state, event_seq);
+CREATE INDEX deliveries_state ON deliveries(state, webhook_id);
+-- Every attempt of a delivery, with the receiver's status code or the error.
+CREATE TABLE delivery_attempts (
+  delivery_id TEXT NOT NULL REFERENCES deliveries(id),
+  n INTEGER NOT NULL,               -- 1, 2, … per delivery
+  at INTEGER NOT NULL,              -- ledger instant of the attempt
+  status INTEGER,                   -- HTTP status; NULL when there was no answer
+  error TEXT,                       -- why it failed; NULL on a 2xx
+  PRIMARY KEY (delivery_id, n)
+);
+-- Notices given once per reservation (reservation.starting, reservation.expiring).
+CREATE TABLE notices (
+  reservation_id TEXT NOT NULL,
+  type TEXT NOT NULL,
+  PRIMARY KEY (reservation_id, type)
+);
+"""
+
+MIGRATION_7 = """
 -- Issue 10: calendar policies per pool (PRODUCT.md §5.6). NULL means no limit; durations in ms.
 CREATE TABLE calendar_policies (
   pool_id TEXT PRIMARY KEY REFERENCES pools(id),
@@ -328,6 +373,31 @@ CREATE INDEX bookings_starts ON bookings(pool_id, start);
 CREATE INDEX reservations_series ON reservations(series_id, seq);
 """
 
+MIGRATION_8 = """
+-- Issue 12. Finding a reservation: a free-text
+-- name and key=value labels. `labels` is the JSON object a reservation is read with; the
+-- reservation_labels rows are the same pairs, for portable indexed filtering (`list --label`).
+ALTER TABLE reservations ADD COLUMN name TEXT;
+ALTER TABLE reservations ADD COLUMN labels TEXT NOT NULL DEFAULT '{}';
+CREATE INDEX reservations_name ON reservations(name, tenant_id);
+CREATE TABLE reservation_labels (
+  reservation_id TEXT NOT NULL REFERENCES reservations(id),
+  key TEXT NOT NULL,
+  value TEXT NOT NULL,
+  PRIMARY KEY (reservation_id, key)
+);
+CREATE INDEX reservation_labels_pair ON reservation_labels(key, value, reservation_id);
+-- Budgets in GPU-hours over a rolling period, beside the GPUs-at-once cap of `quotas`; pool_id ''
+-- means across every pool. Stored in GPU-milliseconds so sums stay exact integers.
+CREATE TABLE budgets (
+  tenant_id TEXT NOT NULL REFERENCES tenants(id),
+  pool_id TEXT NOT NULL,
+  gpu_ms INTEGER NOT NULL,
+  period_ms INTEGER NOT NULL,
+  PRIMARY KEY (tenant_id, pool_id)
+);
+"""
+
 #: Append-only. Index i holds the SQL that brings user_version i to i + 1.
 MIGRATIONS: tuple[str, ...] = (
     MIGRATION_1,
@@ -336,6 +406,8 @@ MIGRATIONS: tuple[str, ...] = (
     MIGRATION_4,
     MIGRATION_5,
     MIGRATION_6,
+    MIGRATION_7,
+    MIGRATION_8,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -346,4 +418,4 @@ APPLICATION_ID = 0x42434D50  # "BCMP"
 #: sha256 of the sorted (type, name, tbl_name, sql) rows of sqlite_master that MIGRATIONS make:
 #: opening a ledger compares its schema with this instead of rebuilding every migration in memory
 #: (storage/db.py). tests/test_speed.py fails with the new value whenever a migration is added.
-SCHEMA_DIGEST = "dada1c40ba166963c9c9961478590a7b7ec4cdce93bc0050b4cc9af049cee158"
+SCHEMA_DIGEST = "584e84e404bb1c434e74e371f1344b4ebe596dbc177edb3efa48d9ac093e9b56"

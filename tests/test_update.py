@@ -310,3 +310,16 @@ def test_a_node_lease_moves_whole_and_stays_charged_what_it_leases(run: Cli) -> 
     assert placement(moved) == placement(rsv)
     assert moved["quotaCharge"] == 16 and moved["devices"][0]["count"] == 4
     assert all(len(atoms) == 8 for _, atoms in placement(moved).values())
+
+
+def test_a_moved_window_gets_its_own_starting_notice(run: Cli) -> None:
+    rsv = reserve(run, "--gpus", "2", "--for", "1h", "--start", "+1h")
+    run.ok("tick", now=at(50 * MIN))  # within repair.leadMs: checked, and the notice is given
+    run.ok("update", rsv["id"], "--start", "+3h", now=at(50 * MIN))
+    run.ok("tick", now=at(220 * MIN))  # the new start is at 3h50m
+    starting = [
+        e["at"]
+        for e in run.ok("events", "--reservation", rsv["id"])
+        if e["type"] == "reservation.starting"
+    ]
+    assert starting == [NOW_MS + 50 * MIN, NOW_MS + 220 * MIN]

@@ -174,6 +174,8 @@ def _replan(ctx: Ctx, old: Reservation, new: Reservation, window: Window) -> Non
         if new.node_lease:  # whole machines: charged exactly what is leased
             placed = replace(placed, quota_charge=sum(len(a.atoms) for a in placed.allocations))
         moved = old.during != window
+        if moved:
+            store.forget_start_notice(conn, old.id)
         placed = replace(
             placed,
             lead_checked=old.lead_checked and not moved,

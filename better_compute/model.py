@@ -292,6 +292,24 @@ class LedgerCopy:
 
 
 @dataclass(frozen=True)
+class CalendarPolicy:
+    """A pool's limits on calendar requests (PRODUCT.md §5.6; the calendar-mode seed's limits).
+
+    None means no limit. Durations and lead times are in ms; `sizes` are the allowed total GPU
+    counts of one request (per-node GPUs times the gang size); `commit`: once placed, a calendar
+    reservation can no longer be cancelled, extended, shortened or released early.
+    """
+
+    pool_id: str
+    min_duration_ms: int | None = None
+    max_duration_ms: int | None = None
+    min_lead_ms: int | None = None
+    max_horizon_ms: int | None = None
+    sizes: tuple[int, ...] = ()
+    commit: bool = False
+
+
+@dataclass(frozen=True)
 class Policy:
     """What one principal may reserve in one tenant (PRODUCT.md §6)."""
 

@@ -24,6 +24,7 @@ del globals()["app"]  # importing the submodule bound its name: `app` is the Typ
 
 #: Every command module, in help order (backup_commands itself loads the others first).
 MODULES: tuple[str, ...] = (
+    "advice_commands",
     "backup_commands",
     "hardware_commands",
     "reserve_commands",
@@ -52,6 +53,7 @@ COMMANDS: dict[str, str] = {
     "events": "run_commands",
     "pool": "setup_commands",
     "webhook": "webhook_commands",
+    "advice": "advice_commands",
 }
 
 #: Set by the completion script when a shell asks for completions.

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from better_compute import clock
+from better_compute.cli import pool_policy
 from better_compute.cli.app import (
     G,
     JsonFlag,
@@ -140,6 +141,7 @@ def inventory_export(as_json: JsonFlag = False) -> None:
 
 pool_app = typer.Typer(no_args_is_help=False, help="Pools of nodes.")
 app.add_typer(pool_app, name="pool")
+pool_app.add_typer(pool_policy.policy_app, name="policy")  # issue 10: calendar policies
 
 
 @pool_app.command("create")

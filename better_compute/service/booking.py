@@ -25,7 +25,16 @@ from better_compute.model import (
     State,
     Window,
 )
-from better_compute.service import authz, budgets, finding, listing, metering, placing, reading
+from better_compute.service import (
+    authz,
+    budgets,
+    calendar,
+    finding,
+    listing,
+    metering,
+    placing,
+    reading,
+)
 from better_compute.service.admission import Draft, check_policy, check_quota
 from better_compute.service.context import Ctx
 from better_compute.service.preemption import try_preempt
@@ -53,6 +62,10 @@ class ReserveArgs:
     #: How --start was written when it was relative to now (`+2h`): a retry of the same command
     #: line later is the same request, so the key compares this text rather than the instant.
     start_text: str | None = None
+    #: `--start-range FROM..TO` (and `--duration-range MIN..MAX`): book the earliest window that
+    #: fits (service/calendar.py). Compared as written on a key's reuse.
+    start_range: str | None = None
+    duration_range: str | None = None
     #: What people find it by (service/finding.py); not part of placement.
     name: str | None = None
     labels: tuple[tuple[str, str], ...] = ()
@@ -85,15 +98,24 @@ def validate(args: ReserveArgs) -> None:
         raise InvalidInput("--for must be a positive duration such as 90m or 3d")
     if args.key is not None and not args.key.strip():
         raise InvalidInput("--key must not be empty")
+    if args.start_range is not None and args.start is not None:
+        raise InvalidInput("give --start or --start-range, not both")
+    if args.duration_range is not None and args.start_range is None:
+        raise InvalidInput("--duration-range needs --start-range FROM..TO")
+
     finding.check_name(args.name)
 
 
 def _params(args: ReserveArgs, pool_id: str) -> str:
-    """The canonical request that an idempotency key is compared on (a name and labels only
-    when given, so requests from before they existed still compare equal)."""
+    """The canonical request that an idempotency key is compared on (a name, labels and ranges
+    only when given, so requests from before they existed still compare equal)."""
     tags: dict[str, object] = {"name": args.name} if args.name is not None else {}
     if args.labels:
         tags["labels"] = dict(args.labels)
+    if args.start_range is not None:
+        tags["startRange"] = args.start_range
+    if args.duration_range is not None:
+        tags["durationRange"] = args.duration_range
     return json.dumps(
         {
             **tags,
@@ -292,35 +314,43 @@ def _replay(ctx: Ctx, args: ReserveArgs) -> Reservation | None:
 def reserve(ctx: Ctx, args: ReserveArgs) -> Reservation:
     validate(args)
     check_horizon(ctx, args)
-    with ctx.write() as conn:
-        replay = _replay(ctx, args)
-        if replay is not None:
-            return replay
-        pool, charge = _admit(ctx, args)
-        params = _params(args, pool["id"])
-        _require_possible(ctx, args, pool)
-        check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
-        rsv_id, seq = repo.next_id(conn, "rsv"), repo.next_seq(conn, "reservations")
-        rsv = _new_reservation(ctx, args, pool["id"], charge, rsv_id, seq)
-        budgets.check_reservation(conn, rsv, ctx.now)
-        repo.insert_reservation(conn, rsv, params)
-        if args.name is not None or args.labels:
-            finding_store.set_tags(conn, rsv.id, args.name, args.labels)
-        ctx.event(
-            "reservation.created",
-            rsv.tenant_id,
-            rsv.id,
-            {
-                "gpuCount": charge,
-                "spot": rsv.spot,
-                "binding": rsv.binding.value,
-                "name": args.name,
-                "labels": dict(args.labels),
-            },
-        )
-        rsv = place_or_pend(ctx, rsv)
-        record_outcome(ctx, rsv)
-        return repo.get_reservation(conn, rsv.id)
+    with ctx.write():
+        return reserve_in(ctx, args)
+
+
+def reserve_in(ctx: Ctx, args: ReserveArgs) -> Reservation:
+    """reserve inside the caller's write transaction (a recurring series books several)."""
+    conn = ctx.db.conn
+    replay = _replay(ctx, args)
+    if replay is not None:
+        return replay
+    pool, charge = _admit(ctx, args)
+    params = _params(args, pool["id"])
+    _require_possible(ctx, args, pool)
+    check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
+    rsv_id, seq = repo.next_id(conn, "rsv"), repo.next_seq(conn, "reservations")
+    rsv = _new_reservation(ctx, args, pool["id"], charge, rsv_id, seq)
+    rsv = calendar.admit(ctx, rsv, pool["name"], args.start_range, args.duration_range)
+    budgets.check_reservation(conn, rsv, ctx.now)
+    repo.insert_reservation(conn, rsv, params)
+    calendar.record(ctx, rsv)
+    if args.name is not None or args.labels:
+        finding_store.set_tags(conn, rsv.id, args.name, args.labels)
+    ctx.event(
+        "reservation.created",
+        rsv.tenant_id,
+        rsv.id,
+        {
+            "gpuCount": charge,
+            "spot": rsv.spot,
+            "binding": rsv.binding.value,
+            "name": args.name,
+            "labels": dict(args.labels),
+        },
+    )
+    rsv = place_or_pend(ctx, rsv)
+    record_outcome(ctx, rsv)
+    return repo.get_reservation(conn, rsv.id)
 
 
 # ---------------------------------------------------------------- preview
@@ -344,6 +374,7 @@ def preview(ctx: Ctx, args: ReserveArgs) -> Preview:
         check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
         # Preview takes no id: a draft named "preview" plans exactly as the real request would.
         draft = _new_reservation(ctx, args, pool["id"], charge, "preview", 0)
+        draft = calendar.admit(ctx, draft, pool["name"])  # a calendar policy judges it too
         budgets.check_reservation(conn, draft, ctx.now)
         window = retry_window(draft, ctx.now)
         request = draft.request(window)
@@ -420,6 +451,7 @@ def _end_now(ctx: Ctx, rsv_id: str, reason: ReleaseReason, hint: str) -> Reserva
     with ctx.write() as conn:
         rsv = mine(ctx, rsv_id)
         states.require(rsv, allowed, verb, hint)
+        calendar.require_changeable(ctx, rsv, verb)
         finish(ctx, rsv, reason, ctx.now)
         return repo.get_reservation(conn, rsv_id)
 
@@ -441,6 +473,7 @@ def extend(ctx: Ctx, rsv_id: str, by_ms: int) -> Reservation:
     with ctx.write() as conn:
         rsv = mine(ctx, rsv_id)
         states.require(rsv, states.EXTENDABLE, "extend")
+        calendar.require_changeable(ctx, rsv, "extend")
         if rsv.preempt_deadline is not None:
             raise Conflict(
                 f"cannot extend {rsv.id}: it is being preempted and ends at its deadline"

@@ -323,3 +323,19 @@ def test_a_moved_window_gets_its_own_starting_notice(run: Cli) -> None:
         if e["type"] == "reservation.starting"
     ]
     assert starting == [NOW_MS + 50 * MIN, NOW_MS + 220 * MIN]
+
+
+def test_a_pool_calendar_policy_judges_the_new_shape_and_commit_refuses(run: Cli) -> None:
+    free = reserve(run, "--gpus", "2", "--for", "2h", "--start", "+1d")  # before any policy
+    run.ok("pool", "policy", "set", "west", "--max-duration", "4h")
+    err = run.fails(2, "update", free["id"], "--for", "5h")
+    assert "calendar policy" in err["message"] and "4h" in err["message"]
+    assert run.ok("get", free["id"])["durationMs"] == 2 * HOUR
+    run.ok("pool", "policy", "set", "west", "--max-duration", "4h", "--commit")
+    final = reserve(run, "--gpus", "2", "--for", "2h", "--start", "+2d")
+    err = run.fails(4, "update", final["id"], "--start", "+3d")
+    assert "--commit" in err["message"]
+    assert run.ok("get", final["id"]) == final
+    # booked before the --commit policy: still changeable, and final once changed under it
+    assert run.ok("update", free["id"], "--for", "3h")["durationMs"] == 3 * HOUR
+    assert "--commit" in run.fails(4, "update", free["id"], "--for", "2h")["message"]

@@ -13,8 +13,8 @@ from typing import Any
 #: Command path -> one runnable line (no square brackets: the help is rich markup).
 EXAMPLES: dict[str, str] = {
     "advice": (
-        "better-compute advice --gpus 8 --gang 4 --topology-key fabric.domain"
-        " --start-range now..+3d --duration 12h"
+        "better-compute advice --pool west --gpus 8 --gang 8 --topology-key fabric.domain"
+        " --start-range now..+14d --duration 3d"
     ),
     "admin add": "better-compute admin add alice",
     "admin list": "better-compute admin list --json",
@@ -48,14 +48,14 @@ EXAMPLES: dict[str, str] = {
     "policy delete": "better-compute policy delete --tenant acme --principal bob",
     "policy list": "better-compute policy list --tenant acme",
     "policy set": "better-compute policy set --tenant acme --principal bob --max-gpus 16",
-    "pool policy set": (
-        "better-compute pool policy set west --min-duration 1h --max-duration 14d"
-        " --max-horizon 8w --commit"
-    ),
-    "pool policy show": "better-compute pool policy show west",
-    "pool policy clear": "better-compute pool policy clear west",
     "pool create": "better-compute pool create west --label region=us-west",
     "pool list": "better-compute pool list",
+    "pool policy clear": "better-compute pool policy clear west",
+    "pool policy set": (
+        "better-compute pool policy set west --min-duration 1d --max-duration 14d --min-lead 1d"
+        " --sizes 8,16,32,64 --commit"
+    ),
+    "pool policy show": "better-compute pool policy show west --json",
     "pool set": "better-compute pool set west --auto-bind off",
     "pool show": "better-compute pool show west --json",
     "preview": "better-compute preview --tenant acme --gpus 8 --gang 4 --for 12h --explain",

@@ -47,8 +47,8 @@ def validate(change: Change) -> None:
 
 def may_change(ctx: Ctx, rsv: Reservation) -> None:
     """The one place that decides whether a reservation may still be changed: `pending`, or
-    `placed` before its window begins, not being preempted, and not made final by a pool's
-    calendar policy (`pool policy set --commit`, service/calendar.py)."""
+    `placed` before its window begins, not being preempted, and not made final by a pool calendar
+    policy with `--commit` (service/calendar.py, which refuses cancel and extend alike)."""
     if rsv.state not in CHANGEABLE:
         hint = "use extend to move its end, or release" if rsv.state != State.RELEASED else ""
         raise Conflict(
@@ -84,6 +84,7 @@ def update(ctx: Ctx, rsv_id: str, change: Change) -> Reservation:
             booking.record_outcome(ctx, placed, previous=new)
         else:
             _replan(ctx, old, new, window)
+        calendar.record(ctx, new)  # a --commit policy makes the changed booking final
         return repo.get_reservation(conn, rsv_id)
 
 
@@ -176,6 +177,8 @@ def _replan(ctx: Ctx, old: Reservation, new: Reservation, window: Window) -> Non
         if new.node_lease:  # whole machines: charged exactly what is leased
             placed = replace(placed, quota_charge=sum(len(a.atoms) for a in placed.allocations))
         moved = old.during != window
+        if moved:
+            store.forget_start_notice(conn, old.id)
         placed = replace(
             placed,
             lead_checked=old.lead_checked and not moved,

@@ -29,6 +29,7 @@ MODULES: tuple[str, ...] = (
     "run_commands",
     "setup_commands",
     "simulate_commands",
+    "webhook_commands",
 )
 
 #: Command words whose commands live wholly in one module (tests/test_speed.py checks it).
@@ -44,6 +45,7 @@ COMMANDS: dict[str, str] = {
     "timeline": "run_commands",
     "events": "run_commands",
     "pool": "setup_commands",
+    "webhook": "webhook_commands",
 }
 
 #: Global options that take a value (see cli/app.py main_options).

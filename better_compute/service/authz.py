@@ -68,6 +68,7 @@ ADMIN_ONLY = frozenset(
         "restore a ledger",
         "tick ahead of the real clock (tick --until)",
         "simulate a workload",
+        "add a webhook for every tenant",
     }
 )
 

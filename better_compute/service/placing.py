@@ -21,7 +21,7 @@ from better_compute.model import (
     Window,
 )
 from better_compute.service.context import Ctx
-from better_compute.storage import repo
+from better_compute.storage import fleet, repo
 
 
 class LostRace(Exception):
@@ -96,6 +96,10 @@ def shortlisted_fits(
 ) -> list[Fit]:
     """Fitting nodes, planned most promising first (engine/shortlist.py), until the best `enough`
     single-node plans are known (None: every candidate, as gangs need), by node name."""
+    if enough is not None:
+        found = perfect_fits(ctx, pool_id, request, ignore, exclude, enough)
+        if found is not None:
+            return found
     conn = ctx.db.conn
     pool = fleet_pool(ctx, pool_id, request.window)
     order: Iterator[tuple[tuple[int, str], str]]
@@ -133,6 +137,40 @@ def shortlisted_fits(
         if enough is not None and shortlist.settled([p for _, p in fits], enough, following):
             break
     return sorted(fits, key=lambda fit: fit[1].node_id)
+
+
+#: At most this many nodes, in name order, are planned looking for perfect fits (shortlist.perfect)
+#: before the bound-ordered candidate query takes over.
+PERFECT_SCAN = 120
+
+
+def perfect_fits(
+    ctx: Ctx,
+    pool_id: str,
+    request: Request,
+    ignore: str | None,
+    exclude: frozenset[str],
+    enough: int,
+) -> list[Fit] | None:
+    """The fits of the pool's first usable nodes in name order, once `enough` of them score
+    shortlist.MAX_SCORE (their best `enough` are then the pool's), or of every usable node of a
+    small pool; None if the first PERFECT_SCAN nodes hold too few. Reads a few nodes and their
+    bookings, whatever the pool's size. Nodes not schedulable or not reachable fit nowhere."""
+    conn = ctx.db.conn
+    fits: list[Fit] = []
+    after, size, scanned = "", FIRST_ROUND, 0
+    while scanned < PERFECT_SCAN:
+        names = fleet.usable_nodes_after(conn, pool_id, after, min(size, PERFECT_SCAN - scanned))
+        if not names:
+            return fits  # every usable node is planned: these are all the pool's fits
+        scanned, after, size = scanned + len(names), names[-1], 2 * size
+        snaps = repo.snapshots(
+            conn, pool_id, request.window, ignore_reservation=ignore, names=names
+        )
+        fits.extend(plan_nodes(request, snaps, exclude=exclude)[0])
+        if shortlist.perfect([p for _, p in fits], enough):
+            return fits
+    return None
 
 
 def commit(ctx: Ctx, rsv: Reservation, chosen: Plan, window: Window) -> Reservation:

@@ -19,7 +19,7 @@ from better_compute.lifecycle.tick import (
     timed_out,
 )
 from better_compute.model import Event, JsonValue, ReleaseReason, Reservation, State
-from better_compute.service import authz, booking, metering, placing
+from better_compute.service import authz, booking, metering, notices, placing
 from better_compute.service.authz import require_admin
 from better_compute.service.context import NO_NOW_ON_REAL_CLOCK, Ctx
 from better_compute.storage import due, ledger, repo
@@ -39,6 +39,7 @@ def tick(ctx: Ctx, *, shown: bool = True) -> list[Event]:
         _repair_due(ctx)
         _start_binding(ctx)
         _bind(ctx)
+        notices.give_due(ctx)
         return _shown(ctx, first) if shown else []
 
 

@@ -96,12 +96,12 @@ def shortlisted_fits(
 ) -> list[Fit]:
     """Fitting nodes, planned most promising first (engine/shortlist.py), until the best `enough`
     single-node plans are known (None: every candidate, as gangs need), by node name."""
-    if enough is not None:
+    conn = ctx.db.conn
+    pool = fleet_pool(ctx, pool_id, request.window)
+    if enough is not None and pool is None:  # from memory, candidates come best first at once
         found = perfect_fits(ctx, pool_id, request, ignore, exclude, enough)
         if found is not None:
             return found
-    conn = ctx.db.conn
-    pool = fleet_pool(ctx, pool_id, request.window)
     order: Iterator[tuple[tuple[int, str], str]]
     if pool is not None:
         order = pool.candidates(request, ignore)

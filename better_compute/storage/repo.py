@@ -788,6 +788,8 @@ def _reservation(row: sqlite3.Row, allocations: tuple[Allocation, ...]) -> Reser
         preempt_deadline=row["preempt_deadline"],
         preempted_by=row["preempted_by"],
         allocations=allocations,
+        name=_opt_str(row["name"]),
+        labels=() if row["labels"] == "{}" else _labels(row["labels"]),
     )
 
 

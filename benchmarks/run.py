@@ -60,6 +60,7 @@ sys.path.insert(0, str(HERE))
 
 import baseline_replay  # noqa: E402  (the floor for simulate: issue 8 item 1)
 import bench_reserve as bench  # noqa: E402  (the pool builder and its Writer)
+import pg_column  # noqa: E402  (issue 9: the PostgreSQL column)
 
 NOW = bench.NOW
 NOW_TEXT = "2026-01-01T00:00:00Z"
@@ -257,7 +258,7 @@ def _me() -> str:
 # ---------------------------------------------------------------- the commands
 
 
-def cli(path: Path) -> list[str]:
+def cli(path: Path | str) -> list[str]:
     exe = shutil.which("better-compute", path=str(Path(sys.executable).parent)) or shutil.which(
         "better-compute"
     )
@@ -266,7 +267,7 @@ def cli(path: Path) -> list[str]:
     return [exe, "--db", str(path), "--now", NOW_TEXT]
 
 
-def canceller(path: Path) -> Callable[[str], None]:
+def canceller(path: Path | str) -> Callable[[str], None]:
     """Cancel what a timed `reserve --json` created, so every run sees the same ledger."""
 
     def cancel(out: str) -> None:
@@ -276,9 +277,12 @@ def canceller(path: Path) -> Callable[[str], None]:
     return cancel
 
 
-def commands(path: Path) -> dict[str, tuple[list[str], Callable[[str], None] | None]]:
+def commands(
+    path: Path | str, rsv: str | None = None
+) -> dict[str, tuple[list[str], Callable[[str], None] | None]]:
+    """The timed commands on the ledger `path` (a file, or a PostgreSQL URL with `rsv` given)."""
     base = cli(path)
-    rsv = first_reservation(path)
+    rsv = rsv or first_reservation(Path(path))
     week = NOW + 7 * DAY
     return {
         "reserve --json": (
@@ -642,6 +646,11 @@ def main() -> int:
     )
     ap.add_argument("--compress", default="100", help="the replay's --compress")
     ap.add_argument("--openb", type=Path, default=baseline_replay.DATA, help="openb data folder")
+    ap.add_argument(
+        "--postgres",
+        metavar="URL",
+        help="also time the commands on a PostgreSQL copy of the big pool (pg_column.py)",
+    )
     opts = ap.parse_args()
     repeat = max(5, opts.repeat)
 
@@ -697,9 +706,12 @@ def main() -> int:
         **commands(big),
         "tick": tick_job(tick_base, workdir / "tick-run.db", opts.due),
     }
+    if opts.postgres:  # the same commands on a PostgreSQL copy, interleaved with SQLite's
+        jobs.update(pg_column.jobs(opts.postgres, big, commands))
     figures = interleaved(jobs, repeat)
     floor, version = figures.pop("minimal"), figures.pop("version")
     tick = figures.pop("tick")
+    on_postgres = {k: figures.pop(k) for k in list(figures) if k.startswith(pg_column.PREFIX)}
     rows: list[tuple[str, Figure]] = list(figures.items())
 
     print(
@@ -726,6 +738,8 @@ def main() -> int:
         )
 
     advice_section(big, repeat)
+    if on_postgres:
+        pg_column.table(figures, on_postgres)
 
     print("\n## Growth of `reserve --json` (limits 1.5x for nodes, 1.3x for bookings)\n")
     keys = ("big", "few-nodes", "few-bookings")

@@ -2,6 +2,13 @@
 
 Every CLI call goes through Typer's CliRunner in-process. The CLI keeps its global options in a
 module-level object set by the callback, so every call passes `--db` and `--now` explicitly.
+
+Backends: the suite runs on SQLite by default. `--backend postgres` (or
+BETTER_COMPUTE_TEST_BACKEND=postgres) runs it on the PostgreSQL server named by
+BETTER_COMPUTE_TEST_PG_URL: every `--db FILE` an in-process command is given becomes a fresh schema
+of a database made for this run, so the same tests exercise the same commands on both. Tests about
+SQLite files (permissions, WAL, snapshots, kill -9 of a file swap) carry `@pytest.mark.sqlite_only`
+with the reason. Without a server the PostgreSQL run skips, saying why (under CI=true it fails).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pgtest
 import pytest
 import typer
 import typer.testing
@@ -76,6 +84,7 @@ def invoke(
     args: Sequence[str], env: Mapping[str, str | None] | None = None, input: str | None = None
 ) -> Result:
     """Run the app once; fail the test on any traceback or uncaught exception."""
+    args, env = pgtest.redirect(args, env)
     result = CliRunner().invoke(app, list(args), env=dict(env or {}), input=input)
     assert "Traceback" not in result.stderr, result.stderr
     assert "Traceback" not in result.stdout, result.stdout
@@ -127,8 +136,43 @@ class Cli:
         return doc["error"]
 
 
-#: Who runs the tests: `init` makes this operating-system user the ledger's first admin.
+#: Who runs the tests: `init` makes this operating-system user the ledger's first admin (on
+#: PostgreSQL, the server's role; set by pytest_configure before any test module imports it).
 ME = os_user()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--backend",
+        choices=("sqlite", "postgres"),
+        default=os.environ.get("BETTER_COMPUTE_TEST_BACKEND", "sqlite"),
+        help="the ledger backend the suite runs on (postgres: BETTER_COMPUTE_TEST_PG_URL)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global ME
+    config.addinivalue_line("markers", "sqlite_only(reason): about SQLite files; not on PostgreSQL")
+    config.addinivalue_line("markers", "postgres_only: needs the PostgreSQL backend")
+    if config.getoption("--backend") == "postgres":
+        ME = pgtest.start_run()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    pgtest.end_run()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    postgres = config.getoption("--backend") == "postgres"
+    for item in items:
+        if postgres and pgtest.missing():
+            item.add_marker(pytest.mark.skip(reason=pgtest.missing()))
+        marker = item.get_closest_marker("sqlite_only")
+        if postgres and marker is not None:
+            reason = marker.kwargs.get("reason") or (marker.args[0] if marker.args else "")
+            item.add_marker(pytest.mark.skip(reason=f"SQLite only: {reason}"))
+        if not postgres and item.get_closest_marker("postgres_only") is not None:
+            item.add_marker(pytest.mark.skip(reason="runs with --backend postgres"))
 
 
 def init_db(path: Path, *extra: str, now: str = NOW) -> Path:

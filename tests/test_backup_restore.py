@@ -20,10 +20,15 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from conftest import Cli, init_db
 from test_init_atomic import kill_after_files_change, spawn, state
 
 from better_compute.storage.schema import SCHEMA_VERSION
+
+pytestmark = pytest.mark.sqlite_only(
+    reason="backup and restore copy SQLite files (PostgreSQL: pg_dump, migrate)"
+)
 
 
 def reserve(cli: Cli, key: str) -> str:

@@ -27,6 +27,8 @@ from conftest import NOW, Cli, init_db, invoke
 
 from better_compute.timeparse import MAX_MS
 
+pytestmark = pytest.mark.sqlite_only(reason="damages and inspects the SQLite ledger file by hand")
+
 ENTRY = [sys.executable, "-c", "from better_compute.cli import main; main()"]
 MAX_TIME = "9999-12-31T23:00:00Z"  # an hour before the last instant a TIME may name
 ONE_NODE = '{"pools": [{"name": "p", "nodes": [{"name": "n", "gpus": {"count": COUNT, "model": "h100"}}]}]}'  # noqa: E501

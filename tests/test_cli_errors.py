@@ -115,6 +115,7 @@ def test_environment_variables_stand_in_for_the_global_options(demo_db: Path) ->
     assert Cli(demo_db).ok("get", rsv["id"])["state"] == "active"
 
 
+@pytest.mark.sqlite_only(reason="a missing ledger file")
 def test_the_db_variable_is_used_and_a_missing_one_is_unavailable(db_dir: Path) -> None:
     env = {"BETTER_COMPUTE_DB": str(db_dir / "absent.db"), "BETTER_COMPUTE_NOW": str(NOW_MS)}
     result = invoke(["--json", "list"], env=env)
@@ -319,12 +320,14 @@ def test_bad_input_never_shows_a_traceback_or_an_internal_error(
     assert "Traceback" not in err
 
 
+@pytest.mark.sqlite_only(reason="a folder as the ledger file")
 def test_a_directory_as_the_database_is_refused(db_dir: Path) -> None:
     err = Cli(db_dir).fails(2, "list")
     assert err["code"] == "INVALID_INPUT"
     assert Cli(db_dir / "no" / "such" / "dir.db").fails(2, "init")["code"] == "INVALID_INPUT"
 
 
+@pytest.mark.sqlite_only(reason="an empty ledger file")
 def test_an_empty_file_is_not_initialised(db_dir: Path) -> None:
     empty = db_dir / "empty.db"
     empty.write_bytes(b"")

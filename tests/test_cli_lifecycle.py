@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import DAY, HOUR, MIN, NOW, NOW_MS, SEC, Cli, at, init_db, invoke
 
 
@@ -173,6 +174,7 @@ def test_a_late_calendar_retry_books_from_then_for_the_full_duration(solo: Cli) 
     assert got["during"] == {"start": NOW_MS + 90 * MIN, "end": NOW_MS + 90 * MIN + 2 * HOUR}
 
 
+@pytest.mark.sqlite_only(reason="copies the ledger file")
 def test_tick_until_equals_ticking_at_each_step(db_dir: Path) -> None:
     source = init_db(db_dir / "src.db", "--demo")
     setup = Cli(source)
@@ -427,6 +429,7 @@ SCRIPT: list[tuple[str, list[str]]] = [
 ]
 
 
+@pytest.mark.sqlite_only(reason="copies the ledger file")
 def test_replays_on_copies_are_byte_identical(db_dir: Path) -> None:
     source = init_db(db_dir / "src.db", "--demo")
     outputs = []

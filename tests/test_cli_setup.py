@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from conftest import HOUR, NOW, NOW_MS, Cli, at, init_db
 
 
@@ -16,6 +17,7 @@ def write(path: Path, doc: object) -> Path:
 # ---------------------------------------------------------------- init
 
 
+@pytest.mark.sqlite_only(reason="inspects the new SQLite file")
 def test_init_creates_an_empty_database(db_dir: Path) -> None:
     cli = Cli(db_dir / "new.db")
     doc = cli.ok("init")
@@ -47,6 +49,7 @@ def test_init_again_is_a_conflict_and_force_replaces(run: Cli) -> None:
     assert run.ok("pool", "list") == []
 
 
+@pytest.mark.sqlite_only(reason="a foreign file at the ledger's path")
 def test_a_file_that_is_not_a_database_is_refused_untouched(db_dir: Path) -> None:
     path = db_dir / "notes.txt"
     path.write_text("these are my notes, not a database\n" * 10)

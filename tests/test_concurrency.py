@@ -63,6 +63,10 @@ INVENTORY = parse_inventory(
     }
 )
 
+pytestmark = pytest.mark.sqlite_only(
+    reason="processes sharing one SQLite file (PostgreSQL: test_postgres_concurrency)"
+)
+
 
 def _cli() -> list[str]:
     exe = shutil.which("better-compute")

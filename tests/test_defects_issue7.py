@@ -235,6 +235,7 @@ def _damaged_copy(source: Path, target: Path, seed: int, writes: int, longest: i
 @pytest.mark.parametrize(
     ("seeds", "writes", "longest"), [(range(100), 4, 48), (range(1000, 1100), 12, 4)]
 )
+@pytest.mark.sqlite_only(reason="damages the SQLite file by hand")
 def test_damaged_ledgers_are_unavailable_never_a_bug(
     run: Cli, seeds: range, writes: int, longest: int
 ) -> None:

@@ -312,7 +312,7 @@ def test_a_replay_places_from_memory_not_from_sql(db_dir: Path) -> None:
     with pytest.MonkeyPatch.context() as mp:
         for name in ("snapshots", "fit_candidates", "node_capacity"):
             mp.setattr(repo, name, refused(f"repo.{name}"))
-        mp.setattr(placing, "perfect_fits", refused("placing.perfect_fits"))
+        mp.setattr(placing, "name_order_scan", refused("placing.name_order_scan"))
         report = simulate.simulate(ctx, str(workload), "jsonl", Fraction(1))
     assert called == []
     assert report.placed_at_once + report.placed_after_waiting == 40

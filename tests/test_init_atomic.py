@@ -24,7 +24,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import NOW, Cli, at, init_db
+
+pytestmark = pytest.mark.sqlite_only(
+    reason="kills and fills the disk under the swap of a new SQLite file"
+)
 
 OLD_NOW = NOW
 NEW_NOW = at(3_600_000)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import Cli, init_db
 
 
@@ -101,6 +102,7 @@ def test_node_lease_with_gpus_draft_counts_whole_nodes(run: Cli) -> None:
     assert error["code"] == "FORBIDDEN"
 
 
+@pytest.mark.sqlite_only(reason="runs subprocesses on a ledger file")
 def test_error_messages_do_not_depend_on_the_process_hash_seed(db_dir: Path) -> None:
     """§2 determinism: the same commands give byte-identical output. `list --state bogus` names
     the allowed states in set order, which changes with PYTHONHASHSEED from run to run."""

@@ -109,6 +109,7 @@ def fleet(db_dir: Path) -> Cli:
     return small_fleet(db_dir / "sim.db")
 
 
+@pytest.mark.sqlite_only(reason="copies the ledger file")
 def test_report_has_the_product_keys_and_is_the_same_on_copies(fleet: Cli, db_dir: Path) -> None:
     workload = write_jsonl(db_dir / "w.jsonl", generated())
     copy = Cli(db_dir / "copy.db")
@@ -134,6 +135,7 @@ def test_report_has_the_product_keys_and_is_the_same_on_copies(fleet: Cli, db_di
     assert fleet.ok("list", "--state", "pending", "--state", "placed", "--state", "active") == []
 
 
+@pytest.mark.sqlite_only(reason="copies the ledger file")
 def test_simulate_agrees_with_the_same_commands_run_one_by_one(fleet: Cli, db_dir: Path) -> None:
     """Reserve at each arrival with --now, `tick --until` every 30 s between them (every due
     instant lies on that grid), then tick to where simulate stopped: the same reservations end
@@ -287,6 +289,7 @@ def test_compress_divides_arrival_offsets_and_keeps_durations(fleet: Cli, db_dir
 # ---------------------------------------------------------------- killed part-way
 
 
+@pytest.mark.sqlite_only(reason="kills a process writing the ledger file")
 def test_a_killed_simulate_leaves_a_consistent_ledger(fleet: Cli, db_dir: Path) -> None:
     workload = write_jsonl(db_dir / "w.jsonl", generated(seed=3, count=400))
     env = {k: v for k, v in os.environ.items() if not k.startswith("BETTER_COMPUTE_")}

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pgtest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -38,7 +39,7 @@ from better_compute.model import LIVE_STATES, ReleaseReason, Reservation, State,
 from better_compute.service import booking, setup, ticking
 from better_compute.service.booking import ReserveArgs
 from better_compute.service.context import Ctx
-from better_compute.storage.db import Database
+from better_compute.storage.conn import Ledger
 
 T0 = 1_790_582_400_000  # 2026-09-28T08:00:00Z
 SEC = 1000
@@ -110,8 +111,8 @@ class Lifecycle(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.tmp = tempfile.TemporaryDirectory(prefix="bc-state-")
-        self.db: Database = setup.init(
-            str(Path(self.tmp.name) / "bc.db"),
+        self.db: Ledger = setup.init(
+            pgtest.ledger(str(Path(self.tmp.name) / "bc.db")),  # on --backend postgres, a schema
             T0,
             force=True,
             manual=True,
@@ -477,7 +478,8 @@ class Lifecycle(RuleBasedStateMachine):
         clash = self.db.conn.execute(
             "SELECT a.node_id, a.atom, a.reservation_id, b.reservation_id FROM bookings a"
             " JOIN bookings b ON b.node_id = a.node_id AND b.atom = a.atom AND b.id > a.id"
-            " WHERE a.start < b.end AND b.start < a.end AND a.start < a.end AND b.start < b.end"
+            ' WHERE a.start < b."end" AND b.start < a."end" AND a.start < a."end"'
+            ' AND b.start < b."end"'
         ).fetchall()
         assert not clash, f"atoms booked twice at once: {[tuple(c) for c in clash]}"
 
@@ -487,7 +489,7 @@ class Lifecycle(RuleBasedStateMachine):
             rows = sorted(
                 tuple(r)
                 for r in self.db.conn.execute(
-                    "SELECT node_id, atom, start, end FROM bookings WHERE reservation_id = ?",
+                    'SELECT node_id, atom, start, "end" FROM bookings WHERE reservation_id = ?',
                     (rsv.id,),
                 )
             )
@@ -504,9 +506,9 @@ class Lifecycle(RuleBasedStateMachine):
     @invariant()
     def released_hold_no_future_bookings(self) -> None:
         rows = self.db.conn.execute(
-            "SELECT b.reservation_id, b.node_id, b.atom, b.start, b.end FROM bookings b"
+            'SELECT b.reservation_id, b.node_id, b.atom, b.start, b."end" FROM bookings b'
             " JOIN reservations r ON r.id = b.reservation_id"
-            " WHERE r.state IN ('released', 'pending') AND b.end > ?",
+            " WHERE r.state IN ('released', 'pending') AND b.\"end\" > ?",
             (self.now,),
         ).fetchall()
         assert not rows, (

@@ -11,7 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import NOW, init_db
+
+pytestmark = pytest.mark.sqlite_only(
+    reason="runs the CLI on a pty in a subprocess, on a ledger file"
+)
 
 ENTRY = [sys.executable, "-c", "from better_compute.cli import main; main()"]
 

@@ -25,6 +25,10 @@ from conftest import DAY, HOUR, ME, NOW_MS, Cli, at, init_db
 from better_compute import identity
 from better_compute.cli import main
 
+pytestmark = pytest.mark.sqlite_only(
+    reason="file permissions, damaged files and restore are about the SQLite file"
+)
+
 ENTRY = [sys.executable, "-c", "from better_compute.cli import main; main()"]
 
 
@@ -426,14 +430,14 @@ def test_a_version_1_ledger_with_rows_migrates_to_actors_admins_and_a_real_clock
 ) -> None:
     """A ledger from before issue 7: actors come from the log, its file's owner is its admin."""
     from better_compute.storage.db import _statements
-    from better_compute.storage.schema import APPLICATION_ID, MIGRATIONS
+    from better_compute.storage.schema import APPLICATION_ID, MIGRATIONS, migration_text
 
     path = db_dir / "v1.db"
     conn = sqlite3.connect(str(path), isolation_level=None)
     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("BEGIN")
-    for statement in _statements(MIGRATIONS[0]):
+    for statement in _statements(migration_text(MIGRATIONS[0], "sqlite")):
         conn.execute(statement)
     conn.execute("PRAGMA user_version = 1")
     conn.execute("INSERT INTO meta(key, value) VALUES ('db_id', 'abc')")

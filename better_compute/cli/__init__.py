@@ -27,6 +27,7 @@ MODULES: tuple[str, ...] = (
     "advice_commands",
     "backup_commands",
     "hardware_commands",
+    "migrate_commands",
     "reserve_commands",
     "launch_commands",
     "run_commands",
@@ -54,6 +55,7 @@ COMMANDS: dict[str, str] = {
     "pool": "setup_commands",
     "webhook": "webhook_commands",
     "advice": "advice_commands",
+    "migrate": "migrate_commands",
 }
 
 #: Set by the completion script when a shell asks for completions.

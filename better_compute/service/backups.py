@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from better_compute.errors import Forbidden, InvalidInput
 from better_compute.model import LedgerCopy
 from better_compute.service.authz import require_admin
 from better_compute.service.context import NO_NOW_ON_REAL_CLOCK, Ctx, open_ctx
 from better_compute.storage.backup import backup_to, restore_from
+from better_compute.storage.db import ledger_exists
 
 
 def backup(ctx: Ctx, dest: str, force: bool) -> LedgerCopy:
@@ -27,7 +26,7 @@ def replacer(
     `pinned_clock`: the new ledger would run on a manual clock. Replacing a real-clock ledger so
     is refused like any other `--now` on a write: a stale BETTER_COMPUTE_NOW would otherwise
     freeze the ledger's time for good."""
-    if Path(path).is_file() and Path(path).stat().st_size > 0:
+    if ledger_exists(path):
         old = open_ctx(path, None, me, as_name)
         try:
             require_admin(old.who, what)

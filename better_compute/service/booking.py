@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from dataclasses import dataclass, replace
 
 from better_compute.engine.explain import explain as explain_plan
@@ -40,6 +39,7 @@ from better_compute.service.context import Ctx
 from better_compute.service.preemption import try_preempt
 from better_compute.storage import finding as finding_store
 from better_compute.storage import fleet, repo
+from better_compute.storage.conn import Row
 from better_compute.timeparse import MAX_MS, iso
 
 MAX_GANG = 64
@@ -250,7 +250,7 @@ def check_horizon(ctx: Ctx, args: ReserveArgs) -> None:
         )
 
 
-def _admit(ctx: Ctx, args: ReserveArgs) -> tuple[sqlite3.Row, int]:
+def _admit(ctx: Ctx, args: ReserveArgs) -> tuple[Row, int]:
     """What reserve and preview both check first: the pool, the tenant, the policy; the charge."""
     conn = ctx.db.conn
     pool = repo.find_pool(conn, args.pool)
@@ -260,7 +260,7 @@ def _admit(ctx: Ctx, args: ReserveArgs) -> tuple[sqlite3.Row, int]:
     return pool, charge
 
 
-def _require_possible(ctx: Ctx, args: ReserveArgs, pool: sqlite3.Row) -> None:
+def _require_possible(ctx: Ctx, args: ReserveArgs, pool: Row) -> None:
     """Refuse what no node of the pool could ever hold, whatever its state (cordoned, unhealthy
     or booked nodes count): waiting could never place it, and it would hold quota meanwhile.
     Checked after policy (which may refuse the principal outright) and before quota: a request

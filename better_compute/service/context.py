@@ -9,7 +9,7 @@ latest instant the ledger has acted at: history only moves forward.
 from __future__ import annotations
 
 import hashlib
-import sqlite3
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -22,7 +22,8 @@ from better_compute.identity import owner_of
 from better_compute.model import SYSTEM, JsonValue, Principal, Settings
 from better_compute.service.authz import resolve
 from better_compute.storage import ledger, repo
-from better_compute.storage.db import Database, open_database
+from better_compute.storage.conn import Conn, Ledger
+from better_compute.storage.db import open_ledger
 
 if TYPE_CHECKING:
     from better_compute.service.fleet import Fleet
@@ -39,7 +40,7 @@ SYSTEM_PRINCIPAL = Principal(SYSTEM, admin=True)
 
 @dataclass
 class Ctx:
-    db: Database
+    db: Ledger
     #: Reads see the ledger as of this instant; inside `write()`, the instant the write acts at.
     now: int
     who: Principal = field(default=SYSTEM_PRINCIPAL)
@@ -77,13 +78,13 @@ class Ctx:
         )
 
     @contextmanager
-    def write(self) -> Iterator[sqlite3.Connection]:
+    def write(self) -> Iterator[Conn]:
         """One write transaction, acting at the instant read once the lock is held."""
         with self.db.write() as conn:
             self.now = self._acting_instant(conn)
             yield conn
 
-    def _acting_instant(self, conn: sqlite3.Connection) -> int:
+    def _acting_instant(self, conn: Conn) -> int:
         state = ledger.clock_state(conn)
         if state.mode == ledger.REAL:
             if self.asked_by_flag:
@@ -117,13 +118,19 @@ class Ctx:
         return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8])
 
 
+def _file_owner(path: str) -> str:
+    """The admin of an SQLite ledger that predates the admin list (a URL names no file)."""
+    return owner_of(path) if os.path.exists(path) else ""
+
+
 def open_ctx(path: str, now_text: str | None, me: str, as_name: str | None) -> Ctx:
     """Open the ledger and resolve the instant reads see and the principal acting."""
-    db = open_database(path)
+    db = open_ledger(path)
     try:
+        me = db.principal(me)  # on PostgreSQL, the session's role
         with db.read() as conn:
             state = ledger.clock_state(conn)
-            who = resolve(conn, me, as_name, lambda: owner_of(path))
+            who = resolve(conn, me, as_name, lambda: _file_owner(path))
             settings = repo.load_settings(conn)
     except BaseException:
         db.close()

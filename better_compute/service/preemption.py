@@ -22,7 +22,7 @@ from better_compute.model import (
 )
 from better_compute.service import placing
 from better_compute.service.context import Ctx
-from better_compute.storage import repo
+from better_compute.storage import locks, repo
 
 OTHER_TENANT = "preempted by a non-spot reservation"
 
@@ -43,6 +43,7 @@ def try_preempt(ctx: Ctx, rsv: Reservation) -> Reservation | None:
     if rsv.spot or rsv.node_lease:
         return None
     conn = ctx.db.conn
+    locks.lock_pool(conn, rsv.pool_id)
     deadline = max(rsv.start or ctx.now, ctx.now + ctx.settings.spot_notice_ms)
     window = Window(deadline, deadline + rsv.duration_ms)
     pool = placing.fleet_pool(ctx, rsv.pool_id, window)  # a long-running command's memory
@@ -63,6 +64,8 @@ def try_preempt(ctx: Ctx, rsv: Reservation) -> Reservation | None:
         return None
     try:
         with ctx.db.savepoint("preempt"):
+            if not locks.lock_victims(conn, option.victims):
+                raise _Abort("a victim is locked by another transaction")
             for victim_id in option.victims:
                 _give_notice(ctx, repo.get_reservation(conn, victim_id), rsv, deadline)
             return placing.commit(ctx, rsv, option, window)

@@ -38,8 +38,9 @@ from better_compute.service import authz, backups, ticking
 from better_compute.service.authz import require_admin
 from better_compute.service.context import Ctx
 from better_compute.storage import fleet, ledger, repo
-from better_compute.storage.create import create_database
-from better_compute.storage.db import Database
+from better_compute.storage.conn import Ledger
+from better_compute.storage.create import create_ledger
+from better_compute.storage.db import is_postgres_url, principal_at
 from better_compute.storage.repo import Conn
 
 Labels = tuple[tuple[str, str], ...]
@@ -54,7 +55,7 @@ def init(
     admin: str,
     group: str | None,
     fill: Inventory | None = None,
-) -> tuple[Database, dict[str, int]]:
+) -> tuple[Ledger, dict[str, int]]:
     """Create the ledger: on a manual clock when `init` was given --now, else on the real one;
     `admin` is its first admin. The file is private to its owner (0600), or shared read-write
     with one group: on SQLite the file's permissions are the security boundary.
@@ -63,12 +64,17 @@ def init(
     before it takes the ledger's name, so a kill or a full disk never leaves half a ledger.
     Returns the open ledger and what `fill` imported.
     """
+    if group is not None and is_postgres_url(path):
+        raise InvalidInput(
+            "--group shares an SQLite file; on PostgreSQL the server decides who may connect:"
+            " GRANT the role access instead (docs/postgres.md)"
+        )
     gid = None if group is None else _group_id(group)
     counts: dict[str, int] = {}
 
-    def build(db: Database) -> None:
+    def build(db: Ledger) -> None:
         if gid is not None:
-            os.chown(db.path, -1, gid)
+            os.chown(db.where, -1, gid)
         with db.write() as conn:
             ledger.start_ledger(conn, ledger.MANUAL if manual else ledger.REAL, now, admin)
         if fill is not None:
@@ -78,13 +84,14 @@ def init(
     # The database id is derived from the creating instant alone: replaying `init --now T` and the
     # same commands anywhere gives identical ids, and copies of one database keep the same id.
     mode = 0o600 if gid is None else 0o660
-    db = create_database(path, force=force, seed_text=str(now), mode=mode, fill=build)
+    db = create_ledger(path, force=force, seed_text=str(now), mode=mode, fill=build)
     return db, counts
 
 
 def init_admin(path: str, me: str, as_name: str | None, force: bool, manual: bool) -> str:
     """Who `init` makes the first admin: replacing a ledger is its admins' decision (without
     --force nothing is replaced: an existing ledger is a CONFLICT further on)."""
+    me = principal_at(path, me)  # on PostgreSQL, the session's role
     target = path if force else ""
     what = "replace the ledger (init --force)"
     return backups.replacer(target, me, as_name, what, pinned_clock=manual)

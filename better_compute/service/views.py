@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -13,7 +12,7 @@ from better_compute.model import Event, Window
 from better_compute.service import authz
 from better_compute.service.context import Ctx
 from better_compute.storage import fleet, repo
-from better_compute.storage.repo import Conn
+from better_compute.storage.conn import Conn, Row
 from better_compute.timeparse import MAX_MS, iso
 
 HOUR_MS = 3_600_000
@@ -34,7 +33,7 @@ class Rollup:
     free: int
 
 
-def rollup(conn: Conn, row: sqlite3.Row, now: int) -> Rollup:
+def rollup(conn: Conn, row: Row, now: int) -> Rollup:
     """Counted in SQL: no node or booking becomes a Python object (issue 8)."""
     pool_id = row["id"]
     nodes, gpus, usable = repo.pool_inventory_counts(conn, pool_id, now)

@@ -19,6 +19,7 @@ from pathlib import Path
 from better_compute.errors import Conflict, InvalidInput, Unavailable
 from better_compute.model import LedgerCopy as Copy
 from better_compute.storage import files, replace
+from better_compute.storage.conn import Ledger
 from better_compute.storage.db import (
     SQLITE_MAGIC,
     Database,
@@ -42,8 +43,13 @@ def _summary(conn: sqlite3.Connection) -> tuple[int, str, int, int]:
     return version, db_id, reservations, events
 
 
-def backup_to(db: Database, dest: str, *, force: bool, mode: int = 0o600) -> Copy:
+def backup_to(db: Ledger, dest: str, *, force: bool, mode: int = 0o600) -> Copy:
     """Copy the open ledger to `dest` (a new file unless `force`), consistent while others write."""
+    if not isinstance(db, Database):
+        raise InvalidInput(
+            "backup copies an SQLite ledger file; a PostgreSQL ledger is backed up with pg_dump,"
+            " or copied to an SQLite file with `better-compute migrate --to FILE`"
+        )
     if not dest.strip():
         raise InvalidInput("name a file to write the backup to")
     target = files.real_target(dest)

@@ -9,18 +9,43 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from better_compute.errors import Conflict, InvalidInput
 from better_compute.storage import files, replace
+from better_compute.storage.conn import Ledger
 from better_compute.storage.db import (
     Database,
     _configure,
     _header_kind,
     _migrate,
     _require_path,
+    is_postgres_url,
     open_database,
+    postgres,
 )
 from better_compute.storage.schema import APPLICATION_ID
+
+
+def create_ledger(
+    path: str,
+    *,
+    force: bool,
+    seed_text: str,
+    mode: int = 0o600,
+    fill: Callable[[Any], None] | None = None,
+) -> Ledger:
+    """`init`: a new SQLite file (create_database), or a new ledger in a PostgreSQL database."""
+    if is_postgres_url(path):
+        return postgres().create_database(  # type: ignore[no-any-return]
+            path.strip(), force=force, db_id=ledger_id(seed_text), fill=fill
+        )
+    return create_database(path, force=force, seed_text=seed_text, mode=mode, fill=fill)
+
+
+def ledger_id(seed_text: str) -> str:
+    """The database id seeds ids and the topN pick: copies of one database replay identically."""
+    return hashlib.sha256(seed_text.encode()).hexdigest()[:16]
 
 
 def create_database(
@@ -53,8 +78,7 @@ def create_database(
         db.conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         _configure(db)
         _migrate(db)
-        # The database id seeds ids and the topN pick: copies of one database replay identically.
-        db_id = hashlib.sha256(seed_text.encode()).hexdigest()[:16]
+        db_id = ledger_id(seed_text)
         with db.write():
             db.conn.execute("INSERT INTO meta(key, value) VALUES ('db_id', ?)", (db_id,))
         if fill is not None:

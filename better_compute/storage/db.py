@@ -9,13 +9,16 @@ import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from better_compute.errors import Forbidden, InvalidInput, Unavailable
+from better_compute.storage.conn import SQLITE, Ledger
 from better_compute.storage.schema import (
     APPLICATION_ID,
     MIGRATIONS,
     SCHEMA_DIGEST,
     SCHEMA_VERSION,
+    migration_text,
 )
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -36,9 +39,22 @@ def _read_header(path: Path) -> bytes:
     return os.pread(_HEADER_FDS[key], 100, 0)
 
 
+#: What names a PostgreSQL ledger rather than an SQLite file (libpq's two URL schemes).
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+def is_postgres_url(path: str) -> bool:
+    return path.strip().lower().startswith(POSTGRES_SCHEMES)
+
+
 def _require_path(path: str) -> None:
     if not path.strip():
         raise InvalidInput("--db (or BETTER_COMPUTE_DB) is empty; name a database file")
+    if is_postgres_url(path):
+        raise InvalidInput(
+            f"this command works on an SQLite ledger file; for {path.split('@')[-1]!r} use"
+            " PostgreSQL's own tools (pg_dump, or `better-compute migrate --to FILE`)"
+        )
 
 
 def _header_kind(path: Path) -> str:
@@ -105,6 +121,14 @@ class Database:
         self.conn.row_factory = sqlite3.Row
         self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         self.conn.execute("PRAGMA foreign_keys = ON")
+
+    @property
+    def where(self) -> str:
+        return str(self.path)
+
+    def principal(self, os_user: str) -> str:
+        """On SQLite the operating system is the authority: the process's user acts."""
+        return os_user
 
     def set_busy_timeout(self, busy_timeout_ms: int) -> None:
         self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
@@ -229,7 +253,7 @@ def _migrate(db: Database) -> None:
         )
     for number in range(version, SCHEMA_VERSION):
         with db.write():
-            for statement in _statements(MIGRATIONS[number]):
+            for statement in _statements(migration_text(MIGRATIONS[number], SQLITE)):
                 db.conn.execute(statement)
             db.conn.execute(f"PRAGMA user_version = {number + 1}")
 
@@ -260,7 +284,7 @@ def expected_schema() -> list[tuple[object, ...]]:
     fresh = sqlite3.connect(":memory:")
     try:
         for script in MIGRATIONS:
-            for statement in _statements(script):
+            for statement in _statements(migration_text(script, SQLITE)):
                 fresh.execute(statement)
         return sorted(_schema(fresh), key=repr)
     finally:
@@ -284,6 +308,40 @@ def _require_our_schema(db: Database) -> None:
         return
     if actual != expected_schema():
         raise sqlite3.DatabaseError("its schema is not the one better-compute created")
+
+
+def postgres() -> Any:
+    """storage/postgres.py, imported only for a PostgreSQL URL (psycopg is an optional extra)."""
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        raise InvalidInput(
+            "a postgresql:// ledger needs psycopg: pip install 'better-compute[postgres]'"
+        ) from None
+    from better_compute.storage import postgres as module
+
+    return module
+
+
+def open_ledger(path: str, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> Ledger:
+    """Open the ledger `--db` names: an SQLite file, or a PostgreSQL database by URL."""
+    if is_postgres_url(path):
+        return postgres().open_database(path.strip(), busy_timeout_ms)  # type: ignore[no-any-return]
+    return open_database(path, busy_timeout_ms)
+
+
+def ledger_exists(path: str) -> bool:
+    """Whether `path` already holds a ledger (or, for SQLite, any non-empty file)."""
+    if is_postgres_url(path):
+        return postgres().ledger_exists(path.strip())  # type: ignore[no-any-return]
+    return Path(path).is_file() and Path(path).stat().st_size > 0
+
+
+def principal_at(path: str, os_user: str) -> str:
+    """Who acts on the ledger `path` names: the OS user on SQLite, the role on PostgreSQL."""
+    if is_postgres_url(path):
+        return postgres().session_role(path.strip())  # type: ignore[no-any-return]
+    return os_user
 
 
 def open_database(path: str, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> Database:

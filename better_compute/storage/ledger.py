@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from better_compute.storage.repo import Conn, decoded
+from better_compute.storage.conn import Conn
+from better_compute.storage.repo import decoded
 from better_compute.timeparse import MAX_MS
 
 MANUAL = "manual"
@@ -40,14 +41,15 @@ def _clock(rows: dict[str, object]) -> ClockState:
 def advance_clock(conn: Conn, at: int) -> None:
     """Move the high-water mark forward; never back (a lagging writer acts at the mark instead)."""
     conn.execute(
-        "UPDATE meta SET value = ? WHERE key = 'last_at' AND CAST(value AS INTEGER) < ?", (at, at)
+        "UPDATE meta SET value = ? WHERE key = 'last_at' AND CAST(value AS BIGINT) < ?", (at, at)
     )
 
 
 def start_ledger(conn: Conn, mode: str, at: int, admin: str) -> None:
     """What `init` records besides the schema: the clock, the instant, and the first admin."""
-    conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('clock', ?)", (mode,))
-    conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('last_at', ?)", (str(at),))
+    upsert = "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = ?"
+    conn.execute(upsert, ("clock", mode, mode))
+    conn.execute(upsert, ("last_at", str(at), str(at)))
     add_admin(conn, admin, at, admin)
 
 
@@ -58,7 +60,7 @@ def admins(conn: Conn) -> list[str]:
 def add_admin(conn: Conn, principal: str, at: int, by: str) -> bool:
     """True when the principal was not an admin yet."""
     cur = conn.execute(
-        "INSERT OR IGNORE INTO admins(principal, added_at, added_by) VALUES (?, ?, ?)",
+        "INSERT INTO admins(principal, added_at, added_by) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
         (principal, at, by),
     )
     return cur.rowcount > 0
@@ -82,5 +84,5 @@ def tenants_for(conn: Conn, principal: str) -> list[str]:
 
 
 def acts_for(conn: Conn, principal: str, tenant: str) -> bool:
-    row = conn.execute(f"SELECT 1 FROM ({_ACTS_FOR}) WHERE id = ?", (principal, tenant))
+    row = conn.execute(f"SELECT 1 FROM ({_ACTS_FOR}) AS acts WHERE id = ?", (principal, tenant))
     return row.fetchone() is not None

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import sqlite3
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
@@ -34,8 +33,9 @@ from better_compute.model import (
     State,
     Window,
 )
+from better_compute.storage.conn import Conn as Conn  # re-exported: use cases type with it
+from better_compute.storage.conn import Row, json_text, plain_rows, where
 
-Conn = sqlite3.Connection
 T = TypeVar("T")
 
 # ---------------------------------------------------------------- decoding stored values
@@ -47,7 +47,7 @@ _DECODE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, RecursionErro
 
 def damaged(conn: Conn, what: str, exc: BaseException) -> Unavailable:
     """UNAVAILABLE naming the file and the row that could not be read (§3: not a bug)."""
-    path = next((str(r[2]) for r in conn.execute("PRAGMA database_list") if r[1] == "main"), "")
+    path = where(conn)
     detail = f"{type(exc).__name__}: {exc}"[:200]
     return Unavailable(f"database {path!r} is damaged: {what} cannot be read ({detail})")
 
@@ -122,7 +122,11 @@ def next_id(conn: Conn, prefix: str) -> str:
     key = f"counter:{prefix}"
     row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
     n = decoded(conn, f"meta {key}", lambda: _setting_int(row[0])) + 1 if row else 1
-    conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, str(n)))
+    conn.execute(
+        "INSERT INTO meta(key, value) VALUES (?, ?)"
+        " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        (key, str(n)),
+    )
     digest = int.from_bytes(hashlib.sha256(f"{db_id(conn)}:{prefix}:{n}".encode()).digest()[:8])
     token = "".join(_ALPHABET[(digest >> (5 * i)) & 31] for i in range(12))
     return f"{prefix}_{token}"
@@ -165,7 +169,11 @@ def load_settings(conn: Conn) -> Settings:
 
 
 def set_config(conn: Conn, key: str, value: str) -> None:
-    conn.execute("INSERT OR REPLACE INTO config(key, value) VALUES (?, ?)", (key, value))
+    conn.execute(
+        "INSERT INTO config(key, value) VALUES (?, ?)"
+        " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        (key, value),
+    )
 
 
 # ---------------------------------------------------------------- pools, nodes, atoms
@@ -189,11 +197,11 @@ def insert_pool(conn: Conn, name: str, labels: Sequence[tuple[str, str]]) -> str
     return pool_id
 
 
-def pool_rows(conn: Conn) -> list[sqlite3.Row]:
+def pool_rows(conn: Conn) -> list[Row]:
     return list(conn.execute("SELECT * FROM pools ORDER BY name"))
 
 
-def find_pool(conn: Conn, ref: str | None) -> sqlite3.Row:
+def find_pool(conn: Conn, ref: str | None) -> Row:
     """A pool by id or name; with no ref, the only pool there is."""
     if ref is None:
         rows = pool_rows(conn)
@@ -208,7 +216,7 @@ def find_pool(conn: Conn, ref: str | None) -> sqlite3.Row:
     row = conn.execute("SELECT * FROM pools WHERE id = ? OR name = ?", (ref, ref)).fetchone()
     if row is None:
         raise NotFound(f"no pool {ref!r}; `pool list` shows the pools")
-    return row  # type: ignore[no-any-return]
+    return row
 
 
 def pool_name_taken(conn: Conn, name: str) -> bool:
@@ -241,7 +249,7 @@ def set_pool_auto_bind(conn: Conn, pool_id: str, auto_bind: bool | None) -> None
     conn.execute("UPDATE pools SET auto_bind = ? WHERE id = ?", (value, pool_id))
 
 
-def pool_labels(conn: Conn, row: sqlite3.Row) -> tuple[tuple[str, str], ...]:
+def pool_labels(conn: Conn, row: Row) -> tuple[tuple[str, str], ...]:
     return decoded(conn, f"the labels of pool {row['name']}", lambda: _labels(row["labels"]))
 
 
@@ -266,11 +274,11 @@ def insert_node(
     )
 
 
-def _nodes_from_rows(conn: Conn, rows: Sequence[sqlite3.Row]) -> list[Node]:
+def _nodes_from_rows(conn: Conn, rows: Sequence[Row]) -> list[Node]:
     return decoded(conn, "a node or GPU row", lambda: _build_nodes(conn, rows))
 
 
-def _build_nodes(conn: Conn, rows: Sequence[sqlite3.Row]) -> list[Node]:
+def _build_nodes(conn: Conn, rows: Sequence[Row]) -> list[Node]:
     if not rows:
         return []
     names = [r["name"] for r in rows]
@@ -364,7 +372,7 @@ def largest_node_size(conn: Conn, pool_id: str) -> int:
     """GPUs on the pool's largest node (0 without nodes): a node lease's charge until placed."""
     row = conn.execute(
         "SELECT COALESCE(MAX(n), 0) FROM (SELECT COUNT(*) AS n FROM atoms a JOIN nodes d"
-        " ON d.name = a.node_id WHERE d.pool_id = ? GROUP BY a.node_id)",
+        " ON d.name = a.node_id WHERE d.pool_id = ? GROUP BY a.node_id) AS sizes",
         (pool_id,),
     ).fetchone()
     return int(row[0])
@@ -393,7 +401,7 @@ def node_capacity(conn: Conn, pool_id: str, models: Sequence[str], share: int) -
         args.extend(models)
     sql += " WHERE n.pool_id = ? GROUP BY n.name"
     row = conn.execute(
-        f"SELECT COALESCE(MAX(c), 0), COALESCE(SUM(c >= ?), 0) FROM ({sql})",
+        f"SELECT COALESCE(MAX(c), 0), COUNT(CASE WHEN c >= ? THEN 1 END) FROM ({sql}) AS counts",
         [share, *args, pool_id],
     ).fetchone()
     return int(row[0]), int(row[1])
@@ -419,17 +427,17 @@ def set_atom_health(conn: Conn, node: str, index: int, healthy: bool, reason: st
 
 
 def insert_maintenance(conn: Conn, node: str, window: Window, reason: str | None) -> int:
-    cur = conn.execute(
-        "INSERT INTO maintenance(node_id, start, end, reason) VALUES (?, ?, ?, ?)",
+    row = conn.execute(
+        'INSERT INTO maintenance(node_id, start, "end", reason) VALUES (?, ?, ?, ?) RETURNING id',
         (node, window.start, window.end, reason),
-    )
-    return int(cur.lastrowid or 0)
+    ).fetchone()
+    return int(row[0])
 
 
 def maintenance_overlapping(conn: Conn, pool_id: str, window: Window) -> list[Maintenance]:
     rows = conn.execute(
         "SELECT m.* FROM maintenance m JOIN nodes n ON n.name = m.node_id"
-        " WHERE n.pool_id = ? AND m.end > ? AND m.start < ? ORDER BY m.node_id, m.start",
+        ' WHERE n.pool_id = ? AND m."end" > ? AND m.start < ? ORDER BY m.node_id, m.start',
         (pool_id, window.start, window.end),
     )
     return [
@@ -439,7 +447,7 @@ def maintenance_overlapping(conn: Conn, pool_id: str, window: Window) -> list[Ma
 
 def maintenance_for_node(conn: Conn, node: str, since: int) -> list[Maintenance]:
     rows = conn.execute(
-        "SELECT * FROM maintenance WHERE node_id = ? AND end > ? ORDER BY start", (node, since)
+        'SELECT * FROM maintenance WHERE node_id = ? AND "end" > ? ORDER BY start', (node, since)
     )
     return [
         Maintenance(r["id"], r["node_id"], Window(r["start"], r["end"]), r["reason"]) for r in rows
@@ -470,7 +478,7 @@ def longest_booking_anywhere(conn: Conn) -> int:
 
 def load_nodes_named(conn: Conn, names: Sequence[str]) -> list[Node]:
     """These nodes (by name order), as load_nodes builds them."""
-    rows: list[sqlite3.Row] = []
+    rows: list[Row] = []
     for chunk_start in range(0, len(names), 500):
         chunk = list(names[chunk_start : chunk_start + 500])
         marks = ",".join("?" * len(chunk))
@@ -482,26 +490,26 @@ def load_nodes_named(conn: Conn, names: Sequence[str]) -> list[Node]:
 FIT_CANDIDATES_SQL = """
 WITH held AS (
   SELECT DISTINCT b.node_id, b.atom FROM bookings b
-  WHERE b.pool_id = :pool AND b.end > :from AND b.end < :bound AND b.start < :to
-    AND b.reservation_id IS NOT :ignore
+  WHERE b.pool_id = :pool AND b."end" > :from AND b."end" < :bound AND b.start < :to
+    AND b.reservation_id IS DISTINCT FROM :ignore
 ), busy AS (
-  SELECT h.node_id, COUNT(*) AS busy, SUM(a.healthy != 0) AS busy_healthy
+  SELECT h.node_id, COUNT(*) AS busy, COUNT(CASE WHEN a.healthy != 0 THEN 1 END) AS busy_healthy
   FROM held h JOIN atoms a ON a.node_id = h.node_id AND a.idx = h.atom
   GROUP BY h.node_id
 ), sizes AS (
-  SELECT a.node_id, COUNT(*) AS gpus, SUM(a.healthy != 0) AS healthy
+  SELECT a.node_id, COUNT(*) AS gpus, COUNT(CASE WHEN a.healthy != 0 THEN 1 END) AS healthy
   FROM nodes n JOIN atoms a ON a.node_id = n.name
-  WHERE n.pool_id = :pool AND n.schedulable AND n.reachable
+  WHERE n.pool_id = :pool AND n.schedulable != 0 AND n.reachable != 0
   GROUP BY a.node_id
 )
 SELECT s.node_id, COALESCE(busy.busy, 0), s.gpus FROM sizes s
 LEFT JOIN busy ON busy.node_id = s.node_id
-WHERE s.healthy - COALESCE(busy.busy_healthy, 0) >= CASE WHEN :whole THEN s.gpus ELSE :need END
+WHERE s.healthy - COALESCE(busy.busy_healthy, 0) >= CASE WHEN :whole != 0 THEN s.gpus ELSE :need END
   AND s.gpus >= :least
   AND NOT EXISTS (SELECT 1 FROM maintenance m
-                  WHERE m.node_id = s.node_id AND m.end > :from AND m.start < :to)
+                  WHERE m.node_id = s.node_id AND m."end" > :from AND m.start < :to)
 -- engine/shortlist.best_key: the fullest a share would leave the node (scorers.fill), then name
-ORDER BY 10 * ((COALESCE(busy.busy, 0) + CASE WHEN :whole THEN s.gpus ELSE :need END) * 1000
+ORDER BY 10 * ((COALESCE(busy.busy, 0) + CASE WHEN :whole != 0 THEN s.gpus ELSE :need END) * 1000
                / s.gpus) DESC, s.node_id
 """
 
@@ -564,8 +572,8 @@ def snapshots(
             conn.execute(
                 "SELECT b.node_id, b.atom, b.reservation_id, b.spot, r.state FROM bookings b"
                 " JOIN reservations r ON r.id = b.reservation_id"
-                " WHERE b.pool_id = ? AND b.end > ? AND b.end < ? AND b.start < ?"
-                " AND b.reservation_id IS NOT ?",
+                ' WHERE b.pool_id = ? AND b."end" > ? AND b."end" < ? AND b.start < ?'
+                " AND b.reservation_id IS DISTINCT FROM ?",
                 (pool_id, window.start, bound, window.end, ignore_reservation),
             )
         )
@@ -577,8 +585,11 @@ def snapshots(
                 conn.execute(
                     "SELECT b.node_id, b.atom, b.reservation_id, b.spot, r.state FROM bookings b"
                     " JOIN reservations r ON r.id = b.reservation_id"
-                    f" WHERE b.node_id IN ({','.join('?' * len(chunk))}) AND +b.pool_id = ?"
-                    " AND b.end > ? AND b.end < ? AND b.start < ? AND b.reservation_id IS NOT ?",
+                    f" WHERE b.node_id IN ({','.join('?' * len(chunk))})"
+                    # `|| ''` keeps the planner on the node index (bookings_node_window)
+                    " AND b.pool_id || '' = ?"
+                    ' AND b."end" > ? AND b."end" < ? AND b.start < ?'
+                    " AND b.reservation_id IS DISTINCT FROM ?",
                     (*chunk, pool_id, window.start, bound, window.end, ignore_reservation),
                 )
             )
@@ -632,7 +643,8 @@ def tenant_ids(conn: Conn) -> list[str]:
 
 def set_quota(conn: Conn, tenant: str, pool_id: str, gpus: int) -> None:
     conn.execute(
-        "INSERT OR REPLACE INTO quotas(tenant_id, pool_id, gpus) VALUES (?, ?, ?)",
+        "INSERT INTO quotas(tenant_id, pool_id, gpus) VALUES (?, ?, ?)"
+        " ON CONFLICT (tenant_id, pool_id) DO UPDATE SET gpus = excluded.gpus",
         (tenant, pool_id, gpus),
     )
 
@@ -668,8 +680,9 @@ def held_charge(conn: Conn, tenant: str, pool_id: str) -> int:
 
 def set_policy(conn: Conn, policy: Policy) -> None:
     conn.execute(
-        "INSERT OR REPLACE INTO policies(tenant_id, principal, max_gpus, spot_only, deny)"
-        " VALUES (?, ?, ?, ?, ?)",
+        "INSERT INTO policies(tenant_id, principal, max_gpus, spot_only, deny)"
+        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant_id, principal) DO UPDATE SET"
+        " max_gpus = excluded.max_gpus, spot_only = excluded.spot_only, deny = excluded.deny",
         (
             policy.tenant_id,
             policy.principal,
@@ -734,7 +747,7 @@ _RSV_STRS = ("id", "tenant_id", "pool_id", "principal")
 _RSV_OPT_STRS = ("topology", "topology_key", "idempotency_key", "series_id", "preempted_by")
 
 
-def _check_reservation_types(row: sqlite3.Row) -> None:
+def _check_reservation_types(row: Row) -> None:
     """Every typed column of a reservation row, checked in one pass (a listing reads thousands):
     a wrong type raises what _int or _str raises."""
     for name in _RSV_INTS:
@@ -753,7 +766,7 @@ def _check_reservation_types(row: sqlite3.Row) -> None:
             _str(value)
 
 
-def _reservation(row: sqlite3.Row, allocations: tuple[Allocation, ...]) -> Reservation:
+def _reservation(row: Row, allocations: tuple[Allocation, ...]) -> Reservation:
     """A reservation row as a model value; every column is type-checked (see `decoded`)."""
     _check_reservation_types(row)
     start = row["during_start"]
@@ -810,7 +823,7 @@ def allocations_of(conn: Conn, reservation_ids: Sequence[str]) -> dict[str, tupl
     return {k: tuple(v) for k, v in result.items()}
 
 
-def _allocation(r: sqlite3.Row) -> Allocation:
+def _allocation(r: Row) -> Allocation:
     return Allocation(
         id=_str(r["id"]),
         reservation_id=_str(r["reservation_id"]),
@@ -820,7 +833,7 @@ def _allocation(r: sqlite3.Row) -> Allocation:
     )
 
 
-def with_allocations(conn: Conn, rows: Sequence[sqlite3.Row]) -> list[Reservation]:
+def with_allocations(conn: Conn, rows: Sequence[Row]) -> list[Reservation]:
     """Reservation rows (SELECT *) as model values, each with its allocations not released."""
     allocs = allocations_of(conn, [r["id"] for r in rows])
     out = []
@@ -850,7 +863,7 @@ def reservation_by_key(conn: Conn, tenant: str, key: str) -> tuple[Reservation, 
 
 
 def reservations_where(
-    conn: Conn, where: str = "1", args: Sequence[object] = ()
+    conn: Conn, where: str = "1 = 1", args: Sequence[object] = ()
 ) -> list[Reservation]:
     rows = list(conn.execute(f"SELECT * FROM reservations WHERE {where} ORDER BY seq", args))
     return with_allocations(conn, rows)
@@ -965,7 +978,9 @@ def pending_since(conn: Conn, rsv: Reservation) -> int:
     `reservation.pending`, the only pending event that carries `from`)."""
     row = conn.execute(
         "SELECT MAX(at) FROM events WHERE reservation_id = ? AND (type = 'reservation.preempted'"
-        " OR (type = 'reservation.pending' AND json_extract(data, '$.from') IS NOT NULL))",
+        " OR (type = 'reservation.pending' AND "
+        + json_text(conn, "data", "from")
+        + " IS NOT NULL))",
         (rsv.id,),
     ).fetchone()
     return max(rsv.created_at, int(row[0])) if row[0] is not None else rsv.created_at
@@ -984,7 +999,7 @@ def insert_allocation(
     )
     conn.executemany(
         "INSERT INTO bookings(pool_id, node_id, atom, allocation_id, reservation_id, spot, start,"
-        " end) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        ' "end") VALUES (?, ?, ?, ?, ?, ?, ?, ?)',
         [
             (rsv.pool_id, node_id, a, alloc_id, rsv.id, int(rsv.spot), window.start, window.end)
             for a in sorted(atoms)
@@ -1001,7 +1016,7 @@ def atoms_booked(conn: Conn, node: str, atoms: Sequence[int], window: Window) ->
     """Whether any of these atoms is booked in the window: a plan made from a snapshot may have
     lost the race to another writer since."""
     row = conn.execute(
-        "SELECT COUNT(*) FROM bookings WHERE node_id = ? AND end > ? AND start < ?"
+        'SELECT COUNT(*) FROM bookings WHERE node_id = ? AND "end" > ? AND start < ?'
         f" AND atom IN ({','.join('?' * len(atoms))})",
         (node, window.start, window.end, *atoms),
     ).fetchone()
@@ -1013,7 +1028,7 @@ def first_clash(
 ) -> int | None:
     """The lowest of these atoms another reservation books in the window (extend's check)."""
     row = conn.execute(
-        "SELECT reservation_id, atom FROM bookings WHERE node_id = ? AND end > ?"
+        'SELECT reservation_id, atom FROM bookings WHERE node_id = ? AND "end" > ?'
         f" AND start < ? AND reservation_id != ? AND atom IN ({','.join('?' * len(atoms))})"
         " ORDER BY atom LIMIT 1",
         (node, window.start, window.end, rsv_id, *atoms),
@@ -1025,7 +1040,7 @@ def live_atoms(conn: Conn, node: str, now: int) -> set[int]:
     """A node's atoms booked from `now` on by reservations not released: what must not vanish."""
     rows = conn.execute(
         "SELECT DISTINCT b.atom FROM bookings b JOIN reservations r ON r.id = b.reservation_id"
-        " WHERE b.node_id = ? AND b.end > ? AND r.state != 'released'",
+        " WHERE b.node_id = ? AND b.\"end\" > ? AND r.state != 'released'",
         (node, now),
     )
     return {int(r[0]) for r in rows}
@@ -1036,8 +1051,8 @@ def count_atoms_in_use(conn: Conn, pool_id: str, now: int) -> int:
     row = conn.execute(
         "SELECT COUNT(*) FROM (SELECT DISTINCT node_id, atom FROM bookings b"
         " JOIN reservations r ON r.id = b.reservation_id"
-        " WHERE b.pool_id = ? AND b.end > ? AND b.end <= ? AND b.start <= ?"
-        " AND r.state != 'released')",
+        ' WHERE b.pool_id = ? AND b."end" > ? AND b."end" <= ? AND b.start <= ?'
+        " AND r.state != 'released') AS held",
         (pool_id, now, now + longest_booking(conn, pool_id), now),
     ).fetchone()
     return int(row[0])
@@ -1051,8 +1066,8 @@ def pool_inventory_counts(conn: Conn, pool_id: str, now: int) -> tuple[int, int,
         " (SELECT COUNT(*) FROM nodes n JOIN atoms a ON a.node_id = n.name"
         "  WHERE n.pool_id = :pool),"
         " (SELECT COUNT(*) FROM nodes n JOIN atoms a ON a.node_id = n.name"
-        "  WHERE n.pool_id = :pool AND n.schedulable AND a.healthy AND NOT EXISTS"
-        "  (SELECT 1 FROM maintenance m WHERE m.node_id = n.name AND m.end > :now"
+        "  WHERE n.pool_id = :pool AND n.schedulable != 0 AND a.healthy != 0 AND NOT EXISTS"
+        '  (SELECT 1 FROM maintenance m WHERE m.node_id = n.name AND m."end" > :now'
         "   AND m.start < :now + 1))",
         {"pool": pool_id, "now": now},
     ).fetchone()
@@ -1069,18 +1084,18 @@ def atoms_reserved_later(conn: Conn, pool_id: str, now: int) -> int:
     """
     row = conn.execute(
         "SELECT COUNT(*) FROM (SELECT DISTINCT node_id, atom FROM bookings"
-        " WHERE pool_id = :pool AND end > :now AND start > :now) f"
+        ' WHERE pool_id = :pool AND "end" > :now AND start > :now) f'
         " WHERE NOT EXISTS (SELECT 1 FROM bookings c WHERE c.node_id = f.node_id"
-        " AND c.atom = f.atom AND c.start <= :now AND c.end > :now AND c.end <= :bound)"
+        ' AND c.atom = f.atom AND c.start <= :now AND c."end" > :now AND c."end" <= :bound)'
         " AND EXISTS (SELECT 1 FROM bookings b JOIN reservations r ON r.id = b.reservation_id"
-        " WHERE b.node_id = f.node_id AND b.atom = f.atom AND +b.pool_id = :pool"
-        " AND b.end > :now AND b.start > :now AND r.state != 'released')",
+        " WHERE b.node_id = f.node_id AND b.atom = f.atom AND b.pool_id || '' = :pool"
+        " AND b.\"end\" > :now AND b.start > :now AND r.state != 'released')",
         {"pool": pool_id, "now": now, "bound": now + longest_booking_anywhere(conn)},
     ).fetchone()
     return int(row[0])
 
 
-def node_assignment_rows(conn: Conn, node: str) -> list[sqlite3.Row]:
+def node_assignment_rows(conn: Conn, node: str) -> list[Row]:
     """A node's allocations of binding and active reservations, by start then reservation id:
     id, tenant_id, alloc, atoms (JSON), state, during_start, during_end, bound."""
     return list(
@@ -1099,7 +1114,7 @@ def end_bookings(conn: Conn, rsv_id: str, at: int) -> None:
     """Give back every booking from `at` on; the part already used stays as history."""
     conn.execute("DELETE FROM bookings WHERE reservation_id = ? AND start >= ?", (rsv_id, at))
     conn.execute(
-        "UPDATE bookings SET end = ? WHERE reservation_id = ? AND end > ?", (at, rsv_id, at)
+        'UPDATE bookings SET "end" = ? WHERE reservation_id = ? AND "end" > ?', (at, rsv_id, at)
     )
 
 
@@ -1111,7 +1126,7 @@ def drop_allocations(conn: Conn, rsv_id: str, at: int) -> None:
 
 def move_bookings_end(conn: Conn, rsv_id: str, old_end: int, new_end: int) -> None:
     conn.execute(
-        "UPDATE bookings SET end = ? WHERE reservation_id = ? AND end = ?",
+        'UPDATE bookings SET "end" = ? WHERE reservation_id = ? AND "end" = ?',
         (new_end, rsv_id, old_end),
     )
 
@@ -1124,11 +1139,13 @@ def booking_buckets(
     (the last bucket ends at the window's end), ordered by node, atom, first. For the timeline."""
     count = -(-(window.end - window.start) // step)
     sql = (
-        "SELECT b.node_id, b.atom, (MAX(b.start, :from) - :from) / :step,"
-        " MIN((b.end - :from - 1) / :step, :count - 1) FROM bookings b"
+        "SELECT b.node_id, b.atom,"
+        " (CASE WHEN b.start > :from THEN b.start ELSE :from END - :from) / :step,"
+        ' CASE WHEN b."end" - :from - 1 < :count * :step THEN (b."end" - :from - 1) / :step'
+        " ELSE :count - 1 END FROM bookings b"
         # Only a tenant's timeline reads the reservations: the pool's reads the index alone.
         + (" JOIN reservations r ON r.id = b.reservation_id" if tenant is not None else "")
-        + " WHERE b.pool_id = :pool AND b.end > :from AND b.end < :bound AND b.start < :to"
+        + ' WHERE b.pool_id = :pool AND b."end" > :from AND b."end" < :bound AND b.start < :to'
     )
     args: dict[str, object] = {
         "pool": pool_id,
@@ -1141,13 +1158,9 @@ def booking_buckets(
     if tenant is not None:
         sql += " AND r.tenant_id = :tenant"
         args["tenant"] = tenant
-    cursor = conn.cursor()
-    cursor.row_factory = None  # plain tuples: a week holds a hundred thousand of these rows
-    # Read as consumed, not fetched all at once: the caller folds them as they come.
-    rows: Iterator[tuple[str, int, int, int]] = cursor.execute(
-        sql + " ORDER BY b.node_id, b.atom, 3", args
-    )
-    return rows
+    # Plain tuples, read as consumed: a week holds a hundred thousand of these rows, and the
+    # caller folds them as they come.
+    return plain_rows(conn, sql + " ORDER BY b.node_id, b.atom, 3", args)
 
 
 # ---------------------------------------------------------------- events
@@ -1179,7 +1192,7 @@ def events(
     tenants: Sequence[str] | None = None,
 ) -> list[Event]:
     """Events in seq order; `tenants` (when given) limits them to those tenants' and the fleet's."""
-    clauses, args = ["1"], []  # type: tuple[list[str], list[object]]
+    clauses, args = ["1 = 1"], []  # type: tuple[list[str], list[object]]
     if tenants is not None:
         clauses.append(f"(tenant_id IS NULL OR tenant_id IN ({','.join('?' * len(tenants))}))")
         args.extend(tenants)
@@ -1196,7 +1209,7 @@ def events(
     return [decoded(conn, f"event {r['seq']}", partial(_event, r)) for r in rows]
 
 
-def _event(r: sqlite3.Row) -> Event:
+def _event(r: Row) -> Event:
     return Event(
         _int(r["seq"]),
         _str(r["type"]),
@@ -1241,8 +1254,9 @@ def open_usage(conn: Conn, meter: str, rsv: Reservation, allocation: Allocation,
 def close_usage(conn: Conn, rsv_id: str, at: int) -> None:
     """Close every open window of a reservation at `at` (never before the window opened)."""
     conn.execute(
-        "UPDATE usage SET end = MAX(start, ?) WHERE reservation_id = ? AND end IS NULL",
-        (at, rsv_id),
+        'UPDATE usage SET "end" = CASE WHEN start > ? THEN start ELSE ? END'
+        ' WHERE reservation_id = ? AND "end" IS NULL',
+        (at, at, rsv_id),
     )
 
 
@@ -1253,7 +1267,7 @@ def usage_rows(
     tenants: Sequence[str] | None,
     start: int | None,
     end: int | None,
-) -> list[sqlite3.Row]:
+) -> list[Row]:
     """Usage windows overlapping [start, end), with their reservation's during_end and node_id,
     by start then id; `dead_letter`: only windows whose meter does not exist, else only those
     whose meter does; `tenants` (when given) limits them to those tenants'."""
@@ -1271,7 +1285,7 @@ def usage_rows(
         sql += " AND u.start < ?"
         args.append(end)
     if start is not None:
-        sql += " AND (u.end IS NULL OR u.end > ?)"
+        sql += ' AND (u."end" IS NULL OR u."end" > ?)'
         args.append(start)
     rows = conn.execute(sql + " ORDER BY u.start, u.id", args).fetchall()
     for r in rows:  # the caller computes with these values: a damaged one is damage, not a bug
@@ -1279,7 +1293,7 @@ def usage_rows(
     return rows
 
 
-def _check_usage_row(r: sqlite3.Row) -> None:
+def _check_usage_row(r: Row) -> None:
     for text in ("meter", "tenant_id", "reservation_id", "allocation_id"):
         _str(r[text])
     for number in ("gpus", "start"):

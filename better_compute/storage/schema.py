@@ -6,6 +6,8 @@ Times are epoch ms; JSON columns hold small, sorted documents.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 MIGRATION_1 = """
 -- Key/value facts about this database: its id (seeds ids and the topN pick) and id counters.
 CREATE TABLE meta (
@@ -308,26 +310,26 @@ MIGRATION_6 = """
 -- Signed webhooks (PRODUCT.md §4 Running): where a tenant's events are POSTed.
 CREATE TABLE webhooks (
   id TEXT PRIMARY KEY,              -- whk_…
-  seq INTEGER NOT NULL UNIQUE,      -- creation order
+  seq BIGINT NOT NULL UNIQUE,      -- creation order
   tenant_id TEXT NOT NULL,          -- the tenant whose events it receives, or '*' for every event
   url TEXT NOT NULL,                -- http or https, no credentials in it
   events TEXT NOT NULL DEFAULT '[]',-- JSON list of event types or 'ns.*' patterns; [] = all
   secret TEXT NOT NULL,             -- the HMAC key; shown once, then only its fingerprint
-  created_at INTEGER NOT NULL,
+  created_at BIGINT NOT NULL,
   created_by TEXT NOT NULL,
-  cursor INTEGER NOT NULL           -- the last event seq already queued for it
+  cursor BIGINT NOT NULL           -- the last event seq already queued for it
 );
 -- One event to deliver to one webhook. Per webhook, the lowest queued seq goes first.
 CREATE TABLE deliveries (
   id TEXT PRIMARY KEY,              -- dlv_…
   webhook_id TEXT NOT NULL REFERENCES webhooks(id),
-  event_seq INTEGER NOT NULL,
+  event_seq BIGINT NOT NULL,
   state TEXT NOT NULL,              -- queued|delivered|dead
-  attempts INTEGER NOT NULL DEFAULT 0,
-  queued_at INTEGER NOT NULL,       -- ledger instant its retry period began
-  next_at INTEGER NOT NULL,         -- ledger instant its next attempt is due
+  attempts BIGINT NOT NULL DEFAULT 0,
+  queued_at BIGINT NOT NULL,       -- ledger instant its retry period began
+  next_at BIGINT NOT NULL,         -- ledger instant its next attempt is due
   claim TEXT,                       -- the tick sending it now
-  claim_until INTEGER,              -- real-clock epoch ms at which that claim lapses
+  claim_until BIGINT,              -- real-clock epoch ms at which that claim lapses
   UNIQUE (webhook_id, event_seq)
 );
 CREATE INDEX deliveries_queue ON deliveries(webhook_id, state, event_seq);
@@ -335,9 +337,9 @@ CREATE INDEX deliveries_state ON deliveries(state, webhook_id);
 -- Every attempt of a delivery, with the receiver's status code or the error.
 CREATE TABLE delivery_attempts (
   delivery_id TEXT NOT NULL REFERENCES deliveries(id),
-  n INTEGER NOT NULL,               -- 1, 2, … per delivery
-  at INTEGER NOT NULL,              -- ledger instant of the attempt
-  status INTEGER,                   -- HTTP status; NULL when there was no answer
+  n BIGINT NOT NULL,               -- 1, 2, … per delivery
+  at BIGINT NOT NULL,              -- ledger instant of the attempt
+  status BIGINT,                   -- HTTP status; NULL when there was no answer
   error TEXT,                       -- why it failed; NULL on a 2xx
   PRIMARY KEY (delivery_id, n)
 );
@@ -353,12 +355,12 @@ MIGRATION_7 = """
 -- Issue 10: calendar policies per pool (PRODUCT.md §5.6). NULL means no limit; durations in ms.
 CREATE TABLE calendar_policies (
   pool_id TEXT PRIMARY KEY REFERENCES pools(id),
-  min_duration_ms INTEGER,
-  max_duration_ms INTEGER,
-  min_lead_ms INTEGER,              -- a calendar request starts at least this long after now
-  max_horizon_ms INTEGER,           -- ... and ends at most this long after now
+  min_duration_ms BIGINT,
+  max_duration_ms BIGINT,
+  min_lead_ms BIGINT,              -- a calendar request starts at least this long after now
+  max_horizon_ms BIGINT,           -- ... and ends at most this long after now
   sizes TEXT NOT NULL DEFAULT '[]', -- allowed total GPUs of a request, JSON list; [] = any
-  no_changes INTEGER NOT NULL DEFAULT 0 -- `--commit`: placed calendar reservations are final
+  no_changes BIGINT NOT NULL DEFAULT 0 -- `--commit`: placed calendar reservations are final
 );
 -- Calendar reservations placed under a `--commit` policy: no cancel, extend or early release.
 -- Recorded at admission, so a policy set later does not bind what was booked before it.
@@ -392,18 +394,298 @@ CREATE INDEX reservation_labels_pair ON reservation_labels(key, value, reservati
 CREATE TABLE budgets (
   tenant_id TEXT NOT NULL REFERENCES tenants(id),
   pool_id TEXT NOT NULL,
-  gpu_ms INTEGER NOT NULL,
-  period_ms INTEGER NOT NULL,
+  gpu_ms BIGINT NOT NULL,
+  period_ms BIGINT NOT NULL,
   PRIMARY KEY (tenant_id, pool_id)
 );
 """
 
-#: Append-only. Index i holds the SQL that brings user_version i to i + 1.
-MIGRATIONS: tuple[str, ...] = (
-    MIGRATION_1,
-    MIGRATION_2,
-    MIGRATION_3,
-    MIGRATION_4,
+# ---------------------------------------------------------------- PostgreSQL texts
+# The same tables for PostgreSQL (the comments above say what each column means): times are
+# BIGINT (epoch ms passes 32 bits), rowid keys are identity columns, "end" is quoted (reserved).
+
+MIGRATION_1_POSTGRES = """
+CREATE TABLE meta (
+  key TEXT PRIMARY KEY,
+  value TEXT NOT NULL
+);
+CREATE TABLE config (
+  key TEXT PRIMARY KEY,
+  value TEXT NOT NULL
+);
+CREATE TABLE pools (
+  id TEXT PRIMARY KEY,
+  name TEXT NOT NULL UNIQUE,
+  labels TEXT NOT NULL DEFAULT '{}',
+  auto_bind BIGINT,
+  seq BIGINT NOT NULL
+);
+CREATE TABLE nodes (
+  name TEXT PRIMARY KEY,
+  pool_id TEXT NOT NULL REFERENCES pools(id),
+  labels TEXT NOT NULL DEFAULT '{}',
+  schedulable BIGINT NOT NULL DEFAULT 1,
+  cordon_reason TEXT,
+  reachable BIGINT NOT NULL DEFAULT 1
+);
+CREATE INDEX nodes_pool ON nodes(pool_id, name);
+CREATE TABLE atoms (
+  node_id TEXT NOT NULL REFERENCES nodes(name),
+  idx BIGINT NOT NULL,
+  class TEXT NOT NULL DEFAULT 'gpu',
+  model TEXT NOT NULL,
+  nvlink_group BIGINT NOT NULL DEFAULT 0,
+  fabric_cluster TEXT,
+  fabric_clique BIGINT,
+  healthy BIGINT NOT NULL DEFAULT 1,
+  health_reason TEXT,
+  PRIMARY KEY (node_id, idx)
+);
+CREATE TABLE maintenance (
+  id BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+  node_id TEXT NOT NULL REFERENCES nodes(name),
+  start BIGINT NOT NULL,
+  "end" BIGINT NOT NULL,
+  reason TEXT
+);
+CREATE INDEX maintenance_node ON maintenance(node_id, "end");
+CREATE TABLE tenants (
+  id TEXT PRIMARY KEY,
+  seq BIGINT NOT NULL
+);
+CREATE TABLE quotas (
+  tenant_id TEXT NOT NULL REFERENCES tenants(id),
+  pool_id TEXT NOT NULL,
+  gpus BIGINT NOT NULL,
+  PRIMARY KEY (tenant_id, pool_id)
+);
+CREATE TABLE reservations (
+  id TEXT PRIMARY KEY,
+  seq BIGINT NOT NULL UNIQUE,
+  tenant_id TEXT NOT NULL REFERENCES tenants(id),
+  pool_id TEXT NOT NULL REFERENCES pools(id),
+  principal TEXT NOT NULL,
+  state TEXT NOT NULL,
+  gpus BIGINT,
+  models TEXT NOT NULL DEFAULT '[]',
+  topology TEXT,
+  gang_size BIGINT,
+  topology_key TEXT,
+  spot BIGINT NOT NULL DEFAULT 0,
+  binding TEXT NOT NULL DEFAULT 'device',
+  duration_ms BIGINT NOT NULL,
+  start BIGINT,
+  during_start BIGINT,
+  during_end BIGINT,
+  conditions TEXT NOT NULL DEFAULT '[]',
+  quota_charge BIGINT NOT NULL,
+  idempotency_key TEXT,
+  params TEXT NOT NULL,
+  release_reason TEXT,
+  created_at BIGINT NOT NULL,
+  next_attempt_at BIGINT,
+  series_id TEXT,
+  lead_checked BIGINT NOT NULL DEFAULT 0,
+  start_checked BIGINT NOT NULL DEFAULT 0,
+  preempt_deadline BIGINT,
+  preempted_by TEXT,
+  UNIQUE (tenant_id, idempotency_key)
+);
+CREATE INDEX reservations_state ON reservations(state, seq);
+CREATE INDEX reservations_tenant ON reservations(tenant_id, seq);
+CREATE TABLE allocations (
+  id TEXT PRIMARY KEY,
+  reservation_id TEXT NOT NULL REFERENCES reservations(id),
+  node_id TEXT NOT NULL REFERENCES nodes(name),
+  atoms TEXT NOT NULL,
+  bound BIGINT NOT NULL DEFAULT 0,
+  released BIGINT NOT NULL DEFAULT 0
+);
+CREATE INDEX allocations_reservation ON allocations(reservation_id);
+CREATE TABLE bookings (
+  id BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+  pool_id TEXT NOT NULL,
+  node_id TEXT NOT NULL,
+  atom BIGINT NOT NULL,
+  allocation_id TEXT NOT NULL REFERENCES allocations(id),
+  reservation_id TEXT NOT NULL,
+  spot BIGINT NOT NULL DEFAULT 0,
+  start BIGINT NOT NULL,
+  "end" BIGINT NOT NULL
+);
+CREATE INDEX bookings_node ON bookings(node_id, "end", start);
+CREATE INDEX bookings_pool ON bookings(pool_id, "end", start);
+CREATE INDEX bookings_reservation ON bookings(reservation_id);
+CREATE TABLE events (
+  seq BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+  type TEXT NOT NULL,
+  at BIGINT NOT NULL,
+  tenant_id TEXT,
+  reservation_id TEXT,
+  data TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX events_reservation ON events(reservation_id, seq);
+CREATE INDEX events_tenant ON events(tenant_id, seq);
+CREATE TABLE meters (
+  name TEXT PRIMARY KEY,
+  seq BIGINT NOT NULL
+);
+CREATE TABLE usage (
+  id BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+  meter TEXT NOT NULL,
+  tenant_id TEXT NOT NULL,
+  reservation_id TEXT NOT NULL,
+  allocation_id TEXT NOT NULL,
+  gpus BIGINT NOT NULL,
+  start BIGINT NOT NULL,
+  "end" BIGINT
+);
+CREATE INDEX usage_tenant ON usage(tenant_id, start);
+CREATE TABLE policies (
+  tenant_id TEXT NOT NULL REFERENCES tenants(id),
+  principal TEXT NOT NULL,
+  max_gpus BIGINT,
+  spot_only BIGINT NOT NULL DEFAULT 0,
+  deny BIGINT NOT NULL DEFAULT 0,
+  PRIMARY KEY (tenant_id, principal)
+);
+"""
+
+MIGRATION_2_POSTGRES = """
+ALTER TABLE events ADD COLUMN actor TEXT NOT NULL DEFAULT 'system';
+ALTER TABLE events ADD COLUMN acting_admin TEXT;
+UPDATE events SET actor = COALESCE(
+  (SELECT r.principal FROM reservations r WHERE r.id = events.reservation_id),
+  'system') WHERE type = 'reservation.created';
+UPDATE events SET actor = data::jsonb ->> 'by'
+  WHERE reservation_id IS NULL AND jsonb_typeof(data::jsonb -> 'by') = 'string';
+CREATE TABLE admins (
+  principal TEXT PRIMARY KEY,
+  added_at BIGINT NOT NULL,
+  added_by TEXT NOT NULL
+);
+INSERT INTO meta(key, value) VALUES ('clock', 'real') ON CONFLICT DO NOTHING;
+INSERT INTO meta(key, value) SELECT 'last_at', COALESCE(MAX(at), 0)::text FROM events
+  ON CONFLICT DO NOTHING;
+"""
+
+MIGRATION_3_POSTGRES = """
+CREATE TABLE booking_bounds (
+  pool_id TEXT PRIMARY KEY,
+  longest BIGINT NOT NULL
+);
+INSERT INTO booking_bounds(pool_id, longest)
+  SELECT pool_id, MAX("end" - start) FROM bookings GROUP BY pool_id;
+CREATE FUNCTION bookings_bound() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO booking_bounds(pool_id, longest) VALUES (NEW.pool_id, NEW."end" - NEW.start)
+    ON CONFLICT (pool_id)
+    DO UPDATE SET longest = GREATEST(booking_bounds.longest, excluded.longest);
+  RETURN NULL;
+END $$;
+CREATE TRIGGER bookings_bound_insert AFTER INSERT ON bookings
+  FOR EACH ROW EXECUTE FUNCTION bookings_bound();
+CREATE TRIGGER bookings_bound_update AFTER UPDATE OF pool_id, start, "end" ON bookings
+  FOR EACH ROW EXECUTE FUNCTION bookings_bound();
+DROP INDEX bookings_pool;
+DROP INDEX bookings_node;
+CREATE INDEX bookings_window
+  ON bookings(pool_id, "end", start, node_id, atom, reservation_id, spot);
+CREATE INDEX bookings_node_window
+  ON bookings(node_id, "end", start, atom, reservation_id, spot, pool_id);
+CREATE INDEX reservations_charge ON reservations(tenant_id, state, pool_id, quota_charge);
+"""
+
+
+class Dialects(NamedTuple):
+    """A migration whose SQL differs by backend. A plain string serves both."""
+
+    sqlite: str
+    postgresql: str
+
+
+Migration = str | Dialects
+
+
+def migration_text(migration: Migration, dialect: str) -> str:
+    """The SQL of one migration for 'sqlite' or 'postgresql'."""
+    if isinstance(migration, str):
+        return migration
+    return migration.sqlite if dialect == "sqlite" else migration.postgresql
+
+
+MIGRATION_4_POSTGRES = """
+CREATE TABLE atom_bookings (
+  pool_id TEXT NOT NULL,
+  node_id TEXT NOT NULL,
+  atom BIGINT NOT NULL,
+  last_end BIGINT NOT NULL,
+  PRIMARY KEY (pool_id, node_id, atom)
+);
+CREATE INDEX atom_bookings_end ON atom_bookings(pool_id, last_end);
+INSERT INTO atom_bookings(pool_id, node_id, atom, last_end)
+  SELECT pool_id, node_id, atom, MAX("end") FROM bookings GROUP BY pool_id, node_id, atom;
+CREATE FUNCTION atom_bookings_keep() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP IN ('UPDATE', 'DELETE') THEN
+    UPDATE atom_bookings SET last_end = COALESCE((SELECT b."end" FROM bookings b
+        WHERE b.node_id = OLD.node_id AND b.atom = OLD.atom AND b.pool_id = OLD.pool_id
+        ORDER BY b."end" DESC LIMIT 1), 0)
+      WHERE pool_id = OLD.pool_id AND node_id = OLD.node_id AND atom = OLD.atom;
+  END IF;
+  IF TG_OP IN ('INSERT', 'UPDATE') THEN
+    INSERT INTO atom_bookings(pool_id, node_id, atom, last_end)
+      VALUES (NEW.pool_id, NEW.node_id, NEW.atom, NEW."end")
+      ON CONFLICT (pool_id, node_id, atom)
+      DO UPDATE SET last_end = GREATEST(atom_bookings.last_end, excluded.last_end);
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE TRIGGER atom_bookings_insert AFTER INSERT ON bookings
+  FOR EACH ROW EXECUTE FUNCTION atom_bookings_keep();
+CREATE TRIGGER atom_bookings_update AFTER UPDATE OF pool_id, node_id, atom, "end" ON bookings
+  FOR EACH ROW EXECUTE FUNCTION atom_bookings_keep();
+CREATE TRIGGER atom_bookings_delete AFTER DELETE ON bookings
+  FOR EACH ROW EXECUTE FUNCTION atom_bookings_keep();
+CREATE TABLE held_charges (
+  tenant_id TEXT NOT NULL,
+  pool_id TEXT NOT NULL,
+  held BIGINT NOT NULL,
+  PRIMARY KEY (tenant_id, pool_id)
+);
+INSERT INTO held_charges(tenant_id, pool_id, held)
+  SELECT tenant_id, pool_id, SUM(quota_charge) FROM reservations WHERE state != 'released'
+  GROUP BY tenant_id, pool_id;
+CREATE FUNCTION held_charges_keep() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP IN ('UPDATE', 'DELETE') AND OLD.state != 'released' THEN
+    UPDATE held_charges SET held = held - OLD.quota_charge
+      WHERE tenant_id = OLD.tenant_id AND pool_id = OLD.pool_id;
+  END IF;
+  IF TG_OP IN ('INSERT', 'UPDATE') AND NEW.state != 'released' THEN
+    INSERT INTO held_charges(tenant_id, pool_id, held)
+      VALUES (NEW.tenant_id, NEW.pool_id, NEW.quota_charge)
+      ON CONFLICT (tenant_id, pool_id) DO UPDATE SET held = held_charges.held + excluded.held;
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE TRIGGER held_charges_insert AFTER INSERT ON reservations
+  FOR EACH ROW EXECUTE FUNCTION held_charges_keep();
+CREATE TRIGGER held_charges_update AFTER UPDATE OF tenant_id, pool_id, state, quota_charge
+  ON reservations FOR EACH ROW EXECUTE FUNCTION held_charges_keep();
+CREATE TRIGGER held_charges_delete AFTER DELETE ON reservations
+  FOR EACH ROW EXECUTE FUNCTION held_charges_keep();
+"""
+
+
+#: Append-only. Index i holds the SQL that brings version i to i + 1 (SQLite's user_version;
+#: meta 'schema_version' on PostgreSQL). New migrations: one portable string when the SQL is the
+#: same on both, else Dialects(sqlite=..., postgresql=...).
+MIGRATIONS: tuple[Migration, ...] = (
+    Dialects(MIGRATION_1, MIGRATION_1_POSTGRES),
+    Dialects(MIGRATION_2, MIGRATION_2_POSTGRES),
+    Dialects(MIGRATION_3, MIGRATION_3_POSTGRES),
+    Dialects(MIGRATION_4, MIGRATION_4_POSTGRES),
     MIGRATION_5,
     MIGRATION_6,
     MIGRATION_7,
@@ -418,4 +700,4 @@ APPLICATION_ID = 0x42434D50  # "BCMP"
 #: sha256 of the sorted (type, name, tbl_name, sql) rows of sqlite_master that MIGRATIONS make:
 #: opening a ledger compares its schema with this instead of rebuilding every migration in memory
 #: (storage/db.py). tests/test_speed.py fails with the new value whenever a migration is added.
-SCHEMA_DIGEST = "584e84e404bb1c434e74e371f1344b4ebe596dbc177edb3efa48d9ac093e9b56"
+SCHEMA_DIGEST = "21f5c63be14b27ad1d306f782ee619bf33c9995f15d5d048f73aaa49eafdf93f"

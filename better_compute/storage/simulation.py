@@ -41,7 +41,7 @@ def next_due(conn: Conn, after: int, repair_lead_ms: int, max_wait_ms: int) -> i
         "  AND during_start > :a"
         " UNION ALL SELECT MIN(during_start - :lead) FROM reservations WHERE state = 'placed'"
         "  AND lead_checked = 0 AND during_start - :lead > :a"
-        ")",
+        ") AS due",
         {"a": after, "lead": repair_lead_ms, "wait": max_wait_ms},
     ).fetchone()
     return None if row[0] is None else int(row[0])
@@ -72,7 +72,7 @@ def placement_events(
 def booking_spans(conn: Conn, lo_seq: int, hi_seq: int) -> list[tuple[str, str, int, int]]:
     """(reservation, pool, start, end) of every booking of the reservations with seq in [lo, hi]."""
     rows = conn.execute(
-        "SELECT b.reservation_id, b.pool_id, b.start, b.end FROM reservations r"
+        'SELECT b.reservation_id, b.pool_id, b.start, b."end" FROM reservations r'
         " JOIN bookings b ON b.reservation_id = r.id WHERE r.seq BETWEEN ? AND ?"
         " ORDER BY r.seq, b.id",
         (lo_seq, hi_seq),
@@ -84,7 +84,7 @@ def usage_spans(conn: Conn, lo_seq: int, hi_seq: int) -> list[tuple[str, int, in
     """(reservation, gpus, start, end or None while open) of the usage windows of the
     reservations with seq in [lo, hi]."""
     rows = conn.execute(
-        "SELECT u.reservation_id, u.gpus, u.start, u.end FROM reservations r"
+        'SELECT u.reservation_id, u.gpus, u.start, u."end" FROM reservations r'
         " JOIN usage u ON u.reservation_id = r.id WHERE r.seq BETWEEN ? AND ? ORDER BY u.id",
         (lo_seq, hi_seq),
     )

@@ -1,0 +1,432 @@
+"""The PostgreSQL backend: the same ledger, the same SQL, on a server a team shares.
+
+Imported only for a `postgresql://` URL: psycopg 3 is the optional extra
+`better-compute[postgres]`. Authentication is libpq's (the URL, the `PG*` variables, `.pgpass`),
+never a password flag. The principal is the session's role (`current_user`): the server
+authenticated it, so no flag can claim it.
+
+Transactions mirror SQLite's (docs/postgres.md):
+- a write takes the lock order's first lock up front, the ledger clock row (`meta` 'last_at',
+  `FOR UPDATE`), as BEGIN IMMEDIATE takes SQLite's write lock: writers queue instead of racing,
+  and the instant a write acts at is read once the lock is held (PRODUCT.md §2);
+- a read is one REPEATABLE READ snapshot, as SQLite's deferred BEGIN gives;
+- a lock held past `db.busyTimeoutMs` (lock_timeout), a serialization failure or a deadlock is
+  UNAVAILABLE with nothing written: the command is safe to run again.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from functools import lru_cache
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+
+from better_compute.errors import Conflict, Forbidden, InvalidInput, Unavailable
+from better_compute.storage.conn import POSTGRES
+from better_compute.storage.schema import MIGRATIONS, SCHEMA_VERSION, migration_text
+
+DEFAULT_LOCK_TIMEOUT_MS = 30_000
+
+#: The lock order's first lock: every write holds the ledger clock row (PRODUCT.md §2).
+CLOCK_LOCK = "SELECT value FROM meta WHERE key = 'last_at' FOR UPDATE"
+
+#: How often taking the write lock may lose a deadlock or serialization check before UNAVAILABLE.
+LOCK_ATTEMPTS = 5
+
+#: Failures that say "try again", never "the ledger is wrong": nothing of the command was written.
+_TRANSIENT = (
+    pg_errors.SerializationFailure,
+    pg_errors.DeadlockDetected,
+    pg_errors.LockNotAvailable,
+    pg_errors.QueryCanceled,
+)
+
+
+class Row(tuple[Any, ...]):
+    """A result row read by index or by column name, as sqlite3.Row is."""
+
+    _index: dict[str, int]
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, str):
+            return tuple.__getitem__(self, self._index[key])
+        return tuple.__getitem__(self, key)
+
+    def keys(self) -> list[str]:
+        return list(self._index)
+
+
+def _row_factory(cursor: Any) -> Any:
+    description = cursor.description or []
+    index = {c.name: i for i, c in enumerate(description)}
+    row_type = type("Row", (Row,), {"_index": index})
+    return lambda values: row_type(values)
+
+
+_PLACEHOLDER = re.compile(r"'(?:[^']|'')*'|\"[^\"]*\"|--[^\n]*|%|\?|(?<!:):([A-Za-z_]\w*)")
+
+
+@lru_cache(maxsize=1024)
+def translate(sql: str) -> str:
+    """SQLite placeholders to psycopg's, once per statement text: `?` is `%s`, `:name` is
+    `%(name)s`, a literal `%` is doubled. Quoted text, identifiers and comments keep their `?`
+    and `:` as they are."""
+
+    def one(match: re.Match[str]) -> str:
+        text = match.group(0)
+        if text == "?":
+            return "%s"
+        if text == "%":
+            return "%%"
+        if match.group(1) is not None:
+            return f"%({match.group(1)})s"
+        return text.replace("%", "%%")  # a quoted literal or identifier, or a comment
+
+    return _PLACEHOLDER.sub(one, sql)
+
+
+class PgConn:
+    """A psycopg connection speaking the storage interface (storage/conn.Conn)."""
+
+    dialect = POSTGRES
+
+    def __init__(self, raw: psycopg.Connection[Any], where: str) -> None:
+        self.raw = raw
+        self.where = where
+
+    def execute(self, sql: str, parameters: Any = None, /) -> psycopg.Cursor[Any]:
+        cursor = self.raw.cursor()
+        if parameters is None or (isinstance(parameters, Sequence) and not parameters):
+            return cursor.execute(sql)  # no parameters: psycopg reads no placeholders either
+        if not isinstance(parameters, dict):
+            parameters = tuple(parameters)
+        return cursor.execute(translate(sql), parameters)
+
+    def executemany(self, sql: str, parameters: Iterable[Any], /) -> psycopg.Cursor[Any]:
+        cursor = self.raw.cursor()
+        cursor.executemany(translate(sql), [tuple(p) for p in parameters])
+        return cursor
+
+    def cursor(self) -> psycopg.Cursor[Any]:
+        return self.raw.cursor()
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+
+
+def _scalar(conn: PgConn, sql: str) -> Any:
+    """The one value a query without parameters returns."""
+    row = conn.execute(sql).fetchone()
+    if row is None:
+        raise AssertionError(f"no row from {sql}")
+    return row[0]
+
+
+#: A password written into a URL: `user:secret@` or a `password=` parameter.
+_PASSWORD = re.compile(r"://[^/@]*:[^/@]*@|[?&]password=", re.IGNORECASE)
+
+
+def _connect(url: str) -> psycopg.Connection[Any]:
+    if _PASSWORD.search(url):
+        raise InvalidInput(
+            f"--db {redact(url)!r} carries a password, which would sit in shell history and"
+            " process lists: leave it out and give it to libpq instead (~/.pgpass, or PGPASSWORD"
+            " in the environment of cron and CI jobs)"
+        )
+    try:
+        raw = psycopg.connect(
+            url, autocommit=True, cursor_factory=psycopg.ClientCursor, row_factory=_row_factory
+        )
+    except psycopg.OperationalError as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise Unavailable(f"cannot connect to {redact(url)}: {detail}") from None
+    except psycopg.ProgrammingError as exc:  # a malformed URL
+        raise InvalidInput(f"--db {redact(url)!r} is not a usable PostgreSQL URL: {exc}") from None
+    return raw
+
+
+def redact(url: str) -> str:
+    """The URL without a password, should one have been written into it."""
+    url = re.sub(r"([?&]password=)[^&]*", r"\1***", url, flags=re.IGNORECASE)
+    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+
+
+class PgDatabase:
+    """An open PostgreSQL ledger; the same surface as storage/db.Database."""
+
+    read_only = False
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.where = redact(url)
+        self.path = self.where
+        self.conn = PgConn(_connect(url), self.where)
+        self.set_busy_timeout(DEFAULT_LOCK_TIMEOUT_MS)
+
+    def set_busy_timeout(self, busy_timeout_ms: int) -> None:
+        """SQLite's busy timeout is PostgreSQL's lock_timeout: how long a lock may be awaited."""
+        self.conn.raw.execute(f"SET lock_timeout = {int(busy_timeout_ms)}")
+
+    def sync_at_checkpoints(self) -> None:
+        """As on SQLite, for what-if replays only: commits stop waiting for the WAL flush."""
+        self.conn.raw.execute("SET synchronous_commit = off")
+
+    def principal(self, os_user: str) -> str:
+        """The session's role: who the server authenticated, whatever the OS user is."""
+        return str(_scalar(self.conn, "SELECT current_user"))
+
+    def close(self) -> None:
+        self.conn.raw.close()
+
+    @contextmanager
+    def write(self) -> Iterator[PgConn]:
+        """One write transaction, holding the ledger clock row first (the lock order)."""
+        if self.conn.in_transaction:  # init fills its new ledger inside the one that creates it
+            with self._mapped(), self.conn.raw.transaction():
+                yield self.conn
+            return
+        self._begin_write()
+        with self._mapped(), self._committed():
+            yield self.conn
+
+    @contextmanager
+    def read(self) -> Iterator[PgConn]:
+        """One consistent snapshot for everything a command reads."""
+        if self.conn.in_transaction:
+            yield self.conn
+            return
+        with self._mapped():
+            self.conn.raw.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            with self._committed():
+                yield self.conn
+
+    def _begin_write(self) -> None:
+        """BEGIN and take the clock row. Losing a deadlock or a serialization check here costs
+        nothing yet, so it is retried a bounded number of times before UNAVAILABLE; a lock
+        awaited past lock_timeout (db.busyTimeoutMs) is UNAVAILABLE at once, as on SQLite."""
+        raw = self.conn.raw
+        for attempt in range(LOCK_ATTEMPTS):
+            try:
+                raw.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+                raw.execute(CLOCK_LOCK)
+                return
+            except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected):
+                raw.execute("ROLLBACK")
+                time.sleep(random.uniform(0, 0.02 * 2**attempt))
+            except (pg_errors.LockNotAvailable, pg_errors.QueryCanceled):
+                raw.execute("ROLLBACK")
+                raise Unavailable(
+                    f"database {self.where} stayed locked past the busy timeout; try again"
+                ) from None
+        raise Unavailable(
+            f"database {self.where}: {LOCK_ATTEMPTS} attempts to take the write lock lost to"
+            " deadlocks or serialization failures; nothing was written, run it again"
+        )
+
+    @contextmanager
+    def _committed(self) -> Iterator[None]:
+        """COMMIT after the body, ROLLBACK if it raised."""
+        raw = self.conn.raw
+        try:
+            yield
+        except BaseException:
+            if self.conn.in_transaction and not raw.closed:
+                raw.execute("ROLLBACK")
+            raise
+        raw.execute("COMMIT")
+
+    def _mapped(self) -> AbstractContextManager[None]:
+        return mapped(self.where)
+
+    @contextmanager
+    def savepoint(self, name: str) -> Iterator[None]:
+        """All or nothing inside a transaction (a gang, a preemption)."""
+        raw = self.conn.raw
+        raw.execute(f"SAVEPOINT {name}")
+        try:
+            yield
+        except BaseException:
+            if self.conn.in_transaction:
+                raw.execute(f"ROLLBACK TO SAVEPOINT {name}")
+                raw.execute(f"RELEASE SAVEPOINT {name}")
+            raise
+        raw.execute(f"RELEASE SAVEPOINT {name}")
+
+
+@contextmanager
+def mapped(where: str) -> Iterator[None]:
+    """What the server refuses is the product's answer, never a bug: "try again" failures are
+    UNAVAILABLE with nothing written; a missing GRANT is FORBIDDEN."""
+    try:
+        yield
+    except _TRANSIENT as exc:
+        raise Unavailable(
+            f"database {where} was busy ({type(exc).__name__}): nothing was written,"
+            " run the command again"
+        ) from None
+    except pg_errors.InsufficientPrivilege as exc:
+        detail = " ".join(str(exc).split())[:200]
+        raise Forbidden(
+            f"the server refused your role ({detail}): an admin grants what docs/postgres.md"
+            " lists for ordinary users"
+        ) from None
+    except psycopg.OperationalError as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise Unavailable(f"database {where} cannot be used: {detail}") from None
+
+
+# ---------------------------------------------------------------- schema
+
+
+def _version(db: PgDatabase) -> int | None:
+    """How many migrations ran: None when the schema holds no ledger at all."""
+    raw = db.conn.raw
+    if _scalar(db.conn, "SELECT to_regclass('meta')") is None:
+        return None
+    row = raw.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def _tables(db: PgDatabase) -> list[str]:
+    rows = db.conn.raw.execute(
+        "SELECT table_name FROM information_schema.tables"
+        " WHERE table_schema = current_schema() ORDER BY table_name"
+    )
+    return [str(r[0]) for r in rows]
+
+
+def _migrate(db: PgDatabase, version: int) -> None:
+    """Each pending migration in its own transaction, as on SQLite; the version sits in meta."""
+    if version > SCHEMA_VERSION:
+        raise Unavailable(
+            f"{db.where} has schema version {version}, newer than this better-compute "
+            f"({SCHEMA_VERSION}); upgrade better-compute"
+        )
+    raw = db.conn.raw
+    for number in range(version, SCHEMA_VERSION):
+        with raw.transaction():
+            raw.execute("SELECT pg_advisory_xact_lock(1111706960)")  # one migrator at a time
+            again = _version(db) or 0
+            if again > number:
+                continue
+            raw.execute(migration_text(MIGRATIONS[number], POSTGRES))
+            raw.execute(
+                "INSERT INTO meta(key, value) VALUES ('schema_version', %s)"
+                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (str(number + 1),),
+            )
+
+
+def open_database(url: str, busy_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS) -> PgDatabase:
+    """Open an initialised ledger, migrating it forward; a schema without one is refused."""
+    db = PgDatabase(url)
+    try:
+        with mapped(db.where):
+            _open(db, busy_timeout_ms)
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def _open(db: PgDatabase, busy_timeout_ms: int) -> None:
+    version = _version(db)
+    if version is None:
+        raise Unavailable(
+            f"no better-compute ledger in {db.where}; run `better-compute init` first (or, if"
+            " there is one, your role may not use its schema: see the GRANTs in docs/postgres.md)"
+        )
+    _migrate(db, version)
+    if db.conn.raw.execute("SELECT 1 FROM meta WHERE key = 'db_id'").fetchone() is None:
+        raise Unavailable(f"{db.where} holds a ledger that `init` never finished")
+    db.set_busy_timeout(busy_timeout_ms)
+
+
+def ledger_exists(url: str) -> bool:
+    db = PgDatabase(url)
+    try:
+        return _version(db) is not None
+    finally:
+        db.close()
+
+
+def session_role(url: str) -> str:
+    db = PgDatabase(url)
+    try:
+        return db.principal("")
+    finally:
+        db.close()
+
+
+#: Every table a ledger has, children first: what `init --force` drops before building anew.
+LEDGER_TABLES = (
+    "booking_bounds",
+    "bookings",
+    "usage",
+    "allocations",
+    "events",
+    "policies",
+    "quotas",
+    "reservations",
+    "maintenance",
+    "atoms",
+    "nodes",
+    "pools",
+    "tenants",
+    "meters",
+    "admins",
+    "config",
+    "meta",
+)
+
+
+def create_database(url: str, *, force: bool, db_id: str, fill: Any = None) -> PgDatabase:
+    """`init` on PostgreSQL: the schema, the ledger's id and `fill`, in one transaction, so a
+    killed init leaves nothing (PostgreSQL's DDL is transactional). An existing ledger needs
+    --force; a schema holding other tables is never touched."""
+    db = PgDatabase(url)
+    try:
+        raw = db.conn.raw
+        with mapped(db.where), raw.transaction():
+            raw.execute("SELECT pg_advisory_xact_lock(1111706960)")
+            version = _version(db)
+            if version is None and _tables(db):
+                raise InvalidInput(
+                    f"{db.where} already holds tables that are not a better-compute ledger"
+                    f" ({', '.join(_tables(db)[:5])}); choose an empty database or schema"
+                )
+            if version is not None and not force:
+                raise Conflict(
+                    f"{db.where} already holds a better-compute ledger; add --force to replace it"
+                )
+            if version is not None:
+                raw.execute(CLOCK_LOCK)  # the lock order: writers finish or wait, never deadlock
+                _drop_ledger(db)
+            for script in MIGRATIONS:
+                raw.execute(migration_text(script, POSTGRES))
+            raw.execute(
+                "INSERT INTO meta(key, value) VALUES ('schema_version', %s), ('db_id', %s)",
+                (str(SCHEMA_VERSION), db_id),
+            )
+            if fill is not None:
+                fill(db)
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def _drop_ledger(db: PgDatabase) -> None:
+    raw = db.conn.raw
+    mine = set(_tables(db))
+    for table in LEDGER_TABLES:
+        if table in mine:
+            raw.execute(f"DROP TABLE {table} CASCADE")
+    raw.execute("DROP FUNCTION IF EXISTS bookings_bound() CASCADE")

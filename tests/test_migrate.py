@@ -1,0 +1,129 @@
+"""`migrate --to`: the whole ledger into a new one, SQLite to PostgreSQL and back (issue 9)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pgtest
+import pytest
+from conftest import HOUR, NOW, Cli, at, init_db
+
+from better_compute.storage.copy import snapshot
+from better_compute.storage.db import open_ledger
+
+
+def _busy_ledger(cli: Cli) -> None:
+    """Every kind of row: reservations of each shape, a tick, usage, a policy, a setting."""
+    cli.ok("meter", "create", "h100")
+    cli.ok("policy", "set", "--tenant", "acme", "--principal", "admin", "--max-gpus", "32")
+    cli.ok("config", "set", "placement.topN", "3")
+    cli.ok("node", "cordon", "west-07", "--from", at(HOUR), "--until", at(2 * HOUR))
+    cli.ok("reserve", "--tenant", "acme", "--gpus", "4", "--for", "2h")
+    cli.ok("reserve", "--tenant", "globex", "--gpus", "8", "--gang", "2", "--for", "1h")
+    cli.ok("reserve", "--tenant", "globex", "--gpus", "2", "--spot", "--for", "3h")
+    cli.ok("tick", now=at(30 * 60 * 1000))
+
+
+def _tables(db: str) -> dict[str, Any]:
+    ledger = open_ledger(db)
+    try:
+        with ledger.read() as conn:
+            return snapshot(conn)
+    finally:
+        ledger.close()
+
+
+@pytest.mark.sqlite_only(
+    reason="copies between two SQLite files; the PostgreSQL run goes both ways"
+)
+def test_migrate_copies_every_table_and_leaves_the_source_untouched(run: Cli, db_dir: Path) -> None:
+    _busy_ledger(run)
+    before = _tables(str(run.db))
+    target = db_dir / "copy.db"
+    doc = run.ok("migrate", "--to", target)
+    assert _tables(str(run.db)) == before  # the source is only read
+    assert {t["table"] for t in doc["tables"]} >= {"reservations", "bookings", "events", "usage"}
+    assert _tables(str(run.db)) == _tables(str(target))
+    copy = Cli(target)
+    assert copy.ok("list") == run.ok("list")
+    # The copy keeps the ledger's id: the next reservation gets the same id on both.
+    assert (
+        copy.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h")["id"]
+        == run.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h")["id"]
+    )
+
+
+def test_migrate_refuses_a_target_that_is_not_empty_and_a_non_admin(run: Cli, db_dir: Path) -> None:
+    other = init_db(db_dir / "other.db")
+    error = run.fails(4, "migrate", "--to", other)
+    assert "not empty" in error["message"]
+    error = run.fails(6, "--as", "mallory", "migrate", "--to", db_dir / "x.db")
+    assert "only an admin may migrate the ledger" in error["message"]
+
+
+def _raw(db: str, *args: str) -> Any:
+    """The CLI in-process on exactly this --db (conftest.invoke would map a path to a schema)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from better_compute.cli import app
+
+    out = CliRunner().invoke(app, ["--db", db, "--json", *args])
+    assert out.exit_code == 0, out.stderr
+    return json.loads(out.stdout) if out.stdout.strip() else None
+
+
+@pytest.mark.postgres_only
+def test_sqlite_to_postgres_and_back_is_the_same_ledger(db_dir: Path) -> None:
+    source = str(db_dir / "source.db")
+    _raw(source, "--now", NOW, "init", "--demo")
+    _raw(source, "--now", NOW, "reserve", "--tenant", "acme", "--gpus", "4", "--for", "2h")
+    _raw(
+        source,
+        "--now",
+        NOW,
+        "reserve",
+        "--tenant",
+        "globex",
+        "--gpus",
+        "8",
+        "--gang",
+        "2",
+        "--for",
+        "1h",
+    )
+    _raw(
+        source,
+        "--now",
+        NOW,
+        "reserve",
+        "--tenant",
+        "globex",
+        "--gpus",
+        "2",
+        "--spot",
+        "--for",
+        "3h",
+    )
+    _raw(source, "--now", at(HOUR), "tick")
+    here = _tables(source)
+    url = pgtest.url_for(f"/pg-migrate/{uuid.uuid4().hex}.db")
+    doc = _raw(source, "migrate", "--to", url)
+    assert _tables(source) == here  # the source is only read
+    assert doc["adminAdded"] is not None  # the server's role may administer its copy
+
+    def same(other: dict[str, Any]) -> bool:
+        return {k: v for k, v in other.items() if k != "admins"} == {
+            k: v for k, v in here.items() if k != "admins"
+        }
+
+    assert same(_tables(url))
+    back = str(db_dir / "back.db")
+    _raw(url, "migrate", "--to", back)
+    assert same(_tables(back))
+    assert _raw(url, "list") == _raw(back, "list")
+    ask = ("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h")
+    assert _raw(url, *ask)["id"] == _raw(back, *ask)["id"]

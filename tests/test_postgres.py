@@ -1,0 +1,181 @@
+"""PostgreSQL ledgers (issue 9): what differs from SQLite, on a real server.
+
+The rest of the suite runs on PostgreSQL too (`--backend postgres`, see conftest.py); these tests
+are about what only PostgreSQL has: the server's roles as principals, GRANTs, URLs and libpq.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pgtest
+import pytest
+from conftest import ME, NOW, invoke
+
+postgres = pytest.mark.postgres_only
+
+
+def test_without_psycopg_a_url_says_which_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as if the extra were not installed
+    result = invoke(["--db", "postgresql://someone@127.0.0.1:1/ledger", "list"])
+    assert result.exit_code == 2, result.stderr
+    assert "pip install 'better-compute[postgres]'" in result.stderr
+
+
+def test_placeholders_are_translated_once_and_quoted_text_is_left_alone() -> None:
+    pytest.importorskip("psycopg")
+    from better_compute.storage.postgres import translate
+
+    sql = "SELECT 'a%b?:c', \"end\" FROM t WHERE y = ? AND z = :name AND w::text LIKE '%x'"
+    assert translate(sql) == (
+        "SELECT 'a%%b?:c', \"end\" FROM t WHERE y = %s AND z = %(name)s AND w::text LIKE '%%x'"
+    )
+
+
+def test_an_unreachable_server_is_unavailable_and_says_where() -> None:
+    pytest.importorskip("psycopg")
+    result = invoke(["--db", "postgresql://someone@127.0.0.1:1/ledger", "list"])
+    assert result.exit_code == 7, result.stderr
+    assert "cannot connect to postgresql://someone@127.0.0.1:1/ledger" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["postgresql://someone:hunter2@127.0.0.1:1/ledger", "postgres://h/ledger?password=hunter2"],
+)
+def test_a_password_in_the_url_is_refused_and_never_printed(url: str) -> None:
+    pytest.importorskip("psycopg")
+    result = invoke(["--db", url, "list"])
+    assert result.exit_code == 2, result.stderr
+    assert "hunter2" not in result.stderr and ".pgpass" in result.stderr
+
+
+def _ledger() -> str:
+    return pgtest.url_for(f"/pg-only/{uuid.uuid4().hex}.db")
+
+
+def _as_role(url: str, role: str) -> str:
+    """The same ledger, connecting as another role (trust authentication on the test server)."""
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://{role}@{rest.split('@', 1)[1]}"
+
+
+def _sql(url: str, *statements: str) -> list[Any]:
+    import psycopg
+
+    rows: list[Any] = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        for statement in statements:
+            cur = conn.execute(statement)
+            if cur.description:
+                rows.extend(cur.fetchall())
+    return rows
+
+
+@pytest.fixture
+def role(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh login role with the README's GRANTs for ordinary users."""
+    name = f"bc_user_{uuid.uuid4().hex[:8]}"
+    url = _ledger()
+    _sql(url, f"CREATE ROLE {name} LOGIN")
+    yield name
+    _sql(url, f"DROP OWNED BY {name}", f"DROP ROLE {name}")
+
+
+@postgres
+def test_init_makes_the_session_role_the_first_admin() -> None:
+    url = _ledger()
+    doc = _json(invoke(["--db", url, "--now", NOW, "--json", "init"]))
+    assert doc["admin"] == ME
+    assert _json(invoke(["--db", url, "--json", "admin", "list"])) == [ME]
+    assert ME != "" and _sql(url, "SELECT current_user")[0][0] == ME
+
+
+def _json(result: Any) -> Any:
+    import json
+
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@postgres
+def test_an_ordinary_role_acts_as_itself_and_may_not_claim_another(role: str) -> None:
+    url = _ledger()
+    _json(invoke(["--db", url, "--now", NOW, "--json", "init", "--demo"]))
+    schema = url.rsplit("%3D", 1)[1]
+    _sql(url, *grants(schema, role))
+    mine = _as_role(url, role)
+    rsv = _json(
+        invoke(
+            ["--db", mine, "--json", "reserve", "--tenant", "acme", "--gpus", "2", "--for", "1h"]
+        )
+    )
+    events = _json(invoke(["--db", url, "--json", "events", "--reservation", rsv["id"]]))
+    assert events[0]["actor"] == role
+    refused = invoke(["--db", mine, "--as", ME, "list"])
+    assert refused.exit_code == 6 and "only an admin may act as another" in refused.stderr
+    refused = invoke(["--db", mine, "admin", "add", role])
+    assert refused.exit_code == 6, refused.stderr
+    # The GRANTs are a second wall: the role cannot make itself an admin with psql either.
+    import psycopg
+
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        _sql(mine, f"INSERT INTO admins VALUES ('{role}', 0, '{role}')")
+
+
+def grants(schema: str, role: str) -> list[str]:
+    """The README's GRANTs for an ordinary user (docs/postgres.md)."""
+    return [
+        f"GRANT USAGE ON SCHEMA {schema} TO {role}",
+        f"GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {role}",
+        f"GRANT INSERT, UPDATE, DELETE ON {schema}.meta, {schema}.reservations,"
+        f" {schema}.allocations, {schema}.bookings, {schema}.booking_bounds, {schema}.events,"
+        f" {schema}.usage TO {role}",
+        f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA {schema} TO {role}",
+        # `SELECT … FOR UPDATE` of a pool's row (the lock order) needs UPDATE on one column:
+        f"GRANT UPDATE (seq) ON {schema}.pools TO {role}",
+    ]
+
+
+@postgres
+def test_init_refuses_a_schema_holding_other_tables_and_replaces_only_with_force() -> None:
+    url = _ledger()
+    _sql(url, "CREATE TABLE payroll (id INT)")
+    result = invoke(["--db", url, "--now", NOW, "init"])
+    assert result.exit_code == 2 and "not a better-compute ledger" in result.stderr
+    assert _sql(url, "SELECT count(*) FROM payroll") == [(0,)]
+    other = _ledger()
+    _json(invoke(["--db", other, "--now", NOW, "--json", "init", "--demo"]))
+    again = invoke(["--db", other, "--now", NOW, "init"])
+    assert again.exit_code == 4 and "--force" in again.stderr
+    _json(invoke(["--db", other, "--now", NOW, "--json", "init", "--force"]))
+    assert _json(invoke(["--db", other, "--json", "pool", "list"])) == []
+
+
+@postgres
+def test_a_role_without_the_grants_is_forbidden_not_a_bug(role: str) -> None:
+    url = _ledger()
+    _json(invoke(["--db", url, "--now", NOW, "--json", "init", "--demo"]))
+    result = invoke(["--db", _as_role(url, role), "list"])
+    assert result.exit_code == 7 and "GRANTs" in result.stderr  # the schema is out of its sight
+    schema = url.rsplit("%3D", 1)[1]
+    _sql(url, f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+    result = invoke(["--db", _as_role(url, role), "list"])
+    assert result.exit_code == 6, result.stderr
+    assert "the server refused your role" in result.stderr
+
+
+@postgres
+def test_group_and_backup_say_what_to_use_on_postgres() -> None:
+    url = _ledger()
+    result = invoke(["--db", url, "--now", NOW, "init", "--group", "root"])
+    assert result.exit_code == 2 and "GRANT" in result.stderr
+    _json(invoke(["--db", url, "--now", NOW, "--json", "init"]))
+    result = invoke(["--db", url, "backup", os.devnull + ".copy"])
+    assert result.exit_code == 2 and "pg_dump" in result.stderr

@@ -280,3 +280,40 @@ def test_retries_from_memory_write_what_retries_from_sql_write(
     assert [e for e in expected if e[0] == "reservation.pending"]  # there were retries
     retries = 2 * 480  # two requests waiting, a tick every 30 s
     assert len(planned) < retries  # each retry would plan both nodes without the memo
+
+
+def test_a_replay_places_from_memory_not_from_sql(db_dir: Path) -> None:
+    """Placement's SQL readers (candidates, snapshots, the name-order scan for perfect fits)
+    are never called while simulate has its fleet: each would cost a query per request."""
+    path = db_dir / "mem.db"
+    db = setup.init(str(path), T0, force=True, manual=True, admin=ME, group=None)[0]
+    doc = {"pools": [{"name": "p", "nodes": [_node(f"n{i}") for i in range(4)]}]}
+    setup.inventory_import(Ctx(db, T0), parse_inventory(doc))
+    workload = db_dir / "w.jsonl"
+    workload.write_text(
+        "".join(
+            json.dumps(
+                {"at": T0 + k * 60_000, "tenant": "acme", "gpus": 1 + k % 8, "duration": "1h"}
+            )
+            + "\n"
+            for k in range(40)
+        )
+    )
+    called: list[str] = []
+
+    def refused(name: str) -> Any:
+        def call(*args: Any, **kw: Any) -> Any:
+            called.append(name)
+            raise AssertionError(f"{name} read SQL during a replay")
+
+        return call
+
+    ctx = Ctx(db, T0, who=Principal(ME, admin=True))
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("snapshots", "fit_candidates", "node_capacity"):
+            mp.setattr(repo, name, refused(f"repo.{name}"))
+        mp.setattr(placing, "name_order_scan", refused("placing.name_order_scan"))
+        report = simulate.simulate(ctx, str(workload), "jsonl", Fraction(1))
+    assert called == []
+    assert report.placed_at_once + report.placed_after_waiting == 40
+    db.close()

@@ -39,8 +39,9 @@ Booked = tuple[int, int, int, str, bool, bool]
 Keyed = tuple[tuple[int, str], str]
 #: Later than any instant: an answer that no booking will ever change.
 MAX = 2**63 - 1
-#: Remembered answers kept per pool at most (one per pending request); all dropped past it.
-MEMO_KEYS = 1024
+#: Remembered answers kept per pool at most (one per pending request, each up to one refusal
+#: per node): all are dropped past it, so memory stays bounded however many requests wait.
+MEMO_KEYS = 256
 
 
 class BookingRow(NamedTuple):
@@ -362,6 +363,7 @@ class PoolIndex:
             else:
                 result = plan_node(request, self.snapshots(window, ignore, [name])[0])
                 if not isinstance(result, str):
+                    del self._refusals[key]  # it fits: placed now, never asked again
                     return None
                 reason = result
             memo[name] = (reason, gen, self._node_still(name, window), window.start)

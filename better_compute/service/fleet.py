@@ -17,14 +17,16 @@ transaction that the atoms are free (a lost race excludes the node and plans aga
 from __future__ import annotations
 
 from better_compute.engine.fleet import BookingRow, PoolIndex
+from better_compute.lifecycle.notices import EXPIRING, STARTING
 from better_compute.storage import repo
 from better_compute.storage import simulation as store
 from better_compute.storage.repo import Conn
 
 #: Events that change neither a reservation's bookings nor whether it is live (created: it has
-#: no booking yet; binding and active: placed, binding and active are all live). Any other
-#: event on a reservation, of whatever type, makes the fleet read its bookings again.
-UNCHANGED = ("reservation.created", "reservation.binding", "reservation.active")
+#: no booking yet; binding and active: placed, binding and active are all live; the starting
+#: and expiring notices only tell). Any other event on a reservation, of whatever type, makes
+#: the fleet read its bookings again.
+UNCHANGED = ("reservation.created", "reservation.binding", "reservation.active", STARTING, EXPIRING)
 
 
 class Fleet:

@@ -96,16 +96,16 @@ def shortlisted_fits(
 ) -> list[Fit]:
     """Fitting nodes, planned most promising first (engine/shortlist.py), until the best `enough`
     single-node plans are known (None: every candidate, as gangs need), by node name."""
+    conn = ctx.db.conn
+    pool = fleet_pool(ctx, pool_id, request.window)
     # Nodes the name-order reading planned already: their plans count, and are not made twice.
     fits: list[Fit] = []
     planned: set[str] = set()
-    if enough is not None:
+    if enough is not None and pool is None:  # from memory, candidates come best first at once
         scan = name_order_scan(ctx, pool_id, request, ignore, exclude, enough)
         if scan.answered:
             return scan.fits
         fits, planned = scan.fits, scan.planned
-    conn = ctx.db.conn
-    pool = fleet_pool(ctx, pool_id, request.window)
     order: Iterator[tuple[tuple[int, str], str]]
     if pool is not None:
         order = pool.candidates(request, ignore)

@@ -150,13 +150,14 @@ def touched_since(conn: Conn, seq: int, unchanged: Sequence[str] = ()) -> tuple[
     """(the latest event seq, the reservations named by events after `seq`): every change to a
     reservation's bookings or state is written with an event on it. Events of the `unchanged`
     types (which change neither) do not count."""
-    last = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0])
-    if last <= seq:
-        return last, []
     # A range of the primary key: the few newest events, never the reservation index.
-    rows = conn.execute("SELECT reservation_id, type FROM events WHERE seq > ?", (seq,))
-    skip = set(unchanged)
-    return last, sorted({str(r) for r, t in rows if r is not None and t not in skip})
+    rows = conn.execute("SELECT seq, reservation_id, type FROM events WHERE seq > ?", (seq,))
+    skip, last, touched = set(unchanged), seq, set()
+    for at, rsv_id, type_ in rows:
+        last = max(last, int(at))
+        if rsv_id is not None and type_ not in skip:
+            touched.add(str(rsv_id))
+    return last, sorted(touched)
 
 
 def bookings_of(conn: Conn, rsv_ids: Sequence[str]) -> dict[str, list[tuple[str, BookedRow]]]:

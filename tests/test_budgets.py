@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from conftest import DAY, NOW_MS, Cli, at
 from test_trust import be
 
@@ -84,6 +85,12 @@ def test_a_pool_budget_and_pending_requests_count(run: Cli) -> None:
     assert msg.endswith("needs 2 more")
 
 
+@pytest.mark.sqlite_only(
+    reason=(
+        "acts as another OS user (test_trust.be); on PostgreSQL the principal is the"
+        " server's role, tested with real roles in test_postgres.py"
+    )
+)
 def test_quota_set_flags(run: Cli, monkeypatch: Any) -> None:
     def bad(*flags: str) -> str:
         return run.fails(2, "quota", "set", "--tenant", "acme", *flags)["message"]

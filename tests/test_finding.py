@@ -133,6 +133,12 @@ def test_list_window_overlap_and_sort(run: Cli) -> None:
     assert "--sort must be one of created, start" in run.fails(2, "list", "--sort", "x")["message"]
 
 
+@pytest.mark.sqlite_only(
+    reason=(
+        "acts as another OS user (test_trust.be); on PostgreSQL the principal is the"
+        " server's role, tested with real roles in test_postgres.py"
+    )
+)
 def test_filters_never_show_another_tenants_reservations(run: Cli, monkeypatch: Any) -> None:
     run.ok("policy", "set", "--tenant", "acme", "--principal", "alice")
     theirs = reserve(run, "--gpus", "1", "--for", "1h", "--name", "n", "--label", "t=1")

@@ -530,6 +530,7 @@ def _cli() -> list[str]:
     return [sys.executable, "-c", "from better_compute.cli import main; main()"]
 
 
+@pytest.mark.sqlite_only(reason="real tick processes are given the ledger's file path")
 def test_two_ticks_racing_never_send_the_same_attempt(run: Cli, receiver: Receiver) -> None:
     """Two real processes tick at once. More webhooks than one tick sends to at a time, so both
     send; every (webhook, event) arrives once, in seq order per webhook."""
@@ -648,6 +649,7 @@ def test_notice_settings_turn_notices_off(run: Cli) -> None:
     assert "reservation.released" in types
 
 
+@pytest.mark.sqlite_only(reason="holds SQLite's file lock from another connection")
 def test_a_locked_ledger_ends_delivery_within_the_budget(run: Cli, receiver: Receiver) -> None:
     """Another command holding the write lock costs delivery its budget, not the busy timeout."""
     import sqlite3

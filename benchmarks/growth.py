@@ -51,7 +51,7 @@ def ledger(workdir: Path, nodes: int, reservations: int, seed: int) -> Path:
         print(f"{nodes} nodes, {reservations} reservations: reusing {path}")
     else:
         print(run.build_direct(path, run.Pool(f"{nodes}n", nodes, reservations), seed))
-    return path
+    return run.migrated(path)
 
 
 # ---------------------------------------------------------------- the chart
@@ -59,7 +59,11 @@ def ledger(workdir: Path, nodes: int, reservations: int, seed: int) -> Path:
 W, H = 360, 260  # one panel
 LEFT, RIGHT, TOP, BOTTOM = 56, 16, 34, 44
 Y_LO, Y_HI = 1.0, 1000.0
-SERIES = (("process", "#1f77b4", "whole process"), ("in_process", "#d62728", "in-process"))
+SERIES = (
+    ("process", "#1f77b4", "whole process"),
+    ("in_process", "#d62728", "in-process"),
+    ("in_process_cpu", "#2ca02c", "in-process CPU"),
+)
 
 
 def _y(ms: float) -> float:
@@ -163,34 +167,42 @@ def main() -> int:
     workdir = Path(opts.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
 
+    run.compile_package()
     series = points()
     paths = {pt: ledger(workdir, *pt, opts.seed) for pts in series.values() for pt in pts}
     jobs: dict[str, run.Job] = {
         f"{n}/{r}": run.commands(p)["reserve --json"] for (n, r), p in paths.items()
     }
     processes = run.interleaved(jobs, repeat)
+    inside = {pt: run.in_process_reserve(p, repeat) for pt, p in paths.items()}
     measured = {
         pt: {
             "process": processes[f"{pt[0]}/{pt[1]}"].ms,
-            "in_process": run.in_process_reserve_ms(p, repeat),
+            "process_cpu": processes[f"{pt[0]}/{pt[1]}"].cpu_ms,
+            "in_process": inside[pt][0],
+            "in_process_cpu": inside[pt][1],
         }
-        for pt, p in paths.items()
+        for pt in paths
     }
     results = {k: [measured[pt] for pt in pts] for k, pts in series.items()}
 
     print(f"\n## Growth of `reserve --json` (medians of {repeat})\n")
-    print("| nodes | reservations | process ms | in-process ms |")
-    print("|---:|---:|---:|---:|")
+    print(
+        "| nodes | reservations | process ms | process CPU ms | in-process ms | in-process CPU ms |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|")
     for pts in series.values():
         for n, r in pts:
             m = measured[(n, r)]
-            print(f"| {n:,} | {r:,} | {m['process']:.0f} | {m['in_process']:.1f} |")
+            print(
+                f"| {n:,} | {r:,} | {m['process']:.0f} | {m['process_cpu']:.0f} |"
+                f" {m['in_process']:.1f} | {m['in_process_cpu']:.1f} |"
+            )
     for k, pts in series.items():
         first, last = measured[pts[0]], measured[pts[-1]]
         print(
-            f"\nagainst {k}, first -> last point: process x"
-            f"{last['process'] / first['process']:.2f}, in-process x"
-            f"{last['in_process'] / first['in_process']:.2f}"
+            f"\nagainst {k}, first -> last point: "
+            + ", ".join(f"{m} x{last[m] / first[m]:.2f}" for m in first)
         )
     note = f"medians of {repeat}; {os.cpu_count()} CPUs, shared"
     opts.svg.parent.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,7 @@ Times are epoch milliseconds (int); durations are milliseconds (int).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -269,6 +270,10 @@ class Settings:
     busy_timeout_ms: int = 30_000
     pending_max_wait_ms: int = 604_800_000  # 7 days, then a pending reservation times out
     inventory_max_bytes: int = 268_435_456  # 256 MiB: the most `inventory import` reads
+    notice_expiring_ms: int = 2_400_000  # reservation.expiring this long before the end
+    webhook_timeout_ms: int = 5_000  # one POST's wait for an answer
+    webhook_retry_for_ms: int = 86_400_000  # retries span this long, then dead-letter
+    webhook_budget_ms: int = 10_000  # what one tick may spend delivering
 
 
 @dataclass(frozen=True)
@@ -292,3 +297,54 @@ class Policy:
     max_gpus: int | None
     spot_only: bool
     deny: bool
+
+
+@dataclass(frozen=True)
+class Webhook:
+    """Where a tenant's events are POSTed, signed with `secret` (PRODUCT.md §4 Running)."""
+
+    id: str
+    tenant_id: str  # a tenant, or "*" for every event (admins only)
+    url: str
+    events: tuple[str, ...]  # types or "ns.*" patterns; empty means every type
+    secret: str
+    created_at: int
+    created_by: str
+    cursor: int  # the last event seq already queued for it
+
+    @property
+    def fingerprint(self) -> str:
+        """What is shown instead of the secret after `webhook add`: enough to tell two apart."""
+        return "sha256:" + hashlib.sha256(self.secret.encode()).hexdigest()[:16]
+
+    def wants(self, event: Event) -> bool:
+        """Its tenant's events only ('*': all), of the types it asked for."""
+        if self.tenant_id != "*" and event.tenant_id != self.tenant_id:
+            return False
+        return not self.events or any(
+            t == event.type or (t.endswith(".*") and event.type.startswith(t[:-1]))
+            for t in self.events
+        )
+
+
+@dataclass(frozen=True)
+class DeliveryAttempt:
+    n: int
+    at: int
+    status: int | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One event to one webhook, with every attempt so far."""
+
+    id: str
+    webhook_id: str
+    event_seq: int
+    state: str  # queued | delivered | dead
+    attempts: int
+    queued_at: int
+    next_at: int
+    event_type: str
+    history: tuple[DeliveryAttempt, ...] = ()

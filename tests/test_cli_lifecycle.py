@@ -50,6 +50,9 @@ def test_tick_at_the_start_binds_and_activates_in_one_tick(run: Cli) -> None:
 
 def test_tick_before_the_start_leaves_a_calendar_reservation_placed(run: Cli) -> None:
     rsv = reserve(run, "a", "--gpus", "4", "--for", "2h", "--start", "+1h")
+    assert changes(run, at(44 * MIN)) == []
+    # within repair.leadMs of the start, the check passes and the tenant is told (issue 11)
+    assert changes(run, at(59 * MIN)) == [("reservation.starting", rsv["id"])]
     assert changes(run, at(59 * MIN)) == []
     assert run.ok("get", rsv["id"])["state"] == "placed"
     assert changes(run, at(HOUR)) == [
@@ -86,6 +89,9 @@ def test_the_end_of_the_window_releases_it_as_expired(solo: Cli) -> None:
     solo.ok("quota", "set", "--tenant", "acme", "--gpus", "8")
     rsv = reserve(solo, "a", "--gpus", "8", "--for", "2h")
     changes(solo)
+    # notice.expiringMs (40 min) before the end, once (issue 11)
+    assert changes(solo, at(80 * MIN - SEC)) == []
+    assert changes(solo, at(80 * MIN)) == [("reservation.expiring", rsv["id"])]
     assert changes(solo, at(2 * HOUR - SEC)) == []
     assert changes(solo, at(2 * HOUR)) == [("reservation.released", rsv["id"])]
     done = solo.ok("get", rsv["id"])
@@ -204,6 +210,7 @@ def test_tick_until_includes_the_last_instant_and_refuses_bad_ranges(solo: Cli) 
     assert [(e["type"], e["at"]) for e in doc["changes"]] == [
         ("reservation.binding", NOW_MS),
         ("reservation.active", NOW_MS),
+        ("reservation.expiring", NOW_MS),  # 25 minutes is within notice.expiringMs (issue 11)
         ("reservation.released", NOW_MS + 25 * MIN),
     ]
     assert solo.ok("get", rsv["id"])["state"] == "released"
@@ -224,16 +231,20 @@ def test_the_event_log_has_every_transition_in_order(solo: Cli) -> None:
         "reservation.created",
         "reservation.placed",
         "reservation.extended",
+        "reservation.starting",
         "reservation.binding",
         "reservation.active",
+        "reservation.expiring",
         "reservation.released",
     ]
     assert [e["at"] for e in events] == [
         NOW_MS,
         NOW_MS,
         NOW_MS,
+        NOW_MS + 15 * MIN,  # repair.leadMs before the start
         NOW_MS + 30 * MIN,
         NOW_MS + 30 * MIN,
+        NOW_MS + 90 * MIN,  # the first step at or after 40 minutes before the end
         NOW_MS + 2 * HOUR,
     ]
     seqs = [e["seq"] for e in events]

@@ -253,18 +253,30 @@ def context(db: Database, top_n: int) -> Ctx:
     return ctx
 
 
+@contextmanager
+def _perfect_scan(nodes: int) -> Iterator[None]:
+    kept = placing.PERFECT_SCAN
+    placing.PERFECT_SCAN = nodes
+    try:
+        yield
+    finally:
+        placing.PERFECT_SCAN = kept
+
+
 @settings(
     max_examples=300,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-@given(worlds())
+@given(worlds(), st.sampled_from([0, 1, 3, placing.PERFECT_SCAN]))
 def test_the_shortlist_answers_as_the_full_planner(
-    world: tuple[list[NodeSpec], list[BookingSpec], Ask],
+    world: tuple[list[NodeSpec], list[BookingSpec], Ask], scan: int
 ) -> None:
+    """`scan` nodes are read in name order looking for perfect fits before the bound order takes
+    over (placing.PERFECT_SCAN): none, a few, or every node of these small fleets."""
     fleet, held, ask = world
     db, pool_id = ledger()
-    with rolled_back(db):
+    with rolled_back(db), _perfect_scan(scan):
         subject = write_world(db, pool_id, fleet, held, ask)
         ctx = context(db, ask.top_n)
         request = subject.request(WINDOW)
@@ -304,3 +316,67 @@ def test_the_shortlist_answers_as_the_full_planner(
             assert rank_single(fits)[:enough] == rank_single(all_fits)[:enough]
             if isinstance(full, Plan):
                 assert full.members[0].node_id in {plan.node_id for _, plan in fits}
+            # The name-order reading, when it answers, answers the same.
+            found = placing.perfect_fits(ctx, pool_id, request, subject.id, ask.exclude, enough)
+            if found is not None:
+                assert rank_single(found)[:enough] == rank_single(all_fits)[:enough]
+            perfect = sum(1 for _, p in all_fits if p.score >= shortlist.MAX_SCORE)
+            event(f"scan {scan}: {'answered' if found is not None else 'passed'}, {perfect=}")
+
+
+@st.composite
+def half_full_worlds(draw: st.DrawFn) -> tuple[list[NodeSpec], list[BookingSpec], Ask]:
+    """Fleets of 8-GPU nodes in two NVLink groups where many nodes have one group booked, so a
+    4-GPU ask often finds perfect fits (full after booking, one group) in name order."""
+    fleet = [
+        NodeSpec(
+            f"n{i:02d}",
+            tuple(
+                Atom(j, "h100", j // 4, "c1", 1, healthy=draw(st.integers(0, 15)) > 0)
+                for j in range(8)
+            ),
+            None,
+            schedulable=draw(st.integers(0, 9)) > 0,
+            reachable=True,
+            maintenance=None,
+        )
+        for i in range(draw(st.integers(1, 30)))
+    ]
+    patterns = [(), (0, 1, 2, 3), (4, 5, 6, 7), (1, 2, 5, 6), (0, 1), (2, 3, 4), (0, 1, 2, 3, 4, 5)]
+    held = [
+        BookingSpec(
+            node,
+            atoms,
+            draw(st.sampled_from([90, 100, 110])),
+            30,
+            spot=draw(st.integers(0, 5)) == 0,
+            state=draw(st.sampled_from([State.PLACED, State.ACTIVE])),
+            subject=False,
+        )
+        for node in range(len(fleet))
+        if (atoms := draw(st.sampled_from(patterns)))
+    ]
+    ask = Ask(4, False, (), None, None, None, frozenset(), draw(st.integers(1, 4)))
+    return fleet, held, ask
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(half_full_worlds(), st.integers(1, 12))
+def test_perfect_fits_in_name_order_are_the_full_planners_best(
+    world: tuple[list[NodeSpec], list[BookingSpec], Ask], scan: int
+) -> None:
+    fleet, held, ask = world
+    db, pool_id = ledger()
+    with rolled_back(db), _perfect_scan(scan):
+        subject = write_world(db, pool_id, fleet, held, ask)
+        ctx = context(db, ask.top_n)
+        request = subject.request(WINDOW)
+        enough = max(1, ask.top_n)
+        snaps = repo.snapshots(db.conn, pool_id, WINDOW, ignore_reservation=subject.id)
+        all_fits, _ = plan_nodes(request, snaps)
+        found = placing.perfect_fits(ctx, pool_id, request, subject.id, frozenset(), enough)
+        if found is not None:
+            assert rank_single(found)[:enough] == rank_single(all_fits)[:enough]
+        assert placing.plan(ctx, subject, WINDOW) == placing.full_plan(ctx, subject, WINDOW)
+        whole = len(found or ()) == len(all_fits) and len(fleet) <= scan
+        event("whole pool" if whole else "answered" if found is not None else "passed")

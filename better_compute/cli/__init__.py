@@ -30,6 +30,7 @@ MODULES: tuple[str, ...] = (
     "run_commands",
     "setup_commands",
     "simulate_commands",
+    "webhook_commands",
 )
 
 #: Command words whose commands live wholly in one module (tests/test_speed.py checks it).
@@ -46,6 +47,7 @@ COMMANDS: dict[str, str] = {
     "events": "run_commands",
     "pool": "setup_commands",
     "migrate": "migrate_commands",
+    "webhook": "webhook_commands",
 }
 
 #: Global options that take a value (see cli/app.py main_options).

@@ -27,13 +27,14 @@ from better_compute.timeparse import is_relative, parse_duration, parse_time
 if TYPE_CHECKING:
     from better_compute.render import human
     from better_compute.render import json as js
-    from better_compute.service import booking, reading
+    from better_compute.service import booking, listing, reading
     from better_compute.service.booking import ReserveArgs
 else:
     human = lazy("better_compute.render.human")
     js = lazy("better_compute.render.json")
     booking = lazy("better_compute.service.booking")
     reading = lazy("better_compute.service.reading")
+    listing = lazy("better_compute.service.listing")
 
 
 GpusOpt = Annotated[int | None, typer.Option("--gpus", help="GPUs (per node with --gang).")]
@@ -200,11 +201,15 @@ def list_(
     as_json: JsonFlag = False,
 ) -> None:
     """Reservations, oldest first."""
-    rows = booking.list_reservations(ctx(), tenant, pool, state or [], key)
-    if ids and not (as_json or G.json):
+    if as_json or G.json:  # encoded page by page (issue 8), written once every page is read
+        pages = listing.pages(ctx(), tenant, pool, state or [], key)
+        sys.stdout.write(js.array(js.reservation(r) for page in pages for r in page) + "\n")
+        return
+    rows = listing.reservations(ctx(), tenant, pool, state or [], key)
+    if ids:
         sys.stdout.write("".join(f"{r.id}\n" for r in rows))
         return
-    emit(as_json, [js.reservation(r) for r in rows], lambda: human.reservations(rows))
+    emit(False, None, lambda: human.reservations(rows))
 
 
 @app.command()

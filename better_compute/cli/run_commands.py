@@ -23,14 +23,17 @@ from better_compute.cli.app import (
 )
 from better_compute.errors import InvalidInput
 from better_compute.lazy import lazy
-from better_compute.model import Event
+from better_compute.model import Event, JsonValue
 from better_compute.timeparse import parse_duration, parse_time
 
 if TYPE_CHECKING:
     from better_compute.render import chart, human
     from better_compute.render import json as js
-    from better_compute.service import accounting, ticking, views
+    from better_compute.render import webhooks as hooks_view
+    from better_compute.service import accounting, delivery, ticking, views
 else:
+    hooks_view = lazy("better_compute.render.webhooks")
+    delivery = lazy("better_compute.service.delivery")
     human = lazy("better_compute.render.human")
     js = lazy("better_compute.render.json")
     chart = lazy("better_compute.render.chart")
@@ -61,11 +64,14 @@ def tick(
             raise InvalidInput("--until/--step make more than a million ticks; use a longer --step")
         with progress_bar(as_json, "ticking") as advance:
             changes = ticking.tick_until(c, end, step_ms, advance)
-    emit(
-        as_json,
-        {"now": c.now, "changes": [js.event(e) for e in changes]},
-        "\n".join(human.event_line(e) for e in changes) or "nothing to do",
-    )
+    now = c.now
+    sent = delivery.deliver(c, hooks_view.body)  # after the lifecycle committed
+    doc: dict[str, JsonValue] = {"now": now, "changes": [js.event(e) for e in changes]}
+    lines = [human.event_line(e) for e in changes] or ["nothing to do"]
+    if sent is not None:  # only a ledger with webhooks says anything of deliveries
+        doc["deliveries"] = hooks_view.report(sent)
+        lines.append(hooks_view.report_line(sent))
+    emit(as_json, doc, "\n".join(lines))
 
 
 @app.command()

@@ -8,6 +8,13 @@ packing term is exact from those counts (scorers.fill) and its topology term is 
 TOPOLOGY_MAX, so `best_key` bounds the rank it could reach. Planning candidates in order of that
 bound (then name, the planner's own tie-break) and stopping once the topN plans found so far all
 rank before the next candidate's bound gives exactly the full planner's best topN.
+
+Before any of that, `perfect` lets placement read the pool in name order, a few nodes at a time,
+without asking every node's bookings: no plan scores above MAX_SCORE (the node full once the share
+is booked, every taken GPU in one NVLink group), and plans of equal score rank by name. Once
+`enough` plans score MAX_SCORE, no node later in name order can rank before any of them, so they
+are the full planner's best `enough`. Packing drives nodes towards full, so such a node is seldom
+far away; when none is near, the bound order above takes over.
 """
 
 from __future__ import annotations
@@ -35,6 +42,16 @@ def share(request: Request, gpus: int) -> int:
     if request.gpus is None:
         raise ValueError("request.gpus is required unless the request is a node lease")
     return request.gpus
+
+
+#: The best score any single-node plan can have (scorers.score): full after booking, one group.
+MAX_SCORE = fill(1, 1) + TOPOLOGY_MAX
+
+
+def perfect(plans: Sequence[NodePlan], enough: int) -> bool:
+    """Whether `enough` of the plans of the first nodes in name order score MAX_SCORE: then those
+    are the best `enough` of the whole pool, whatever its later nodes hold."""
+    return sum(1 for p in plans if p.score >= MAX_SCORE) >= enough
 
 
 def best_key(request: Request, c: Candidate) -> tuple[int, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from better_compute.model import Event, JsonValue, LedgerCopy, Node, NodePlan, Policy, Reservation
@@ -18,6 +19,12 @@ if TYPE_CHECKING:  # simulate's modules are imported only by the command that ru
 
 def dumps(doc: JsonValue) -> str:
     return json.dumps(doc, ensure_ascii=False)
+
+
+def array(docs: Iterable[JsonValue]) -> str:
+    """dumps(list(docs)), byte for byte, encoding each document as it comes (a long listing
+    then never holds every document at once)."""
+    return "[" + ", ".join(map(dumps, docs)) + "]"
 
 
 def reservation(rsv: Reservation) -> dict[str, JsonValue]:

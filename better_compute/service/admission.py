@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from better_compute.errors import Forbidden, QuotaExceeded
 from better_compute.model import JsonValue, Principal
-from better_compute.storage import repo
+from better_compute.storage import fleet, repo
 from better_compute.storage.repo import Conn
 
 
@@ -60,7 +60,7 @@ def check_policy(conn: Conn, who: Principal, draft: Draft) -> None:
 def check_quota(conn: Conn, tenant: str, pool_id: str, pool_name: str, charge: int) -> None:
     """Every cap that applies (this pool's and the tenant-wide one) must hold the new charge."""
     for cap_pool, cap in repo.quota_caps(conn, tenant, pool_id):
-        held = repo.held_charge(conn, tenant, cap_pool)
+        held = fleet.held_charge(conn, tenant, cap_pool)
         if held + charge > cap:
             where = f"pool {pool_name}" if cap_pool else "all pools"
             raise QuotaExceeded(

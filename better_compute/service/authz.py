@@ -69,6 +69,7 @@ ADMIN_ONLY = frozenset(
         "tick ahead of the real clock (tick --until)",
         "simulate a workload",
         "migrate the ledger",
+        "add a webhook for every tenant",
     }
 )
 

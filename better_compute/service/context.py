@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from better_compute import clock
 from better_compute.errors import InvalidInput
@@ -23,6 +24,9 @@ from better_compute.service.authz import resolve
 from better_compute.storage import ledger, repo
 from better_compute.storage.conn import Conn, Ledger
 from better_compute.storage.db import open_ledger
+
+if TYPE_CHECKING:
+    from better_compute.service.fleet import Fleet
 
 NO_NOW_ON_REAL_CLOCK = (
     "this ledger runs on the real clock, so commands that write take no --now (nor"
@@ -48,6 +52,9 @@ class Ctx:
     system: bool = False
     #: The ledger's clock as it was opened: manual (made under --now) or real.
     manual_clock: bool = True
+    #: The fleet kept in memory by a long-running command (simulate's reserves), else None:
+    #: placement then reads the pool from it instead of SQL (service/fleet.py).
+    fleet: Fleet | None = None
 
     @property
     def principal(self) -> str:

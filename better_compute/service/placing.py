@@ -3,10 +3,12 @@ pending retries, BookingRepair and preemption."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 
 from better_compute.engine import shortlist
 from better_compute.engine.fit import Fit, plan_nodes
+from better_compute.engine.fleet import PoolIndex
 from better_compute.engine.gang import pick_gang
 from better_compute.engine.place import pick_single, place
 from better_compute.model import (
@@ -19,7 +21,7 @@ from better_compute.model import (
     Window,
 )
 from better_compute.service.context import Ctx
-from better_compute.storage import locks, repo
+from better_compute.storage import fleet, locks, repo
 
 
 class LostRace(Exception):
@@ -51,7 +53,16 @@ def full_plan(
     ctx: Ctx, rsv: Reservation, window: Window, exclude: frozenset[str] = frozenset()
 ) -> Plan | NoFit:
     """Every node of the pool planned: the reference the shortlist must agree with."""
-    snaps = repo.snapshots(ctx.db.conn, rsv.pool_id, window, ignore_reservation=rsv.id)
+    pool = fleet_pool(ctx, rsv.pool_id, window)
+    if pool is not None:
+        request = rsv.request(window)
+        if request.gang_size is None:  # a pending request's retries: what changed is planned
+            no_fit = pool.no_fit(request, rsv.id, exclude)
+            if no_fit is not None:
+                return no_fit
+        snaps = pool.snapshots(window, rsv.id)
+    else:
+        snaps = repo.snapshots(ctx.db.conn, rsv.pool_id, window, ignore_reservation=rsv.id)
     return place(
         rsv.request(window),
         snaps,
@@ -59,6 +70,15 @@ def full_plan(
         top_n=ctx.settings.top_n,
         exclude=exclude,
     )
+
+
+def fleet_pool(ctx: Ctx, pool_id: str, window: Window) -> PoolIndex | None:
+    """The pool from the fleet this command keeps in memory, when it has one that can answer
+    for the window (service/fleet.py); None: read it from SQL."""
+    if ctx.fleet is None:
+        return None
+    pool = ctx.fleet.index(ctx.db.conn, pool_id, ctx.now)
+    return pool if pool.covers(window) else None
 
 
 #: Nodes loaded and planned in the first round of shortlisted_fits; each round doubles it.
@@ -76,30 +96,81 @@ def shortlisted_fits(
 ) -> list[Fit]:
     """Fitting nodes, planned most promising first (engine/shortlist.py), until the best `enough`
     single-node plans are known (None: every candidate, as gangs need), by node name."""
+    if enough is not None:
+        found = perfect_fits(ctx, pool_id, request, ignore, exclude, enough)
+        if found is not None:
+            return found
     conn = ctx.db.conn
-    order = repo.fit_candidates(  # already in shortlist.best_key order
-        conn,
-        pool_id,
-        request.window,
-        ignore_reservation=ignore,
-        need=request.gpus or 0,
-        whole_node=request.node_lease,
-    )
+    pool = fleet_pool(ctx, pool_id, request.window)
+    order: Iterator[tuple[tuple[int, str], str]]
+    if pool is not None:
+        order = pool.candidates(request, ignore)
+    else:
+        rows = repo.fit_candidates(  # already in shortlist.best_key order
+            conn,
+            pool_id,
+            request.window,
+            ignore_reservation=ignore,
+            need=request.gpus or 0,
+            whole_node=request.node_lease,
+        )
+        order = ((shortlist.best_key(request, shortlist.Candidate(*r)), r[0]) for r in rows)
     fits: list[Fit] = []
-    done, size = 0, max(FIRST_ROUND, 2 * (enough or 0))
-    while done < len(order):
-        names = [name for name, _, _ in order[done : done + size]]
-        done, size = done + len(names), 2 * size
+    # A round from memory costs no query: start with just enough (a bucket of equal nodes
+    # settles at once); from SQL, rounds are fewer and larger.
+    size = max(1, enough or 0) if pool is not None else max(FIRST_ROUND, 2 * (enough or 0))
+    head = next(order, None)
+    while head is not None:
+        names: list[str] = []
+        while head is not None and len(names) < size:
+            names.append(head[1])
+            head = next(order, None)
+        size *= 2
+        if pool is not None:
+            snaps = pool.snapshots(request.window, ignore, names)
+        else:
+            snaps = repo.snapshots(
+                conn, pool_id, request.window, ignore_reservation=ignore, names=names
+            )
+        fits.extend(plan_nodes(request, snaps, exclude=exclude)[0])
+        following = None if head is None else head[0]
+        if enough is not None and shortlist.settled([p for _, p in fits], enough, following):
+            break
+    return sorted(fits, key=lambda fit: fit[1].node_id)
+
+
+#: At most this many nodes, in name order, are planned looking for perfect fits (shortlist.perfect)
+#: before the bound-ordered candidate query takes over.
+PERFECT_SCAN = 120
+
+
+def perfect_fits(
+    ctx: Ctx,
+    pool_id: str,
+    request: Request,
+    ignore: str | None,
+    exclude: frozenset[str],
+    enough: int,
+) -> list[Fit] | None:
+    """The fits of the pool's first usable nodes in name order, once `enough` of them score
+    shortlist.MAX_SCORE (their best `enough` are then the pool's), or of every usable node of a
+    small pool; None if the first PERFECT_SCAN nodes hold too few. Reads a few nodes and their
+    bookings, whatever the pool's size. Nodes not schedulable or not reachable fit nowhere."""
+    conn = ctx.db.conn
+    fits: list[Fit] = []
+    after, size, scanned = "", FIRST_ROUND, 0
+    while scanned < PERFECT_SCAN:
+        names = fleet.usable_nodes_after(conn, pool_id, after, min(size, PERFECT_SCAN - scanned))
+        if not names:
+            return fits  # every usable node is planned: these are all the pool's fits
+        scanned, after, size = scanned + len(names), names[-1], 2 * size
         snaps = repo.snapshots(
             conn, pool_id, request.window, ignore_reservation=ignore, names=names
         )
         fits.extend(plan_nodes(request, snaps, exclude=exclude)[0])
-        following = None
-        if done < len(order):
-            following = shortlist.best_key(request, shortlist.Candidate(*order[done]))
-        if enough is not None and shortlist.settled([p for _, p in fits], enough, following):
-            break
-    return sorted(fits, key=lambda fit: fit[1].node_id)
+        if shortlist.perfect([p for _, p in fits], enough):
+            return fits
+    return None
 
 
 def commit(ctx: Ctx, rsv: Reservation, chosen: Plan, window: Window) -> Reservation:

@@ -46,12 +46,21 @@ def try_preempt(ctx: Ctx, rsv: Reservation) -> Reservation | None:
     locks.lock_pool(conn, rsv.pool_id)
     deadline = max(rsv.start or ctx.now, ctx.now + ctx.settings.spot_notice_ms)
     window = Window(deadline, deadline + rsv.duration_ms)
-    snaps = repo.snapshots(conn, rsv.pool_id, window, ignore_reservation=rsv.id)
+    pool = placing.fleet_pool(ctx, rsv.pool_id, window)  # a long-running command's memory
+    key = (rsv.id, rsv.request(Window(0, rsv.duration_ms)))
+    if pool is not None and pool.nothing_to_preempt(key, window):
+        return None  # nothing changed since a retry found nothing
+    if pool is not None:
+        snaps = pool.snapshots(window, rsv.id)
+    else:
+        snaps = repo.snapshots(conn, rsv.pool_id, window, ignore_reservation=rsv.id)
     option = plan_preemption(
         rsv.request(window),
         snaps,
     )
     if not isinstance(option, Plan) or not option.victims:
+        if pool is not None:
+            pool.found_nothing_to_preempt(key, window)
         return None
     try:
         with ctx.db.savepoint("preempt"):

@@ -37,7 +37,7 @@ from better_compute.model import (
 from better_compute.service import authz, backups, ticking
 from better_compute.service.authz import require_admin
 from better_compute.service.context import Ctx
-from better_compute.storage import ledger, repo
+from better_compute.storage import fleet, ledger, repo
 from better_compute.storage.conn import Ledger
 from better_compute.storage.create import create_ledger
 from better_compute.storage.db import is_postgres_url, principal_at
@@ -399,7 +399,7 @@ def quota_show(ctx: Ctx, tenant: str) -> list[QuotaLine]:
             name = None
             if pool_id:
                 name = repo.pool_name(conn, pool_id)
-            held = repo.held_charge(conn, tenant, pool_id)
+            held = fleet.held_charge(conn, tenant, pool_id)
             lines.append(QuotaLine(pool_id or None, name, cap, held))
         return lines
 
@@ -419,6 +419,10 @@ RANGES = {
     "timeline.maxBuckets": (1, 100_000),
     "db.busyTimeoutMs": (0, 3_600_000),
     "inventory.maxBytes": (1024, 2**34),
+    "notice.expiringMs": (0, 30 * DAY_MS),
+    "webhook.timeoutMs": (100, 60_000),
+    "webhook.retryForMs": (0, 30 * DAY_MS),
+    "webhook.tickBudgetMs": (0, 600_000),
 }
 
 

@@ -33,6 +33,7 @@ from better_compute.service import booking, setup, ticking
 from better_compute.service.authz import require_admin
 from better_compute.service.booking import ReserveArgs
 from better_compute.service.context import Ctx
+from better_compute.service.fleet import Fleet
 from better_compute.storage import ledger, repo
 from better_compute.storage import simulation as store
 from better_compute.timeparse import parse_time
@@ -187,6 +188,12 @@ def _at(ctx: Ctx, instant: int, *, system: bool = False) -> Ctx:
     return at
 
 
+def _with(ctx: Ctx, fleet: Fleet) -> Ctx:
+    """This step placing from the fleet kept in memory (service/fleet.py)."""
+    ctx.fleet = fleet
+    return ctx
+
+
 def _replay(
     ctx: Ctx,
     plan: list[tuple[Request, ReserveArgs]],
@@ -197,6 +204,7 @@ def _replay(
     """Arrivals and due ticks in time order; returns the instant the replay ended at."""
     ctx.db.sync_at_checkpoints()  # a what-if replay: thousands of commits, none a person waits on
     settings = ctx.settings
+    fleet = Fleet()  # the pools in memory between requests, checked in each transaction
     after = run.start - 1  # what is due at or after the start has not been ticked yet
     last = run.start
     i = 0
@@ -208,28 +216,31 @@ def _replay(
             due = None
         if due is not None and (arrival is None or due <= arrival):
             last = max(last, due)
-            ticking.tick(_at(ctx, last, system=True))
+            ticking.tick(_with(_at(ctx, last, system=True), fleet), shown=False)
             after = due
             continue
         if arrival is None:
             break
         while i < len(plan) and plan[i][0].at == arrival:  # every arrival of this instant
-            _reserve(_at(ctx, arrival), plan[i][1], run)
+            _reserve(_at(ctx, arrival), plan[i][1], run, fleet)
             i += 1
             if progress is not None:
                 progress(i, len(plan))
         last = max(last, arrival)
         after = arrival - 1  # the arrivals may have made something due at this very instant
     if until is not None and last < until:
-        ticking.tick(_at(ctx, until, system=True))
+        ticking.tick(_with(_at(ctx, until, system=True), fleet), shown=False)
         last = until
     return last
 
 
-def _reserve(ctx: Ctx, args: ReserveArgs, run: _Run) -> None:
+def _reserve(ctx: Ctx, args: ReserveArgs, run: _Run, fleet: Fleet) -> None:
+    ctx.fleet = fleet
     try:
         rsv = booking.reserve(ctx, args)
     except REFUSALS:
+        with ctx.db.read() as conn:
+            fleet.after_rollback(conn)
         run.refused += 1
         return
     if rsv.id in run.ids or rsv.seq <= run.seq_floor:  # a key that was used already

@@ -19,26 +19,28 @@ from better_compute.lifecycle.tick import (
     timed_out,
 )
 from better_compute.model import Event, JsonValue, ReleaseReason, Reservation, State
-from better_compute.service import authz, booking, metering, placing
+from better_compute.service import authz, booking, metering, notices, placing
 from better_compute.service.authz import require_admin
 from better_compute.service.context import NO_NOW_ON_REAL_CLOCK, Ctx
-from better_compute.storage import ledger, repo
+from better_compute.storage import due, ledger, repo
 
 
-def tick(ctx: Ctx) -> list[Event]:
-    """One tick, in one transaction; returns the events it wrote (what changed).
+def tick(ctx: Ctx, *, shown: bool = True) -> list[Event]:
+    """One tick, in one transaction; returns the events it wrote (what changed), unless `shown`
+    is False (simulate, which reads the ledger afterwards): then nothing.
 
     Anyone may tick (cron): it only does what is due. Its events' actor is `system`.
     """
     ctx.system = True
     with ctx.write():
-        first = _last_seq(ctx)
+        first = _last_seq(ctx) if shown else 0
         _release_due(ctx)
         _retry_pending(ctx)
         _repair_due(ctx)
         _start_binding(ctx)
         _bind(ctx)
-        return _shown(ctx, first)
+        notices.give_due(ctx)
+        return _shown(ctx, first) if shown else []
 
 
 def _shown(ctx: Ctx, first: int) -> list[Event]:
@@ -133,8 +135,9 @@ def repair_one(ctx: Ctx, rsv: Reservation) -> Reservation:
     if rsv.state != State.PLACED or rsv.during is None or rsv.preempt_deadline is not None:
         return rsv  # a spot reservation under notice ends at its deadline: nothing to repair
     # The check needs only the reservation's own nodes; the whole pool only when one went bad.
-    own = repo.load_nodes_named(conn, sorted({a.node_id for a in rsv.allocations}))
-    maintenance = repo.maintenance_overlapping(conn, rsv.pool_id, rsv.during)
+    names = sorted({a.node_id for a in rsv.allocations})
+    own = repo.load_nodes_named(conn, names)
+    maintenance = due.maintenance_on(conn, names, rsv.during)
     bad = bad_nodes(rsv, {n.name: n for n in own}, maintenance, ctx.now)
     if not bad:
         return rsv

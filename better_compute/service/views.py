@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 
@@ -11,7 +11,7 @@ from better_compute.errors import InvalidInput
 from better_compute.model import Event, Window
 from better_compute.service import authz
 from better_compute.service.context import Ctx
-from better_compute.storage import repo
+from better_compute.storage import fleet, repo
 from better_compute.storage.conn import Conn, Row
 from better_compute.timeparse import MAX_MS, iso
 
@@ -37,8 +37,7 @@ def rollup(conn: Conn, row: Row, now: int) -> Rollup:
     """Counted in SQL: no node or booking becomes a Python object (issue 8)."""
     pool_id = row["id"]
     nodes, gpus, usable = repo.pool_inventory_counts(conn, pool_id, now)
-    busy = repo.count_atoms_in_use(conn, pool_id, now)
-    reserved = repo.atoms_reserved_later(conn, pool_id, now)
+    busy, reserved = fleet.pool_use(conn, pool_id, now)
     return Rollup(
         pool_id=pool_id,
         name=row["name"],
@@ -167,7 +166,7 @@ def timeline(
     return Timeline(row["id"], row["name"], allocatable, step_minutes, tuple(buckets), tenant)
 
 
-def _distinct_per_bucket(ranges: list[tuple[str, int, int, int]], count: int) -> list[int]:
+def _distinct_per_bucket(ranges: Iterable[tuple[str, int, int, int]], count: int) -> list[int]:
     """Per bucket, the GPUs with any booking overlapping it, each counted once (§5.7).
 
     `ranges` are (node, atom, first bucket, last bucket) by node, atom, first: one GPU's ranges

@@ -28,6 +28,8 @@ class Cursor(Protocol):
 
     def fetchall(self) -> list[Any]: ...
 
+    def fetchmany(self, size: int = ...) -> list[Any]: ...
+
     def __iter__(self) -> Iterator[Any]: ...
 
 
@@ -93,10 +95,10 @@ def where(conn: Any) -> str:
     return str(conn.where)
 
 
-def plain_rows(conn: Any, sql: str, parameters: Any) -> list[Any]:
-    """All rows as plain tuples, for results too many to build row objects for."""
+def plain_rows(conn: Any, sql: str, parameters: Any) -> Iterator[Any]:
+    """Rows as plain tuples, read as consumed: for results too many to build row objects for."""
     if dialect(conn) == SQLITE:
         cursor = conn.cursor()
         cursor.row_factory = None
-        return list(cursor.execute(sql, parameters).fetchall())
-    return [tuple(r) for r in conn.execute(sql, parameters)]
+        return iter(cursor.execute(sql, parameters))
+    return (tuple(r) for r in conn.execute(sql, parameters))

@@ -43,6 +43,12 @@ ORDER = (
     "booking_bounds",
     "events",
     "usage",
+    "atom_bookings",
+    "held_charges",
+    "webhooks",
+    "deliveries",
+    "delivery_attempts",
+    "notices",
 )
 
 #: Rows a backend keeps for itself: PostgreSQL records its schema version in meta.

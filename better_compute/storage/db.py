@@ -137,8 +137,11 @@ class Database:
         """WAL's `synchronous = NORMAL` for this connection: commits stop waiting for the disk,
         which syncs at each checkpoint instead. A crash or kill still leaves the file whole
         (SQLite's guarantee in WAL mode); only a power cut can lose the last commits. For long
-        replays of what-if ledgers (`simulate`), never for the commands people and cron run."""
+        replays of what-if ledgers (`simulate`), never for the commands people and cron run.
+        Checkpoints come every 10,000 pages (about 40 MB of WAL) rather than 1,000: each one
+        syncs, and a replay commits a few pages thousands of times."""
         self.conn.execute("PRAGMA synchronous = NORMAL")
+        self.conn.execute("PRAGMA wal_autocheckpoint = 10000")
 
     def close(self) -> None:
         self.conn.close()

@@ -367,6 +367,12 @@ def session_role(url: str) -> str:
 
 #: Every table a ledger has, children first: what `init --force` drops before building anew.
 LEDGER_TABLES = (
+    "delivery_attempts",
+    "deliveries",
+    "webhooks",
+    "notices",
+    "atom_bookings",
+    "held_charges",
     "booking_bounds",
     "bookings",
     "usage",
@@ -429,4 +435,5 @@ def _drop_ledger(db: PgDatabase) -> None:
     for table in LEDGER_TABLES:
         if table in mine:
             raw.execute(f"DROP TABLE {table} CASCADE")
-    raw.execute("DROP FUNCTION IF EXISTS bookings_bound() CASCADE")
+    for function in ("bookings_bound", "atom_bookings_track", "held_charges_track"):
+        raw.execute(f"DROP FUNCTION IF EXISTS {function}() CASCADE")

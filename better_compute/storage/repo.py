@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 from typing import TypeVar
 
@@ -92,8 +93,15 @@ def _json_of(text: object, kind: type[T]) -> T:
     return doc
 
 
+#: The atoms column as insert_allocation writes it (json.dumps of a list of indexes).
+_ATOMS_TEXT = re.compile(r"\[(?:(?:0|[1-9][0-9]*)(?:, (?:0|[1-9][0-9]*))*)?\]")
+
+
 def atom_list(text: object) -> tuple[int, ...]:
-    """An allocation's `atoms` column: a JSON list of GPU indexes."""
+    """An allocation's `atoms` column: a JSON list of GPU indexes. The usual text is split
+    without the JSON parser (a listing reads thousands); anything else is parsed and checked."""
+    if isinstance(text, str) and _ATOMS_TEXT.fullmatch(text):
+        return tuple(map(int, text[1:-1].split(", "))) if len(text) > 2 else ()
     return tuple(_int(a) for a in _json_of(text, list))
 
 
@@ -140,6 +148,10 @@ SETTING_KEYS: dict[str, str] = {
     "binding.autoBind": "auto_bind",
     "db.busyTimeoutMs": "busy_timeout_ms",
     "inventory.maxBytes": "inventory_max_bytes",
+    "notice.expiringMs": "notice_expiring_ms",
+    "webhook.timeoutMs": "webhook_timeout_ms",
+    "webhook.retryForMs": "webhook_retry_for_ms",
+    "webhook.tickBudgetMs": "webhook_budget_ms",
 }
 
 
@@ -543,7 +555,8 @@ def snapshots(
     names: Sequence[str] | None = None,
 ) -> list[NodeSnapshot]:
     """The pool's nodes (only those `names`, if given) as the engine needs them for one window:
-    only overlapping bookings load."""
+    only overlapping bookings load. For `names`, `+b.pool_id` keeps SQLite on the nodes' index
+    rather than walking the pool's window for a handful of nodes."""
     if nodes is not None:
         pool_nodes = list(nodes)
     elif names is not None:
@@ -572,7 +585,7 @@ def snapshots(
                 conn.execute(
                     "SELECT b.node_id, b.atom, b.reservation_id, b.spot, r.state FROM bookings b"
                     " JOIN reservations r ON r.id = b.reservation_id"
-                    f" WHERE b.node_id IN ({','.join('?' * len(chunk))}) AND b.pool_id = ?"
+                    f" WHERE b.node_id IN ({','.join('?' * len(chunk))}) AND b.pool_id || '' = ?"
                     ' AND b."end" > ? AND b."end" < ? AND b.start < ?'
                     " AND b.reservation_id IS DISTINCT FROM ?",
                     (*chunk, pool_id, window.start, bound, window.end, ignore_reservation),
@@ -717,43 +730,74 @@ def conditions_json(conditions: Sequence[Condition]) -> str:
     )
 
 
+#: A reservation row's columns by the type SQLite must hand back (the optional ones may be NULL).
+_RSV_INTS = ("seq", "duration_ms", "quota_charge", "created_at")
+_RSV_OPT_INTS = (
+    "gpus",
+    "gang_size",
+    "start",
+    "during_start",
+    "during_end",
+    "next_attempt_at",
+    "preempt_deadline",
+)
+_RSV_STRS = ("id", "tenant_id", "pool_id", "principal")
+_RSV_OPT_STRS = ("topology", "topology_key", "idempotency_key", "series_id", "preempted_by")
+
+
+def _check_reservation_types(row: Row) -> None:
+    """Every typed column of a reservation row, checked in one pass (a listing reads thousands):
+    a wrong type raises what _int or _str raises."""
+    for name in _RSV_INTS:
+        if type(row[name]) is not int:
+            _int(row[name])
+    for name in _RSV_OPT_INTS:
+        value = row[name]
+        if value is not None and type(value) is not int:
+            _int(value)
+    for name in _RSV_STRS:
+        if type(row[name]) is not str:
+            _str(row[name])
+    for name in _RSV_OPT_STRS:
+        value = row[name]
+        if value is not None and type(value) is not str:
+            _str(value)
+
+
 def _reservation(row: Row, allocations: tuple[Allocation, ...]) -> Reservation:
     """A reservation row as a model value; every column is type-checked (see `decoded`)."""
-    during = (
-        Window(_int(row["during_start"]), _int(row["during_end"]))
-        if row["during_start"] is not None
-        else None
-    )
+    _check_reservation_types(row)
+    start = row["during_start"]
     return Reservation(
-        id=_str(row["id"]),
-        seq=_int(row["seq"]),
-        tenant_id=_str(row["tenant_id"]),
-        pool_id=_str(row["pool_id"]),
+        id=row["id"],
+        seq=row["seq"],
+        tenant_id=row["tenant_id"],
+        pool_id=row["pool_id"],
         state=State(row["state"]),
-        gpus=_opt_int(row["gpus"]),
+        gpus=row["gpus"],
         models=()
         if row["models"] == "[]"
         else tuple(_str(m) for m in _json_of(row["models"], list)),
-        topology=_opt_str(row["topology"]),
-        gang_size=_opt_int(row["gang_size"]),
-        topology_key=_opt_str(row["topology_key"]),
+        topology=row["topology"],
+        gang_size=row["gang_size"],
+        topology_key=row["topology_key"],
         spot=bool(row["spot"]),
         binding=Binding(row["binding"]),
-        duration_ms=_int(row["duration_ms"]),
-        start=_opt_int(row["start"]),
-        during=during,
+        duration_ms=row["duration_ms"],
+        start=row["start"],
+        during=None if start is None else Window(start, _int(row["during_end"])),
         conditions=_conditions(row["conditions"]),
-        quota_charge=_int(row["quota_charge"]),
-        idempotency_key=_opt_str(row["idempotency_key"]),
+        quota_charge=row["quota_charge"],
+        idempotency_key=row["idempotency_key"],
         release_reason=ReleaseReason(row["release_reason"]) if row["release_reason"] else None,
-        created_at=_int(row["created_at"]),
-        next_attempt_at=_opt_int(row["next_attempt_at"]),
-        principal=_str(row["principal"]),
-        series_id=_opt_str(row["series_id"]),
+        created_at=row["created_at"],
+        next_attempt_at=row["next_attempt_at"],
+        principal=row["principal"],
+        series_id=row["series_id"],
         lead_checked=bool(row["lead_checked"]),
         start_checked=bool(row["start_checked"]),
-        preempt_deadline=_opt_int(row["preempt_deadline"]),
-        preempted_by=_opt_str(row["preempted_by"]),
+        preempt_deadline=row["preempt_deadline"],
+        preempted_by=row["preempted_by"],
         allocations=allocations,
     )
 
@@ -768,9 +812,10 @@ def allocations_of(conn: Conn, reservation_ids: Sequence[str]) -> dict[str, tupl
             " ORDER BY reservation_id, node_id, id",
             chunk,
         ):
-            result[r["reservation_id"]].append(
-                decoded(conn, f"allocation {r['id']}", partial(_allocation, r))
-            )
+            try:  # no per-row closure or message: a listing reads thousands (issue 8)
+                result[r["reservation_id"]].append(_allocation(r))
+            except _DECODE_ERRORS as exc:
+                raise damaged(conn, f"allocation {r['id']}", exc) from None
     return {k: tuple(v) for k, v in result.items()}
 
 
@@ -784,19 +829,23 @@ def _allocation(r: Row) -> Allocation:
     )
 
 
-def _with_allocations(conn: Conn, rows: Sequence[Row]) -> list[Reservation]:
+def with_allocations(conn: Conn, rows: Sequence[Row]) -> list[Reservation]:
+    """Reservation rows (SELECT *) as model values, each with its allocations not released."""
     allocs = allocations_of(conn, [r["id"] for r in rows])
-    return [
-        decoded(conn, f"reservation {r['id']}", partial(_reservation, r, allocs.get(r["id"], ())))
-        for r in rows
-    ]
+    out = []
+    for r in rows:
+        try:  # as decoded() does, without a closure and a message per row
+            out.append(_reservation(r, allocs.get(r["id"], ())))
+        except _DECODE_ERRORS as exc:
+            raise damaged(conn, f"reservation {r['id']}", exc) from None
+    return out
 
 
 def get_reservation(conn: Conn, rsv_id: str) -> Reservation:
     row = conn.execute("SELECT * FROM reservations WHERE id = ?", (rsv_id,)).fetchone()
     if row is None:
         raise NotFound(f"no reservation {rsv_id!r}; `list` shows the reservations")
-    return _with_allocations(conn, [row])[0]
+    return with_allocations(conn, [row])[0]
 
 
 def reservation_by_key(conn: Conn, tenant: str, key: str) -> tuple[Reservation, str] | None:
@@ -806,14 +855,14 @@ def reservation_by_key(conn: Conn, tenant: str, key: str) -> tuple[Reservation, 
     if row is None:
         return None
     params = decoded(conn, f"the request of {row['id']}", lambda: _json_of(row["params"], dict))
-    return _with_allocations(conn, [row])[0], json.dumps(params, sort_keys=True)
+    return with_allocations(conn, [row])[0], json.dumps(params, sort_keys=True)
 
 
 def reservations_where(
     conn: Conn, where: str = "1 = 1", args: Sequence[object] = ()
 ) -> list[Reservation]:
     rows = list(conn.execute(f"SELECT * FROM reservations WHERE {where} ORDER BY seq", args))
-    return _with_allocations(conn, rows)
+    return with_allocations(conn, rows)
 
 
 def reservations_in(conn: Conn, state: State) -> list[Reservation]:
@@ -852,31 +901,6 @@ def placed_on_node_during(conn: Conn, node: str, window: Window) -> list[Reserva
         " (SELECT reservation_id FROM allocations WHERE node_id = ? AND released = 0)",
         (window.start, window.end, node),
     )
-
-
-def list_reservations(
-    conn: Conn,
-    *,
-    tenants: Sequence[str] | None,
-    pool_id: str | None,
-    key: str | None,
-    states: Sequence[str],
-) -> list[Reservation]:
-    """`list`: reservations of `tenants` (all, when None), narrowed by pool, key and states."""
-    clauses, args = ["1 = 1"], []  # type: tuple[list[str], list[object]]
-    if tenants is not None:
-        clauses.append(f"tenant_id IN ({','.join('?' * len(tenants))})")
-        args.extend(tenants)
-    if pool_id is not None:
-        clauses.append("pool_id = ?")
-        args.append(pool_id)
-    if key is not None:
-        clauses.append("idempotency_key = ?")
-        args.append(key)
-    if states:
-        clauses.append(f"state IN ({','.join('?' * len(states))})")
-        args.extend(states)
-    return reservations_where(conn, " AND ".join(clauses), args)
 
 
 def tenant_of(conn: Conn, rsv_id: str) -> str | None:
@@ -1105,7 +1129,7 @@ def move_bookings_end(conn: Conn, rsv_id: str, old_end: int, new_end: int) -> No
 
 def booking_buckets(
     conn: Conn, pool_id: str, window: Window, step: int, tenant: str | None = None
-) -> list[tuple[str, int, int, int]]:
+) -> Iterator[tuple[str, int, int, int]]:
     """(node, atom, first, last) for every booking overlapping a window (only one tenant's, if
     given): the indexes of the first and last of the window's `step`-wide buckets it overlaps
     (the last bucket ends at the window's end), ordered by node, atom, first. For the timeline."""
@@ -1115,8 +1139,9 @@ def booking_buckets(
         " (CASE WHEN b.start > :from THEN b.start ELSE :from END - :from) / :step,"
         ' CASE WHEN b."end" - :from - 1 < :count * :step THEN (b."end" - :from - 1) / :step'
         " ELSE :count - 1 END FROM bookings b"
-        " JOIN reservations r ON r.id = b.reservation_id"
-        ' WHERE b.pool_id = :pool AND b."end" > :from AND b."end" < :bound AND b.start < :to'
+        # Only a tenant's timeline reads the reservations: the pool's reads the index alone.
+        + (" JOIN reservations r ON r.id = b.reservation_id" if tenant is not None else "")
+        + ' WHERE b.pool_id = :pool AND b."end" > :from AND b."end" < :bound AND b.start < :to'
     )
     args: dict[str, object] = {
         "pool": pool_id,
@@ -1129,7 +1154,8 @@ def booking_buckets(
     if tenant is not None:
         sql += " AND r.tenant_id = :tenant"
         args["tenant"] = tenant
-    # plain tuples: a week holds a hundred thousand of these rows
+    # plain tuples, read as consumed: a week holds a hundred thousand of these rows, and the
+    # caller folds them as they come
     return plain_rows(conn, sql + " ORDER BY b.node_id, b.atom, 3", args)
 
 

@@ -6,6 +6,7 @@ Times are epoch ms; JSON columns hold small, sorted documents.
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 MIGRATION_1 = """
@@ -218,6 +219,139 @@ CREATE INDEX bookings_node_window
 CREATE INDEX reservations_charge ON reservations(tenant_id, state, pool_id, quota_charge);
 """
 
+MIGRATION_4 = """
+-- Issue 8, reads at fleet scale.
+-- Each GPU's latest booking end, kept by the triggers below on every write to bookings. pool
+-- show's "reserved later" is then the GPUs whose latest booking ends after now, less those in
+-- use now: a count over this table's index, not a walk over every future booking.
+CREATE TABLE atom_bookings (
+  pool_id TEXT NOT NULL,
+  node_id TEXT NOT NULL,
+  atom INTEGER NOT NULL,
+  last_end INTEGER NOT NULL,
+  PRIMARY KEY (pool_id, node_id, atom)
+);
+CREATE INDEX atom_bookings_end ON atom_bookings(pool_id, last_end);
+INSERT INTO atom_bookings(pool_id, node_id, atom, last_end)
+  SELECT pool_id, node_id, atom, MAX("end") FROM bookings GROUP BY pool_id, node_id, atom;
+CREATE TRIGGER atom_bookings_insert AFTER INSERT ON bookings BEGIN
+  INSERT INTO atom_bookings(pool_id, node_id, atom, last_end)
+    VALUES (NEW.pool_id, NEW.node_id, NEW.atom, NEW."end")
+    ON CONFLICT(pool_id, node_id, atom) DO UPDATE SET last_end = MAX(last_end, excluded.last_end);
+END;
+-- A booking cut short or deleted: its GPU's latest end is read again (the node's index, newest
+-- end first, stops at the GPU's first row).
+CREATE TRIGGER atom_bookings_update AFTER UPDATE OF pool_id, node_id, atom, "end" ON bookings
+BEGIN
+  UPDATE atom_bookings SET last_end = COALESCE((SELECT b."end" FROM bookings b
+      WHERE b.node_id = OLD.node_id AND b.atom = OLD.atom AND b.pool_id = OLD.pool_id
+      ORDER BY b."end" DESC LIMIT 1), 0)
+    WHERE pool_id = OLD.pool_id AND node_id = OLD.node_id AND atom = OLD.atom;
+  INSERT INTO atom_bookings(pool_id, node_id, atom, last_end)
+    VALUES (NEW.pool_id, NEW.node_id, NEW.atom, NEW."end")
+    ON CONFLICT(pool_id, node_id, atom) DO UPDATE SET last_end = MAX(last_end, excluded.last_end);
+END;
+CREATE TRIGGER atom_bookings_delete AFTER DELETE ON bookings BEGIN
+  UPDATE atom_bookings SET last_end = COALESCE((SELECT b."end" FROM bookings b
+      WHERE b.node_id = OLD.node_id AND b.atom = OLD.atom AND b.pool_id = OLD.pool_id
+      ORDER BY b."end" DESC LIMIT 1), 0)
+    WHERE pool_id = OLD.pool_id AND node_id = OLD.node_id AND atom = OLD.atom;
+END;
+-- What each tenant holds of its quota in each pool (the charges of its reservations not
+-- released), kept by the triggers below, so the quota check reads one row per cap instead of
+-- summing every live reservation of the tenant.
+CREATE TABLE held_charges (
+  tenant_id TEXT NOT NULL,
+  pool_id TEXT NOT NULL,
+  held INTEGER NOT NULL,
+  PRIMARY KEY (tenant_id, pool_id)
+);
+INSERT INTO held_charges(tenant_id, pool_id, held)
+  SELECT tenant_id, pool_id, SUM(quota_charge) FROM reservations WHERE state != 'released'
+  GROUP BY tenant_id, pool_id;
+CREATE TRIGGER held_charges_insert AFTER INSERT ON reservations
+WHEN NEW.state != 'released' BEGIN
+  INSERT INTO held_charges(tenant_id, pool_id, held)
+    VALUES (NEW.tenant_id, NEW.pool_id, NEW.quota_charge)
+    ON CONFLICT(tenant_id, pool_id) DO UPDATE SET held = held + excluded.held;
+END;
+CREATE TRIGGER held_charges_update_old AFTER UPDATE OF tenant_id, pool_id, state, quota_charge
+ON reservations WHEN OLD.state != 'released' BEGIN
+  UPDATE held_charges SET held = held - OLD.quota_charge
+    WHERE tenant_id = OLD.tenant_id AND pool_id = OLD.pool_id;
+END;
+CREATE TRIGGER held_charges_update_new AFTER UPDATE OF tenant_id, pool_id, state, quota_charge
+ON reservations WHEN NEW.state != 'released' BEGIN
+  INSERT INTO held_charges(tenant_id, pool_id, held)
+    VALUES (NEW.tenant_id, NEW.pool_id, NEW.quota_charge)
+    ON CONFLICT(tenant_id, pool_id) DO UPDATE SET held = held + excluded.held;
+END;
+CREATE TRIGGER held_charges_delete AFTER DELETE ON reservations
+WHEN OLD.state != 'released' BEGIN
+  UPDATE held_charges SET held = held - OLD.quota_charge
+    WHERE tenant_id = OLD.tenant_id AND pool_id = OLD.pool_id;
+END;
+"""
+
+MIGRATION_5 = """
+-- Issue 8, replay: what is due next.
+-- A tick, and simulate asking when the next one is due, look for the live reservations whose
+-- end, preemption deadline or start has come (or comes next), and the pending ones whose retry
+-- is due. With (state, instant) the answer is a seek per state, not a walk over every live
+-- reservation: on a busy ledger there are thousands, and simulate asks after every request.
+CREATE INDEX reservations_ends ON reservations(state, during_end);
+CREATE INDEX reservations_deadlines ON reservations(state, preempt_deadline);
+CREATE INDEX reservations_starts ON reservations(state, during_start);
+CREATE INDEX reservations_retries ON reservations(state, next_attempt_at);
+-- Closing a reservation's usage finds its open windows without reading every usage row.
+CREATE INDEX usage_open ON usage(reservation_id) WHERE "end" IS NULL;
+"""
+
+MIGRATION_6 = """
+-- Signed webhooks (PRODUCT.md §4 Running): where a tenant's events are POSTed.
+CREATE TABLE webhooks (
+  id TEXT PRIMARY KEY,              -- whk_…
+  seq INTEGER NOT NULL UNIQUE,      -- creation order
+  tenant_id TEXT NOT NULL,          -- the tenant whose events it receives, or '*' for every event
+  url TEXT NOT NULL,                -- http or https, no credentials in it
+  events TEXT NOT NULL DEFAULT '[]',-- JSON list of event types or 'ns.*' patterns; [] = all
+  secret TEXT NOT NULL,             -- the HMAC key; shown once, then only its fingerprint
+  created_at INTEGER NOT NULL,
+  created_by TEXT NOT NULL,
+  cursor INTEGER NOT NULL           -- the last event seq already queued for it
+);
+-- One event to deliver to one webhook. Per webhook, the lowest queued seq goes first.
+CREATE TABLE deliveries (
+  id TEXT PRIMARY KEY,              -- dlv_…
+  webhook_id TEXT NOT NULL REFERENCES webhooks(id),
+  event_seq INTEGER NOT NULL,
+  state TEXT NOT NULL,              -- queued|delivered|dead
+  attempts INTEGER NOT NULL DEFAULT 0,
+  queued_at INTEGER NOT NULL,       -- ledger instant its retry period began
+  next_at INTEGER NOT NULL,         -- ledger instant its next attempt is due
+  claim TEXT,                       -- the tick sending it now
+  claim_until INTEGER,              -- real-clock epoch ms at which that claim lapses
+  UNIQUE (webhook_id, event_seq)
+);
+CREATE INDEX deliveries_queue ON deliveries(webhook_id, state, event_seq);
+CREATE INDEX deliveries_state ON deliveries(state, webhook_id);
+-- Every attempt of a delivery, with the receiver's status code or the error.
+CREATE TABLE delivery_attempts (
+  delivery_id TEXT NOT NULL REFERENCES deliveries(id),
+  n INTEGER NOT NULL,               -- 1, 2, … per delivery
+  at INTEGER NOT NULL,              -- ledger instant of the attempt
+  status INTEGER,                   -- HTTP status; NULL when there was no answer
+  error TEXT,                       -- why it failed; NULL on a 2xx
+  PRIMARY KEY (delivery_id, n)
+);
+-- Notices given once per reservation (reservation.starting, reservation.expiring).
+CREATE TABLE notices (
+  reservation_id TEXT NOT NULL,
+  type TEXT NOT NULL,
+  PRIMARY KEY (reservation_id, type)
+);
+"""
+
 # ---------------------------------------------------------------- PostgreSQL texts
 # The same tables for PostgreSQL (the comments above say what each column means): times are
 # BIGINT (epoch ms passes 32 bits), rowid keys are identity columns, "end" is quoted (reserved).
@@ -415,6 +549,74 @@ CREATE INDEX reservations_charge ON reservations(tenant_id, state, pool_id, quot
 """
 
 
+MIGRATION_4_POSTGRES = """
+CREATE TABLE atom_bookings (
+  pool_id TEXT NOT NULL,
+  node_id TEXT NOT NULL,
+  atom BIGINT NOT NULL,
+  last_end BIGINT NOT NULL,
+  PRIMARY KEY (pool_id, node_id, atom)
+);
+CREATE INDEX atom_bookings_end ON atom_bookings(pool_id, last_end);
+INSERT INTO atom_bookings(pool_id, node_id, atom, last_end)
+  SELECT pool_id, node_id, atom, MAX("end") FROM bookings GROUP BY pool_id, node_id, atom;
+CREATE FUNCTION atom_bookings_track() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP IN ('UPDATE', 'DELETE') THEN
+    UPDATE atom_bookings SET last_end = COALESCE((SELECT b."end" FROM bookings b
+        WHERE b.node_id = OLD.node_id AND b.atom = OLD.atom AND b.pool_id = OLD.pool_id
+        ORDER BY b."end" DESC LIMIT 1), 0)
+      WHERE pool_id = OLD.pool_id AND node_id = OLD.node_id AND atom = OLD.atom;
+  END IF;
+  IF TG_OP IN ('INSERT', 'UPDATE') THEN
+    INSERT INTO atom_bookings(pool_id, node_id, atom, last_end)
+      VALUES (NEW.pool_id, NEW.node_id, NEW.atom, NEW."end")
+      ON CONFLICT (pool_id, node_id, atom)
+      DO UPDATE SET last_end = GREATEST(atom_bookings.last_end, excluded.last_end);
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE TRIGGER atom_bookings_insert AFTER INSERT ON bookings
+  FOR EACH ROW EXECUTE FUNCTION atom_bookings_track();
+CREATE TRIGGER atom_bookings_update AFTER UPDATE OF pool_id, node_id, atom, "end" ON bookings
+  FOR EACH ROW EXECUTE FUNCTION atom_bookings_track();
+CREATE TRIGGER atom_bookings_delete AFTER DELETE ON bookings
+  FOR EACH ROW EXECUTE FUNCTION atom_bookings_track();
+CREATE TABLE held_charges (
+  tenant_id TEXT NOT NULL,
+  pool_id TEXT NOT NULL,
+  held BIGINT NOT NULL,
+  PRIMARY KEY (tenant_id, pool_id)
+);
+INSERT INTO held_charges(tenant_id, pool_id, held)
+  SELECT tenant_id, pool_id, SUM(quota_charge) FROM reservations WHERE state != 'released'
+  GROUP BY tenant_id, pool_id;
+CREATE FUNCTION held_charges_track() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP IN ('UPDATE', 'DELETE') THEN
+    IF OLD.state != 'released' THEN
+      UPDATE held_charges SET held = held - OLD.quota_charge
+        WHERE tenant_id = OLD.tenant_id AND pool_id = OLD.pool_id;
+    END IF;
+  END IF;
+  IF TG_OP IN ('INSERT', 'UPDATE') THEN
+    IF NEW.state != 'released' THEN
+      INSERT INTO held_charges(tenant_id, pool_id, held)
+        VALUES (NEW.tenant_id, NEW.pool_id, NEW.quota_charge)
+        ON CONFLICT (tenant_id, pool_id) DO UPDATE SET held = held_charges.held + excluded.held;
+    END IF;
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE TRIGGER held_charges_insert AFTER INSERT ON reservations
+  FOR EACH ROW EXECUTE FUNCTION held_charges_track();
+CREATE TRIGGER held_charges_update AFTER UPDATE OF tenant_id, pool_id, state, quota_charge
+  ON reservations FOR EACH ROW EXECUTE FUNCTION held_charges_track();
+CREATE TRIGGER held_charges_delete AFTER DELETE ON reservations
+  FOR EACH ROW EXECUTE FUNCTION held_charges_track();
+"""
+
+
 class Dialects(NamedTuple):
     """A migration whose SQL differs by backend. A plain string serves both."""
 
@@ -426,19 +628,24 @@ Migration = str | Dialects
 
 
 def migration_text(migration: Migration, dialect: str) -> str:
-    """The SQL of one migration for 'sqlite' or 'postgresql'."""
-    if isinstance(migration, str):
-        return migration
-    return migration.sqlite if dialect == "sqlite" else migration.postgresql
+    """The SQL of one migration for 'sqlite' or 'postgresql'. A portable string's INTEGER
+    columns are BIGINT on PostgreSQL, whose INTEGER is 32 bits (SQLite's is 64)."""
+    if isinstance(migration, Dialects):
+        return migration.sqlite if dialect == "sqlite" else migration.postgresql
+    return migration if dialect == "sqlite" else re.sub(r"\bINTEGER\b", "BIGINT", migration)
 
 
 #: Append-only. Index i holds the SQL that brings version i to i + 1 (SQLite's user_version;
 #: meta 'schema_version' on PostgreSQL). New migrations: one portable string when the SQL is the
-#: same on both, else Dialects(sqlite=..., postgresql=...).
+#: same on both (on PostgreSQL its INTEGER columns become BIGINT: epoch ms pass 32 bits), else
+#: Dialects(sqlite=..., postgresql=...).
 MIGRATIONS: tuple[Migration, ...] = (
     Dialects(MIGRATION_1, MIGRATION_1_POSTGRES),
     Dialects(MIGRATION_2, MIGRATION_2_POSTGRES),
     Dialects(MIGRATION_3, MIGRATION_3_POSTGRES),
+    Dialects(MIGRATION_4, MIGRATION_4_POSTGRES),
+    MIGRATION_5,
+    MIGRATION_6,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -449,4 +656,4 @@ APPLICATION_ID = 0x42434D50  # "BCMP"
 #: sha256 of the sorted (type, name, tbl_name, sql) rows of sqlite_master that MIGRATIONS make:
 #: opening a ledger compares its schema with this instead of rebuilding every migration in memory
 #: (storage/db.py). tests/test_speed.py fails with the new value whenever a migration is added.
-SCHEMA_DIGEST = "99251b7600fca667790445e2702305ebcbea3f30d8dd3171bbe6b6978a0e3017"
+SCHEMA_DIGEST = "26105d6b530241aa66af3e4c2b58fb4bf6ba0b3b50e6622b9b43633223434942"

@@ -8,9 +8,11 @@ their `seq` range (seq grows with every reservation), then narrowed to the run's
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
-from better_compute.storage.repo import Conn
+from better_compute.model import LIVE_STATES, Maintenance, Window
+from better_compute.storage.conn import SQLITE, Conn, dialect
 
 _LIVE = "state IN ('placed', 'binding', 'active')"
 
@@ -87,3 +89,82 @@ def usage_spans(conn: Conn, lo_seq: int, hi_seq: int) -> list[tuple[str, int, in
         (lo_seq, hi_seq),
     )
     return [(str(r), int(g), int(s), None if e is None else int(e)) for r, g, s, e in rows]
+
+
+# ---------------------------------------------------------------- the fleet kept in memory
+
+
+def data_version(conn: Conn) -> int:
+    """SQLite's count of commits by *other* connections (PRAGMA data_version): it changes
+    exactly when another process has committed since this connection last looked. PostgreSQL
+    has no such count: the next transaction id changes whenever anyone writes (this connection
+    too), so the fleet in memory is reloaded more often there, never less."""
+    if dialect(conn) == SQLITE:
+        return int(conn.execute("PRAGMA data_version").fetchone()[0])
+    row = conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()
+    return int(row[0])
+
+
+def pool_maintenance_after(conn: Conn, pool_id: str, after: int) -> list[Maintenance]:
+    """The pool's maintenance windows that end after `after`, in repo.maintenance_overlapping's
+    order (node, start)."""
+    rows = conn.execute(
+        'SELECT m.id, m.node_id, m.start, m."end", m.reason FROM maintenance m'
+        ' JOIN nodes n ON n.name = m.node_id WHERE n.pool_id = ? AND m."end" > ?'
+        " ORDER BY m.node_id, m.start",
+        (pool_id, after),
+    )
+    return [Maintenance(int(i), str(n), Window(int(s), int(e)), r) for i, n, s, e, r in rows]
+
+
+_BOOKED = (
+    'SELECT b.reservation_id, b.node_id, b.atom, b.start, b."end", b.spot,'
+    f" r.state IN ({','.join(repr(s.value) for s in LIVE_STATES)}) FROM bookings b"
+    " JOIN reservations r ON r.id = b.reservation_id"
+)
+
+
+#: (reservation, node, atom, start, end, spot, reservation live) of one booking.
+BookedRow = tuple[str, str, int, int, int, bool, bool]
+
+
+def _booking_rows(rows: Iterable[Any]) -> list[BookedRow]:
+    return [
+        (str(r), str(n), int(a), int(s), int(e), bool(sp), bool(live))
+        for r, n, a, s, e, sp, live in rows
+    ]
+
+
+def pool_bookings_after(conn: Conn, pool_id: str, after: int) -> list[BookedRow]:
+    """Every booking of the pool that ends after `after`, with its reservation's liveness."""
+    rows = conn.execute(f'{_BOOKED} WHERE b.pool_id = ? AND b."end" > ?', (pool_id, after))
+    return _booking_rows(rows)
+
+
+def touched_since(conn: Conn, seq: int, unchanged: Sequence[str] = ()) -> tuple[int, list[str]]:
+    """(the latest event seq, the reservations named by events after `seq`): every change to a
+    reservation's bookings or state is written with an event on it. Events of the `unchanged`
+    types (which change neither) do not count."""
+    last = int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0])
+    if last <= seq:
+        return last, []
+    # A range of the primary key: the few newest events, never the reservation index.
+    rows = conn.execute("SELECT reservation_id, type FROM events WHERE seq > ?", (seq,))
+    skip = set(unchanged)
+    return last, sorted({str(r) for r, t in rows if r is not None and t not in skip})
+
+
+def bookings_of(conn: Conn, rsv_ids: Sequence[str]) -> dict[str, list[tuple[str, BookedRow]]]:
+    """(pool, booking) of these reservations, by reservation (ids without bookings absent)."""
+    found: dict[str, list[tuple[str, BookedRow]]] = {}
+    for first in range(0, len(rsv_ids), 500):
+        chunk = list(rsv_ids[first : first + 500])
+        rows = conn.execute(
+            f"{_BOOKED.replace('SELECT ', 'SELECT b.pool_id, ', 1)}"
+            f" WHERE b.reservation_id IN ({','.join('?' * len(chunk))})",
+            chunk,
+        )
+        for pool, *rest in rows:
+            (row,) = _booking_rows([rest])
+            found.setdefault(row[0], []).append((str(pool), row))
+    return found

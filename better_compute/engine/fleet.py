@@ -1,0 +1,403 @@
+"""One pool held in memory between requests: nodes, maintenance and bookings (issue 8, replay).
+
+A long-running command (`simulate`) places thousands of requests; reading the pool's candidates
+and snapshots from SQL for each one costs far more than planning them. This index answers the
+same two questions storage answers (`repo.fit_candidates` and `repo.snapshots`) from memory, for
+any window that starts at or after its `horizon`: bookings that end by then are dropped, since no
+such window can overlap them. Keeping it equal to the ledger is the service's business
+(service/fleet.py); this module only holds values.
+
+Candidates come out lazily in engine/shortlist.best_key order. A node whose bookings have all
+begun by the horizon (and with no maintenance left) has the same GPUs booked in every window
+that opens at the horizon, so its key depends only on its counts: such nodes wait in buckets by
+(GPUs, healthy GPUs free, GPUs booked, models), sorted by name, and only the other ("odd") nodes
+are counted per request. Nodes whose models the request does not accept are left out: the
+planner would refuse every one of them, so they could never change which plans win
+(shortlist.settled only stops earlier).
+
+A request that keeps waiting is retried every 30 s; `no_fit` and `nothing_to_preempt` remember
+what a retry found and plan again only what changed since (see there).
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import insort
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
+
+from better_compute.engine.fit import plan_node
+from better_compute.engine.place import no_node_fits
+from better_compute.engine.scorers import TOPOLOGY_MAX, fill
+from better_compute.model import Maintenance, Node, NodeSnapshot, NoFit, Request, Window
+
+#: One booked GPU: (start, end, atom, reservation, spot, reservation live).
+Booked = tuple[int, int, int, str, bool, bool]
+#: The key shortlist.best_key gives a candidate, and the candidate's name.
+Keyed = tuple[tuple[int, str], str]
+#: Later than any instant: an answer that no booking will ever change.
+MAX = 2**63 - 1
+#: Remembered answers kept per pool at most (one per pending request); all dropped past it.
+MEMO_KEYS = 1024
+
+
+class BookingRow(NamedTuple):
+    """One row of `bookings`, with whether its reservation is live (placed, binding, active)."""
+
+    reservation_id: str
+    node_id: str
+    atom: int
+    start: int
+    end: int
+    spot: bool
+    live: bool
+
+
+@dataclass
+class _Static:
+    """What never changes while the inventory does not: derived once per node."""
+
+    node: Node
+    gpus: int
+    healthy: frozenset[int]
+    models: frozenset[str]  # casefolded
+    usable: bool  # schedulable and reachable: the only nodes storage would list as candidates
+
+
+#: A bucket: (GPUs, healthy GPUs free, GPUs booked, models) of nodes whose every booking has
+#: begun by the horizon, so that a window opening at the horizon overlaps all of them.
+Bucket = tuple[int, int, int, frozenset[str]]
+
+
+@dataclass
+class PoolIndex:
+    """The pool's nodes, maintenance and bookings that end after `horizon`.
+
+    Every usable node is either in a bucket (no maintenance left, every booking begun by the
+    horizon) or odd (maintenance ahead, or a booking that begins after the horizon), counted
+    one by one for each request."""
+
+    horizon: int
+    nodes: dict[str, _Static] = field(default_factory=dict)
+    maintenance: dict[str, list[Maintenance]] = field(default_factory=dict)
+    booked: dict[str, list[Booked]] = field(default_factory=dict)
+    by_rsv: dict[str, list[tuple[str, Booked]]] = field(default_factory=dict)
+    #: Nodes by bucket, each list sorted by name; and which bucket each node is in.
+    buckets: dict[Bucket, list[str]] = field(default_factory=dict)
+    bucket_of: dict[str, Bucket] = field(default_factory=dict)
+    odd: set[str] = field(default_factory=set)
+    #: (latest end, reservation): when to look at a reservation's bookings again to drop them.
+    ends: list[tuple[int, str]] = field(default_factory=list)
+    #: (start, node) of bookings that begin after the horizon: when the node may join a bucket.
+    starts: list[tuple[int, str]] = field(default_factory=list)
+    _capacity: dict[tuple[tuple[str, ...], int], tuple[int, int]] = field(default_factory=dict)
+    #: Bumped whenever a booking is added, removed or changed (not when one merely ends):
+    #: for the whole pool, and per node. Remembered answers compare them.
+    generation: int = 0
+    node_gen: dict[str, int] = field(default_factory=dict)
+    #: Per pending request: each node's refusal, as of (node generation, window starts it holds
+    #: for). See no_fit.
+    _refusals: dict[object, dict[str, tuple[str, int, int, int]]] = field(default_factory=dict)
+    #: Per request: (pool generation, window starts) for which nothing was found to preempt.
+    _nothing: dict[object, tuple[int, int, int]] = field(default_factory=dict)
+
+    @classmethod
+    def build(
+        cls,
+        horizon: int,
+        nodes: Iterable[Node],
+        maintenance: Iterable[Maintenance],
+        bookings: Iterable[BookingRow],
+    ) -> PoolIndex:
+        index = cls(horizon)
+        for node in nodes:
+            index.nodes[node.name] = _Static(
+                node,
+                len(node.atoms),
+                frozenset(a.index for a in node.atoms if a.healthy),
+                frozenset(a.model.casefold() for a in node.atoms),
+                node.schedulable and node.reachable,
+            )
+        for m in maintenance:
+            if m.window.end > horizon and m.node_id in index.nodes:
+                index.maintenance.setdefault(m.node_id, []).append(m)
+        rows: dict[str, list[BookingRow]] = defaultdict(list)
+        for row in bookings:
+            rows[row.reservation_id].append(row)
+        for rsv_id, booked in rows.items():
+            index._hold(rsv_id, booked)
+        for name in sorted(index.nodes):
+            index._place(name)
+        return index
+
+    # ------------------------------------------------------------ keeping it current
+
+    def _bucket(self, name: str) -> Bucket | None:
+        """The node's bucket now, or None when it is odd (or unusable)."""
+        static = self.nodes[name]
+        if name in self.maintenance:
+            return None
+        busy = set()
+        for b in self.booked.get(name, ()):
+            if b[1] <= self.horizon:
+                continue  # over: dropped with the rest of its reservation's bookings later
+            if b[0] > self.horizon:
+                return None
+            busy.add(b[2])
+        free = len(static.healthy - busy)
+        return (static.gpus, free, len(busy), static.models)
+
+    def _place(self, name: str) -> None:
+        """File a node (anew) in its bucket or among the odd ones."""
+        if not self.nodes[name].usable:
+            return
+        old = self.bucket_of.pop(name, None)
+        if old is not None:
+            self.buckets[old].remove(name)
+        self.odd.discard(name)
+        new = self._bucket(name)
+        if new is None:
+            self.odd.add(name)
+        else:
+            insort(self.buckets.setdefault(new, []), name)
+            self.bucket_of[name] = new
+
+    def _hold(self, rsv_id: str, rows: Sequence[BookingRow]) -> set[str]:
+        """Replace the reservation's bookings; returns the nodes whose bookings changed."""
+        changed = set()
+        before = self.by_rsv.pop(rsv_id, [])
+        for name, booked in before:
+            held = self.booked[name]
+            held.remove(booked)
+            if not held:
+                del self.booked[name]
+            changed.add(name)
+        kept: list[tuple[str, Booked]] = []
+        for row in rows:
+            if row.end <= self.horizon or row.node_id not in self.nodes:
+                continue
+            booked = (row.start, row.end, row.atom, rsv_id, row.spot, row.live)
+            self.booked.setdefault(row.node_id, []).append(booked)
+            kept.append((row.node_id, booked))
+            changed.add(row.node_id)
+            if row.start > self.horizon:
+                heapq.heappush(self.starts, (row.start, row.node_id))
+        if kept:
+            self.by_rsv[rsv_id] = kept
+            heapq.heappush(self.ends, (max(b[1] for _, b in kept), rsv_id))
+        if sorted(before) != sorted(kept):
+            self.generation += 1
+            for name in {n for n, _ in before} | {n for n, _ in kept}:
+                self.node_gen[name] = self.node_gen.get(name, 0) + 1
+        return changed
+
+    def set_reservation(self, rsv_id: str, rows: Sequence[BookingRow]) -> None:
+        """Replace what the index holds of one reservation by its rows as they are now."""
+        for name in self._hold(rsv_id, rows):
+            self._place(name)
+
+    def advance(self, horizon: int) -> None:
+        """Windows start at `horizon` or later from now on: drop what ends by then, and file
+        again the nodes whose bookings have all begun."""
+        if horizon <= self.horizon:
+            return
+        self.horizon = horizon
+        moved: set[str] = set()
+        while self.ends and self.ends[0][0] <= horizon:
+            _, rsv_id = heapq.heappop(self.ends)
+            held = self.by_rsv.get(rsv_id)
+            if held is not None and max(b[1] for _, b in held) <= horizon:
+                moved |= self._hold(rsv_id, ())
+        while self.starts and self.starts[0][0] <= horizon:
+            moved.add(heapq.heappop(self.starts)[1])
+        over = [n for n, ms in self.maintenance.items() if all(m.window.end <= horizon for m in ms)]
+        for name in over:
+            del self.maintenance[name]
+            moved.add(name)
+        for name in moved:
+            self._place(name)
+
+    # ------------------------------------------------------------ answering
+
+    def covers(self, window: Window) -> bool:
+        """Whether this index can answer for the window (it starts at or after the horizon)."""
+        return window.start >= self.horizon
+
+    def _busy(self, name: str, window: Window, ignore: str | None) -> set[int]:
+        return {
+            b[2]
+            for b in self.booked.get(name, ())
+            if b[0] < window.end and b[1] > window.start and b[3] != ignore
+        }
+
+    def _blocked(self, name: str, window: Window) -> str | None:
+        """The reason of the node's last overlapping maintenance by start, as repo.snapshots
+        words it (maintenance is held in its query's order)."""
+        reason = None
+        for m in self.maintenance.get(name, ()):
+            if m.window.end > window.start and m.window.start < window.end:
+                reason = m.reason or "maintenance"
+        return reason
+
+    def candidates(self, request: Request, ignore: str | None) -> Iterator[Keyed]:
+        """repo.fit_candidates' nodes, less those whose models the request refuses, as
+        (shortlist.best_key, name), most promising first.
+
+        A bucket answers for all its nodes at once when the window opens at the horizon (or
+        they have no booking at all); other nodes, and those the ignored reservation books, are
+        counted one by one."""
+        window, whole = request.window, request.node_lease
+        need = request.gpus or 0
+        least = max(need, 1)
+        accepted = {m.casefold() for m in request.models} if request.models else None
+        at_horizon = window.start == self.horizon
+        skip = {name for name, _ in self.by_rsv.get(ignore, ())} if ignore is not None else set()
+        streams: list[Iterable[Keyed]] = []
+        one_by_one: list[str] = list(self.odd | skip)
+        for (gpus, free, busy, models), names in self.buckets.items():
+            if not names or gpus < least:
+                continue
+            if accepted is not None and not models <= accepted:
+                continue
+            if busy and not at_horizon:
+                one_by_one.extend(names)
+                continue
+            share = gpus if whole else need
+            if free < share:
+                continue
+            key = -(fill(busy + share, gpus) + TOPOLOGY_MAX)
+            streams.append(_keyed(key, names, skip))
+        odd: list[Keyed] = []
+        for name in set(one_by_one):
+            static = self.nodes[name]
+            if not static.usable or static.gpus < least:
+                continue
+            if accepted is not None and not static.models <= accepted:
+                continue
+            if self._blocked(name, window) is not None:
+                continue
+            held = self._busy(name, window, ignore)
+            share = static.gpus if whole else need
+            if len(static.healthy - held) < share:
+                continue
+            key = -(fill(len(held) + share, static.gpus) + TOPOLOGY_MAX)
+            odd.append(((key, name), name))
+        odd.sort()
+        streams.append(odd)
+        return heapq.merge(*streams)
+
+    def snapshots(
+        self, window: Window, ignore: str | None, names: Sequence[str] | None = None
+    ) -> list[NodeSnapshot]:
+        """repo.snapshots for these nodes (every node of the pool when None), by name."""
+        chosen = sorted(self.nodes) if names is None else sorted(names)
+        result = []
+        for name in chosen:
+            held = [
+                b
+                for b in self.booked.get(name, ())
+                if b[0] < window.end and b[1] > window.start and b[3] != ignore
+            ]
+            regular = {b[2] for b in held if not (b[4] and b[5])}
+            holders: dict[int, set[str]] = defaultdict(set)
+            for b in held:
+                if b[4] and b[5]:
+                    holders[b[2]].add(b[3])
+            result.append(
+                NodeSnapshot(
+                    node=self.nodes[name].node,
+                    busy=frozenset(b[2] for b in held),
+                    spot_holders=tuple(
+                        sorted(
+                            (atom, tuple(sorted(ids)))
+                            for atom, ids in holders.items()
+                            if atom not in regular
+                        )
+                    ),
+                    blocked=self._blocked(name, window),
+                )
+            )
+        return result
+
+    # ------------------------------------------------------------ answers that stay true
+
+    def _still(self, booked: Iterable[tuple[int, int]], window: Window) -> int:
+        """The first window start (for windows as long as `window`, starting at or after it)
+        at which one of these intervals would begin or cease to overlap: until then, every
+        snapshot of them is the same."""
+        length, until = window.end - window.start, MAX
+        for start, end in booked:
+            if start < window.end and end > window.start:
+                until = min(until, end)  # overlaps until the window starts at its end
+            elif start >= window.end:
+                until = min(until, start - length + 1)  # overlaps once the window reaches it
+        return until
+
+    def _node_still(self, name: str, window: Window) -> int:
+        spans = [(b[0], b[1]) for b in self.booked.get(name, ())]
+        spans += [(m.window.start, m.window.end) for m in self.maintenance.get(name, ())]
+        return self._still(spans, window)
+
+    def no_fit(self, request: Request, ignore: str | None, exclude: frozenset[str]) -> NoFit | None:
+        """The full planner's no-fit reason for a single-node request (every node's refusal,
+        counted), or None when some node fits. A pending request is retried every 30 s: each
+        node's refusal is kept and planned again only when that node's bookings changed or the
+        window has moved past one of them, so a retry costs what changed, not the pool."""
+        window = request.window
+        key = (ignore, replace(request, window=Window(0, window.end - window.start)), exclude)
+        if key not in self._refusals and len(self._refusals) >= MEMO_KEYS:
+            self._refusals.clear()
+        memo = self._refusals.setdefault(key, {})
+        refused = []
+        for name in sorted(self.nodes):
+            gen = self.node_gen.get(name, 0)
+            hit = memo.get(name)
+            if hit is not None and hit[1] == gen and hit[3] <= window.start < hit[2]:
+                refused.append((name, hit[0]))
+                continue
+            if name in exclude:
+                reason = "excluded"
+            else:
+                result = plan_node(request, self.snapshots(window, ignore, [name])[0])
+                if not isinstance(result, str):
+                    return None
+                reason = result
+            memo[name] = (reason, gen, self._node_still(name, window), window.start)
+            refused.append((name, reason))
+        return no_node_fits(len(self.nodes), refused)
+
+    def nothing_to_preempt(self, key: object, window: Window) -> bool:
+        """Whether preemption planning found nothing for `key` on this very pool (no booking
+        changed since) for a window that starts where this one does, as far as bookings go."""
+        seen = self._nothing.get(key)
+        return seen is not None and seen[0] == self.generation and seen[2] <= window.start < seen[1]
+
+    def found_nothing_to_preempt(self, key: object, window: Window) -> None:
+        if key not in self._nothing and len(self._nothing) >= MEMO_KEYS:
+            self._nothing.clear()
+        spans = [(b[0], b[1]) for held in self.booked.values() for b in held]
+        spans += [(m.window.start, m.window.end) for ms in self.maintenance.values() for m in ms]
+        self._nothing[key] = (self.generation, self._still(spans, window), window.start)
+
+    def capacity(self, models: Sequence[str], share: int) -> tuple[int, int]:
+        """repo.node_capacity: (most GPUs of the accepted models on one node, nodes with at
+        least `share` of them), whatever the nodes' state. Models are compared as stored
+        (lowercased), as the SQL compares them."""
+        key = (tuple(models), share)
+        if key not in self._capacity:
+            accepted = set(models)
+            counts = [
+                sum(1 for a in s.node.atoms if not accepted or a.model in accepted)
+                for s in self.nodes.values()
+            ]
+            self._capacity[key] = (max(counts, default=0), sum(1 for c in counts if c >= share))
+        return self._capacity[key]
+
+
+def _keyed(key: int, names: Sequence[str], skip: set[str]) -> Iterator[Keyed]:
+    """A bucket's nodes as candidates: one key for all, in name order (less `skip`)."""
+    for name in names:
+        if name not in skip:
+            yield (key, name), name

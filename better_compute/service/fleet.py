@@ -1,0 +1,80 @@
+"""The fleet a long-running command keeps in memory between requests (issue 8, replay).
+
+`simulate` places thousands of requests in a row. Each one still runs as its own transaction
+through the real use case; only what placement reads about the pool (candidates, snapshots, what
+the pool could ever hold) comes from an engine/fleet.PoolIndex instead of SQL. The index must be
+the ledger, exactly, whenever placement asks, so it is checked inside the write transaction,
+with the write lock held:
+
+- another process's commit changes `PRAGMA data_version`: everything is dropped and reloaded;
+- this process's own commits name every reservation whose bookings or state they changed, in
+  the events they write: those reservations' bookings are read again (one indexed query).
+
+What the index plans is still booked through placing.commit, which re-checks inside the
+transaction that the atoms are free (a lost race excludes the node and plans again).
+"""
+
+from __future__ import annotations
+
+from better_compute.engine.fleet import BookingRow, PoolIndex
+from better_compute.storage import repo
+from better_compute.storage import simulation as store
+from better_compute.storage.repo import Conn
+
+#: Events that change neither a reservation's bookings nor whether it is live (created: it has
+#: no booking yet; binding and active: placed, binding and active are all live). Any other
+#: event on a reservation, of whatever type, makes the fleet read its bookings again.
+UNCHANGED = ("reservation.created", "reservation.binding", "reservation.active")
+
+
+class Fleet:
+    """Pool indexes, kept equal to the ledger this connection sees (module docstring)."""
+
+    def __init__(self) -> None:
+        self.pools: dict[str, PoolIndex] = {}
+        self.version: int | None = None
+        self.seen = 0  # the last event seq whose changes the indexes hold
+        self.reloads = 0  # full reloads after another process's commit (for tests and docs)
+
+    def index(self, conn: Conn, pool_id: str, now: int) -> PoolIndex:
+        """The pool as the ledger holds it now, for windows that start at `now` or later.
+        Call it inside the transaction that will act on the answer."""
+        version = store.data_version(conn)
+        if version != self.version:
+            if self.version is not None:
+                self.reloads += 1
+            self.pools.clear()
+            self.version = version
+            self.seen = repo.last_event_seq(conn)
+        else:
+            self._catch_up(conn)
+        pool = self.pools.get(pool_id)
+        if pool is None:
+            pool = PoolIndex.build(
+                now,
+                repo.load_nodes(conn, pool_id),
+                store.pool_maintenance_after(conn, pool_id, now),
+                (BookingRow(*row) for row in store.pool_bookings_after(conn, pool_id, now)),
+            )
+            self.pools[pool_id] = pool
+        pool.advance(now)
+        return pool
+
+    def _catch_up(self, conn: Conn) -> None:
+        """Read again the bookings of every reservation this process's commits changed."""
+        last, touched = store.touched_since(conn, self.seen, UNCHANGED)
+        self.seen = last
+        if not touched or not self.pools:
+            return
+        found = store.bookings_of(conn, touched)
+        for rsv_id in touched:
+            rows = found.get(rsv_id, [])
+            for pool_id, pool in self.pools.items():
+                pool.set_reservation(rsv_id, [BookingRow(*r) for p, r in rows if p == pool_id])
+
+    def after_rollback(self, conn: Conn) -> None:
+        """A write transaction that consulted the index rolled back: if the index caught up
+        with events that were never committed (their seqs will be used again), start afresh."""
+        if repo.last_event_seq(conn) < self.seen:
+            self.pools.clear()
+            self.version = None

@@ -1,0 +1,109 @@
+"""Reads at fleet scale (issue 8): queries whose cost follows the answer, not the pool.
+
+Each answers exactly what the plain query in repo.py answers; the tests compare the two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from better_compute.model import Reservation
+from better_compute.storage import ledger, repo
+from better_compute.storage.repo import Conn
+
+
+def pool_use(conn: Conn, pool_id: str, now: int) -> tuple[int, int]:
+    """(GPUs in use at `now`, GPUs reserved only later): what repo.count_atoms_in_use and
+    repo.atoms_reserved_later answer, read from indexes alone.
+
+    At or after the ledger's latest instant every booking that ends after `now` belongs to a
+    reservation not released: a release cuts its bookings back to the instant it acts at, never
+    later than the ledger's clock. So in-use needs no look at the reservations, and the GPUs
+    whose latest booking ends after `now` (`atom_bookings`, migration 4) are exactly those in
+    use plus those reserved only later: the second is a count over an index less the first. A
+    read that asks an earlier `--now` (history, where a booking may outlive the release that
+    later cut it) takes the plain queries.
+    """
+    if now < ledger.clock_state(conn).last_at:
+        return (
+            repo.count_atoms_in_use(conn, pool_id, now),
+            repo.atoms_reserved_later(conn, pool_id, now),
+        )
+    in_use = conn.execute(
+        "SELECT COUNT(*) FROM (SELECT DISTINCT node_id, atom FROM bookings"
+        ' WHERE pool_id = ? AND "end" > ? AND "end" <= ? AND start <= ?) AS held',
+        (pool_id, now, now + repo.longest_booking(conn, pool_id), now),
+    ).fetchone()
+    booked = conn.execute(
+        "SELECT COUNT(*) FROM atom_bookings WHERE pool_id = ? AND last_end > ?", (pool_id, now)
+    ).fetchone()
+    return int(in_use[0]), int(booked[0]) - int(in_use[0])
+
+
+def usable_nodes_after(conn: Conn, pool_id: str, after: str, limit: int) -> list[str]:
+    """Up to `limit` names, by name after `after`, of the pool's schedulable, reachable nodes:
+    placement's reading of the pool in name order (service/placing.perfect_fits)."""
+    rows = conn.execute(
+        "SELECT name FROM nodes WHERE pool_id = ? AND name > ? AND schedulable != 0"
+        " AND reachable != 0"
+        " ORDER BY name LIMIT ?",
+        (pool_id, after, limit),
+    )
+    return [str(r[0]) for r in rows]
+
+
+def nodes_holding(conn: Conn, pool_id: str, models: Sequence[str], share: int, enough: int) -> int:
+    """How many of the pool's nodes have at least `share` GPUs of the accepted models (all GPUs
+    when none is given), whatever their state, counting no further than `enough`: the question
+    repo.node_capacity answers in full, asked so that the usual answer stops at the first nodes."""
+    match = f" AND a.model IN ({','.join('?' * len(models))})" if models else ""
+    row = conn.execute(
+        "SELECT COUNT(*) FROM (SELECT 1 FROM nodes n WHERE n.pool_id = ?"
+        f" AND (SELECT COUNT(*) FROM atoms a WHERE a.node_id = n.name{match}) >= ? LIMIT ?)"
+        " AS holding",
+        [pool_id, *models, share, enough],
+    ).fetchone()
+    return int(row[0])
+
+
+def held_charge(conn: Conn, tenant: str, pool_id: str) -> int:
+    """repo.held_charge from `held_charges` (migration 4): GPUs a tenant holds now, in one pool
+    or, with pool_id '', in every pool. One row per pool, however many reservations it holds."""
+    sql = "SELECT COALESCE(SUM(held), 0) FROM held_charges WHERE tenant_id = ?"
+    args: list[object] = [tenant]
+    if pool_id:
+        sql += " AND pool_id = ?"
+        args.append(pool_id)
+    return int(conn.execute(sql, args).fetchone()[0])
+
+
+def reservation_pages(
+    conn: Conn,
+    *,
+    tenants: Sequence[str] | None,
+    pool_id: str | None,
+    key: str | None,
+    states: Sequence[str],
+    size: int = 500,
+) -> Iterator[list[Reservation]]:
+    """`list`: reservations of `tenants` (all, when None), narrowed by pool, key and states,
+    oldest first, `size` at a time: one cursor read page by page, so a listing of thousands
+    never holds them all as objects at once."""
+    clauses, args = ["1 = 1"], []  # type: tuple[list[str], list[object]]
+    if tenants is not None:
+        clauses.append(f"tenant_id IN ({','.join('?' * len(tenants))})")
+        args.extend(tenants)
+    if pool_id is not None:
+        clauses.append("pool_id = ?")
+        args.append(pool_id)
+    if key is not None:
+        clauses.append("idempotency_key = ?")
+        args.append(key)
+    if states:
+        clauses.append(f"state IN ({','.join('?' * len(states))})")
+        args.extend(states)
+    cursor = conn.execute(
+        f"SELECT * FROM reservations WHERE {' AND '.join(clauses)} ORDER BY seq", args
+    )
+    while rows := cursor.fetchmany(size):
+        yield repo.with_allocations(conn, rows)

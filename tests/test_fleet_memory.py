@@ -1,0 +1,282 @@
+"""Issue 8, replay: the fleet `simulate` keeps in memory answers exactly as SQL does, and notices
+every change another process commits.
+
+The first property builds random fleets and bookings (test_shortlist's worlds) in a real ledger
+and compares engine/fleet.PoolIndex with the storage queries it stands in for: snapshots, the
+shortlist's candidates (less the nodes whose models the request refuses), the pool's capacity,
+and the plan placement makes from each.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ME
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_shortlist import (
+    WINDOW,
+    Ask,
+    BookingSpec,
+    NodeSpec,
+    context,
+    ledger,
+    rolled_back,
+    worlds,
+    write_world,
+)
+
+from better_compute.engine import fleet as fleet_engine
+from better_compute.engine import shortlist
+from better_compute.inventory import parse_inventory
+from better_compute.model import Principal, Reservation, State
+from better_compute.service import booking, placing, setup, simulate, ticking
+from better_compute.service.booking import ReserveArgs
+from better_compute.service.context import Ctx
+from better_compute.service.fleet import Fleet
+from better_compute.storage import repo
+from better_compute.storage.db import Database, open_database
+
+
+def _accepts(models: tuple[str, ...], node_models: set[str]) -> bool:
+    accepted = {m.casefold() for m in models}
+    return not models or {m.casefold() for m in node_models} <= accepted
+
+
+@settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(worlds(), st.sampled_from([0, 0, 1, 29, 30, 31, 60, 100]), st.integers(0, 100))
+def test_the_fleet_in_memory_answers_as_sql(
+    world: tuple[list[NodeSpec], list[BookingSpec], Ask], lead_h: int, earlier_h: int
+) -> None:
+    fleet, held, ask = world
+    db, pool_id = ledger()
+    with rolled_back(db):
+        subject = write_world(db, pool_id, fleet, held, ask)
+        conn = db.conn
+        request = subject.request(WINDOW)
+        # Held from an instant before the window's start, then moved on to another one (what
+        # ended by then is dropped; what began by then is filed in a bucket).
+        horizon = WINDOW.start - lead_h * 3_600_000
+        kept = Fleet()
+        kept.index(conn, pool_id, horizon - earlier_h * 3_600_000)
+        pool = kept.index(conn, pool_id, horizon)
+        assert pool.covers(WINDOW)
+
+        sql_snaps = repo.snapshots(conn, pool_id, WINDOW, ignore_reservation=subject.id)
+        assert pool.snapshots(WINDOW, subject.id) == sql_snaps
+        names = [s.node.name for s in sql_snaps][::2]
+        assert pool.snapshots(WINDOW, subject.id, names) == repo.snapshots(
+            conn, pool_id, WINDOW, ignore_reservation=subject.id, names=names
+        )
+
+        rows = repo.fit_candidates(
+            conn,
+            pool_id,
+            WINDOW,
+            ignore_reservation=subject.id,
+            need=request.gpus or 0,
+            whole_node=request.node_lease,
+        )
+        models = {s.name: {a.model for a in s.atoms} for s in fleet}
+        expected = [
+            (shortlist.best_key(request, shortlist.Candidate(*row)), row[0])
+            for row in rows
+            if _accepts(request.models, models[row[0]])
+        ]
+        assert list(pool.candidates(request, subject.id)) == expected
+
+        share = ask.gpus or 1
+        assert pool.capacity(subject.models, share) == repo.node_capacity(
+            conn, pool_id, subject.models, share
+        )
+
+        # And so placement plans the same from either.
+        ctx = context(db, ask.top_n)
+        from_sql = placing.plan(ctx, subject, WINDOW, ask.exclude)
+        ctx.fleet = Fleet()
+        ctx.now = horizon
+        assert placing.plan(ctx, subject, WINDOW, ask.exclude) == from_sql
+
+
+# ---------------------------------------------------------------- kept equal to the ledger
+
+T0 = 1_790_582_400_000
+HOUR = 3_600_000
+ENTRY = [sys.executable, "-c", "from better_compute.cli import main; main()"]
+
+
+def _node(name: str) -> dict[str, Any]:
+    gpus = {
+        "count": 8,
+        "model": "h100",
+        "nvlinkGroups": 2,
+        "fabric": {"cluster": "c1", "clique": 1},
+    }
+    return {"name": name, "gpus": gpus}
+
+
+@pytest.fixture
+def two_nodes(db_dir: Path) -> Iterator[Database]:
+    """Pool p of two empty 8-GPU nodes n1 and n2 (topN 1: the best plan is the pick), tenant
+    acme."""
+    db = setup.init(str(db_dir / "fleet.db"), T0, force=True, manual=True, admin="admin",
+                    group=None)[0]  # fmt: skip
+    doc = {"pools": [{"name": "p", "nodes": [_node("n1"), _node("n2")]}],
+           "tenants": [{"id": "acme", "quota": {"gpus": 1000}}]}  # fmt: skip
+    setup.inventory_import(Ctx(db, T0), parse_inventory(doc))
+    setup.config_set(Ctx(db, T0), "placement.topN", "1")
+    yield db
+    db.close()
+
+
+def _reserve(db: Database, gpus: int, fleet: Fleet | None = None) -> Reservation:
+    ctx = Ctx(db, T0, fleet=fleet)
+    return booking.reserve(ctx, ReserveArgs("acme", None, gpus, HOUR))
+
+
+def _nodes(rsv: Reservation) -> list[str]:
+    return [a.node_id for a in rsv.allocations]
+
+
+def test_its_own_commits_are_followed_without_reading_the_pool_again(
+    two_nodes: Database,
+) -> None:
+    fleet = Fleet()
+    first = _reserve(two_nodes, 6, fleet)
+    second = _reserve(two_nodes, 4, fleet)  # n1 has 2 left: n2
+    third = _reserve(two_nodes, 2, fleet)  # best fit: the last 2 of n1
+    assert (_nodes(first), _nodes(second), _nodes(third)) == (["n1"], ["n2"], ["n1"])
+    late = _reserve(two_nodes, 8, fleet)  # nothing left: the full planner's reason, from memory
+    assert late.state == State.PENDING
+    assert (
+        late.conditions[0].message
+        == "no node fits (2 nodes): 1 × fits: 0 of 8 gpu free, 1 × fits: 4 of 8 gpu free"
+    )
+    assert fleet.reloads == 0
+
+
+def test_another_connections_commit_is_noticed_inside_the_next_write(
+    two_nodes: Database,
+) -> None:
+    fleet = Fleet()
+    assert _nodes(_reserve(two_nodes, 4, fleet)) == ["n1"]
+    other = open_database(str(two_nodes.path))  # another process, as far as SQLite can tell
+    try:
+        setup.node_flag(Ctx(other, T0), "n2", "node.cordoned", "bios", schedulable=0)
+        booked = _reserve(other, 4)
+    finally:
+        other.close()
+    assert _nodes(booked) == ["n1"]  # n1 is full now
+    # A fleet that missed either commit would place this on n1's booked GPUs or on n2.
+    late = _reserve(two_nodes, 1, fleet)
+    assert late.state == State.PENDING
+    assert (
+        late.conditions[0].message
+        == "no node fits (2 nodes): 1 × cordoned, 1 × fits: 0 of 1 gpu free"
+    )
+    assert fleet.reloads == 1
+
+
+def test_simulate_notices_a_commit_by_another_process_between_requests(db_dir: Path) -> None:
+    """A real second process cordons the node the replay would pick next, between two of
+    simulate's requests (from its progress hook, so at a known point)."""
+    path = db_dir / "sim.db"
+    db = setup.init(str(path), T0, force=True, manual=True, admin=ME, group=None)[0]
+    doc = {"pools": [{"name": "p", "nodes": [_node("n1"), _node("n2")]}]}
+    setup.inventory_import(Ctx(db, T0), parse_inventory(doc))
+    setup.config_set(Ctx(db, T0), "placement.topN", "1")
+    workload = db_dir / "w.jsonl"
+    workload.write_text(
+        "".join(
+            json.dumps({"at": T0 + k * 60_000, "tenant": "acme", "gpus": 2, "duration": "3h"})
+            + "\n"
+            for k in range(3)
+        )
+    )
+    fleet_seen: list[Fleet] = []
+
+    def between(done: int, total: int) -> None:
+        if done == 1:  # after the first request (on n1): cordon n1 from another process
+            cordon = ["--db", str(path), "node", "cordon", "n1", "--reason", "x"]
+            done_ = subprocess.run([*ENTRY, *cordon], capture_output=True, text=True)
+            assert done_.returncode == 0, done_.stderr
+
+    real_index = Fleet.index
+
+    def spying(self: Fleet, *args: Any) -> Any:
+        if self not in fleet_seen:
+            fleet_seen.append(self)
+        return real_index(self, *args)
+
+    ctx = Ctx(db, T0, who=Principal(ME, admin=True))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Fleet, "index", spying)
+        report = simulate.simulate(ctx, str(workload), "jsonl", Fraction(1), progress=between)
+    assert report.placed_at_once == 3
+    placed = {r.id: _nodes(r) for r in repo.reservations_where(db.conn)}
+    # The first went to n1, then BookingRepair moved it off the cordoned node to n2 (the
+    # replay's own tick). A fleet that missed the cordon would have put the second on n1.
+    assert sorted(placed.values()) == [["n2"], ["n2"], ["n2"]]
+    assert fleet_seen[0].reloads == 1
+    db.close()
+
+
+def _story(db: Database, fleet: Fleet | None) -> list[tuple[object, ...]]:
+    """Blockers on both nodes, a request that waits behind them (regular, so each retry also
+    looks for spot work to preempt), a spot one that waits too, then ticks every 30 s for four
+    hours."""
+
+    def reserve(at: int, gpus: int, hours: float, spot: bool = False) -> None:
+        args = ReserveArgs("acme", None, gpus, int(hours * HOUR), spot=spot)
+        booking.reserve(Ctx(db, at, fleet=fleet), args)
+
+    reserve(T0, 8, 1)  # n1 for an hour
+    reserve(T0, 2, 1.5)  # n2
+    reserve(T0, 4, 3, spot=True)  # n2, spot
+    reserve(T0, 8, 2)  # waits: even preempting the spot work leaves 6 of n2's 8 GPUs
+    reserve(T0, 6, 1, spot=True)  # waits too (spot work never preempts)
+    for k in range(1, 481):
+        now = T0 + k * 30_000
+        if k == 100:
+            reserve(now, 2, 0.5)  # changes n1's or n2's refusal in the middle of the retries
+        ticking.tick(Ctx(db, now, fleet=fleet))
+    rows = repo.events(db.conn, tenant=None, reservation=None, since=None)
+    return [(e.type, e.at, e.reservation_id, e.data) for e in rows]
+
+
+def test_retries_from_memory_write_what_retries_from_sql_write(
+    two_nodes: Database, db_dir: Path
+) -> None:
+    """The same story on two copies of one ledger, with and without the fleet: the same events,
+    word for word (no-fit reasons included), while most retries plan nothing again."""
+    copy = db_dir / "copy.db"
+    two_nodes.conn.execute("VACUUM INTO ?", (str(copy),))
+    plain = open_database(str(copy))
+    try:
+        expected = _story(plain, None)
+    finally:
+        plain.close()
+    planned: list[str] = []
+    real = fleet_engine.plan_node
+
+    def counting(request: Any, snap: Any, **kw: Any) -> Any:
+        planned.append(snap.node.name)
+        return real(request, snap, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fleet_engine, "plan_node", counting)
+        assert _story(two_nodes, Fleet()) == expected
+    assert [e for e in expected if e[0] == "reservation.pending"]  # there were retries
+    retries = 2 * 480  # two requests waiting, a tick every 30 s
+    assert len(planned) < retries  # each retry would plan both nodes without the memo

@@ -188,6 +188,7 @@ def test_another_connections_commit_is_noticed_inside_the_next_write(
     assert fleet.reloads == 1
 
 
+@pytest.mark.sqlite_only(reason="another process writes the ledger file (PRAGMA data_version)")
 def test_simulate_notices_a_commit_by_another_process_between_requests(db_dir: Path) -> None:
     """A real second process cordons the node the replay would pick next, between two of
     simulate's requests (from its progress hook, so at a known point)."""

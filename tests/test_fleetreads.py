@@ -139,6 +139,7 @@ def test_reserved_later_counts_an_index(db: Database) -> None:
 # ---------------------------------------------------------------- list, a page at a time
 
 
+@pytest.mark.sqlite_only(reason="fills and damages the ledger file with sqlite3")
 def test_list_json_is_every_reservation_in_order_across_pages(
     run: Cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -168,6 +169,7 @@ def test_list_bad_input_writes_nothing_on_stdout(run: Cli) -> None:
     assert run.fails(3, "list", "--tenant", "nobody")["code"] == "NOT_FOUND"
 
 
+@pytest.mark.sqlite_only(reason="damages the ledger file with sqlite3")
 def test_list_of_a_damaged_row_is_unavailable_and_writes_nothing(run: Cli) -> None:
     run.ok("reserve", "--tenant", "acme", "--gpus", 1, "--for", "2h")
     conn = sqlite3.connect(run.db)

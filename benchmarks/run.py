@@ -303,6 +303,55 @@ def commands(
     }
 
 
+# ---------------------------------------------------------------- issue 10: advice
+
+#: Issue 10's limit: a 14-day `advice` on the big pool within this many `--version`s.
+ADVICE_LIMIT = 3.0
+
+
+def advice_jobs(path: Path) -> dict[str, Job]:
+    """`advice` over a 14-day start range on the big pool: "64 GPUs for three days" as a gang of
+    8 whole nodes (the seed's question), and one whole node for three days; a duration range."""
+    base = cli(path)
+    days = f"{NOW_TEXT}..2026-01-15T00:00:00Z"
+    ask = [*base, "advice", "--start-range", days, "--json"]
+    return {
+        "advice: gang 8 x 8 GPUs, 3d, 14-day range": (
+            [*ask, "--gpus", "8", "--gang", "8", "--duration", "3d", "--limit", "1"],
+            None,
+        ),
+        "advice: 8 GPUs, 3d, 14-day range": (
+            [*ask, "--gpus", "8", "--duration", "3d", "--limit", "1"],
+            None,
+        ),
+        "advice: 4 GPUs, 1d..3d, 14-day range": (
+            [*ask, "--gpus", "4", "--duration-range", "1d..3d", "--limit", "1"],
+            None,
+        ),
+        "advice: 4 GPUs, 1d..3d, 14-day range, limit 5": (
+            [*ask, "--gpus", "4", "--duration-range", "1d..3d", "--limit", "5"],
+            None,
+        ),
+    }
+
+
+def advice_section(big: Path, repeat: int) -> None:
+    """One table: each advice job's median wall time against `--version`'s, interleaved."""
+    jobs = {"version": ([*cli(big)[:1], "--version"], None), **advice_jobs(big)}
+    figures = interleaved(jobs, repeat)
+    version = figures.pop("version")
+    print(f"\n## advice (issue 10; limit {ADVICE_LIMIT:g}x `--version`, same rounds)\n")
+    print("| command | ms | ratio to --version | peak MiB | |")
+    print("|---|---:|---:|---:|---|")
+    print(f"| `--version` | {version.ms:.0f} | 1.00 | {version.rss_kb / 1024:.1f} | |")
+    for name, fig in figures.items():
+        r = fig.ms / version.ms
+        print(
+            f"| `{name}` | {fig.ms:.0f} | {r:.2f} | {fig.rss_kb / 1024:.1f} |"
+            f" {verdict(r, ADVICE_LIMIT)} |"
+        )
+
+
 # ---------------------------------------------------------------- item 5: tick, the write lock
 
 TICK_AT = NOW + bench.MINUTE
@@ -584,6 +633,9 @@ def main() -> int:
     ap.add_argument("--workdir", help="keep (and reuse) the databases here")
     ap.add_argument("--rebuild", action="store_true", help="rebuild databases found in --workdir")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument(
+        "--advice-only", action="store_true", help="build or reuse the big pool, time only advice"
+    )
     ap.add_argument("--due", type=int, default=1000, help="reservations due at once for tick")
     ap.add_argument("--writers", type=int, default=16, help="concurrent reserve processes")
     ap.add_argument(
@@ -614,6 +666,13 @@ def main() -> int:
     compile_package()
     print("# better_compute byte-compiled once before timing (compile_package)\n")
 
+    if opts.advice_only:
+        big_pool = Pool("big", opts.nodes, opts.bookings)
+        path = workdir / f"{big_pool.nodes}n-{big_pool.reservations}r-{opts.builder}.db"
+        if not path.exists() or opts.rebuild:
+            print(BUILDERS[opts.builder](path, big_pool, opts.seed))
+        advice_section(path, repeat)
+        return 0
     pools = {
         "big": Pool("big", opts.nodes, opts.bookings),
         # The same bookings per node as the big pool.
@@ -680,6 +739,7 @@ def main() -> int:
 
     if on_postgres:
         pg_column.table(figures, on_postgres)
+    advice_section(big, repeat)
 
     print("\n## Growth of `reserve --json` (limits 1.5x for nodes, 1.3x for bookings)\n")
     keys = ("big", "few-nodes", "few-bookings")

@@ -211,6 +211,9 @@ class Reservation:
     preempt_deadline: int | None = None
     preempted_by: str | None = None
     allocations: tuple[Allocation, ...] = field(default=())
+    #: What people find it by (issue 12): a free-text name and key=value labels.
+    name: str | None = None
+    labels: tuple[tuple[str, str], ...] = ()
 
     @property
     def node_lease(self) -> bool:
@@ -286,6 +289,24 @@ class LedgerCopy:
     db_id: str
     reservations: int
     events: int
+
+
+@dataclass(frozen=True)
+class CalendarPolicy:
+    """A pool's limits on calendar requests (PRODUCT.md §5.6; the calendar-mode seed's limits).
+
+    None means no limit. Durations and lead times are in ms; `sizes` are the allowed total GPU
+    counts of one request (per-node GPUs times the gang size); `commit`: once placed, a calendar
+    reservation can no longer be cancelled, extended, shortened or released early.
+    """
+
+    pool_id: str
+    min_duration_ms: int | None = None
+    max_duration_ms: int | None = None
+    min_lead_ms: int | None = None
+    max_horizon_ms: int | None = None
+    sizes: tuple[int, ...] = ()
+    commit: bool = False
 
 
 @dataclass(frozen=True)

@@ -96,3 +96,38 @@ def test_no_arguments_shows_help() -> None:
     result = invoke([])
     assert result.exit_code in (0, 2)
     assert "Usage" in result.stdout + result.stderr
+
+
+# ---------------------------------------------------------------- issue 12: help quality
+
+LEAVES = [path for path, command in COMMANDS if getattr(command, "commands", None) is None]
+
+
+@pytest.mark.parametrize("path", LEAVES, ids=" ".join)
+def test_every_command_shows_an_example_and_no_switch_placeholder(path: tuple[str, ...]) -> None:
+    result = invoke([*path, "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.stderr
+    assert "Example: " in result.stdout, f"{' '.join(path)} --help has no example"
+    assert "<bool>" not in result.stdout
+    assert "{" + path[-1] not in result.stdout.split("Usage:")[1].splitlines()[0]
+
+
+def test_every_example_names_a_command_and_parses() -> None:
+    """The examples are commands that exist, with flags that exist and values of the right type
+    (parsed by the real command, never run)."""
+    import shlex
+
+    from better_compute.cli.examples import EXAMPLES
+
+    leaves = {" ".join(p): c for p, c in COMMANDS if getattr(c, "commands", None) is None}
+    assert set(leaves) <= set(EXAMPLES), set(leaves) - set(EXAMPLES)
+    assert set(EXAMPLES) <= set(leaves), set(EXAMPLES) - set(leaves)
+    for path, line in EXAMPLES.items():
+        words = shlex.split(line.replace("$(", "(").split(" > ")[0], comments=True)
+        start = words.index("better-compute") + 1
+        words = words[start:]
+        while words[0].startswith("--"):  # global options and their values
+            words = words[2:]
+        assert " ".join(words[: len(path.split())]) == path, line
+        args = words[len(path.split()) :]
+        leaves[path].make_context(path, args)  # raises on an unknown flag or a bad value

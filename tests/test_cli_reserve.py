@@ -67,6 +67,8 @@ def test_reservation_json_has_the_contract_keys_in_order(run: Cli) -> None:
         "releaseReason",
         "createdAt",
         "nextAttemptAt",
+        "name",
+        "labels",
     ]
 
 

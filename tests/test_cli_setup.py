@@ -113,7 +113,9 @@ def test_inventory_import_of_a_good_file(run: Cli, db_dir: Path) -> None:
     assert [g["nvlinkGroup"] for g in node["gpus"]] == [0, 0, 1, 1]
     assert {g["model"] for g in node["gpus"]} == {"a100"}
     quota = run.ok("quota", "show", "--tenant", "initech")
-    assert quota["quotas"] == [{"poolId": None, "pool": None, "gpus": 16, "held": 0}]
+    assert quota["quotas"] == [
+        {"poolId": None, "pool": None, "gpus": 16, "held": 0, "remaining": 16}
+    ]
 
 
 def test_inventory_import_from_stdin(run: Cli) -> None:
@@ -423,14 +425,14 @@ def test_tenant_create_and_list(run: Cli) -> None:
 def test_quota_set_and_show(run: Cli) -> None:
     doc = run.ok("quota", "set", "--tenant", "globex", "--gpus", "16")
     assert doc["tenantId"] == "globex"
-    assert doc["quotas"] == [{"poolId": None, "pool": None, "gpus": 16, "held": 0}]
+    assert doc["quotas"] == [{"poolId": None, "pool": None, "gpus": 16, "held": 0, "remaining": 16}]
     pool_id = run.ok("pool", "show", "west")["id"]
     run.ok("quota", "set", "--tenant", "globex", "--pool", "west", "--gpus", "8")
     run.ok("reserve", "--tenant", "globex", "--gpus", "4", "--for", "1h", "--key", "k")
     shown = run.ok("quota", "show", "--tenant", "globex")
     assert sorted(shown["quotas"], key=lambda q: q["gpus"]) == [
-        {"poolId": pool_id, "pool": "west", "gpus": 8, "held": 4},
-        {"poolId": None, "pool": None, "gpus": 16, "held": 4},
+        {"poolId": pool_id, "pool": "west", "gpus": 8, "held": 4, "remaining": 4},
+        {"poolId": None, "pool": None, "gpus": 16, "held": 4, "remaining": 12},
     ]
     code, text, _ = run("quota", "show", "--tenant", "globex", json=False)
     assert code == 0 and "4 of 8" in text and "4 of 16" in text

@@ -13,6 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from better_compute.cli import app as _app_module
+from better_compute.cli import examples
 
 if TYPE_CHECKING:
     import typer
@@ -23,14 +24,17 @@ del globals()["app"]  # importing the submodule bound its name: `app` is the Typ
 
 #: Every command module, in help order (backup_commands itself loads the others first).
 MODULES: tuple[str, ...] = (
+    "advice_commands",
     "backup_commands",
     "hardware_commands",
     "migrate_commands",
     "reserve_commands",
+    "launch_commands",
     "run_commands",
     "setup_commands",
     "simulate_commands",
     "webhook_commands",
+    "completion_commands",
 )
 
 #: Command words whose commands live wholly in one module (tests/test_speed.py checks it).
@@ -42,13 +46,20 @@ COMMANDS: dict[str, str] = {
     "cancel": "reserve_commands",
     "extend": "reserve_commands",
     "release": "reserve_commands",
+    "launch": "launch_commands",
+    "update": "launch_commands",
+    "completion": "completion_commands",
     "tick": "run_commands",
     "timeline": "run_commands",
     "events": "run_commands",
     "pool": "setup_commands",
     "migrate": "migrate_commands",
     "webhook": "webhook_commands",
+    "advice": "advice_commands",
 }
+
+#: Set by the completion script when a shell asks for completions.
+_COMPLETE_VAR = "_BETTER_COMPUTE_COMPLETE"
 
 #: Global options that take a value (see cli/app.py main_options).
 _VALUED = ("--db", "--now", "--as")
@@ -57,6 +68,8 @@ _VALUED = ("--db", "--now", "--as")
 def load(modules: tuple[str, ...] = MODULES) -> None:
     for name in modules:
         importlib.import_module(f"better_compute.cli.{name}")
+    examples.attach(_app_module.app)
+    examples.tidy_help()
 
 
 def command_word(argv: list[str]) -> str | None:
@@ -76,6 +89,7 @@ def command_word(argv: list[str]) -> str | None:
 
 def main() -> None:
     """Entry point: load what the command needs, then run it (cli/app.py main)."""
+    import os
     import sys
 
     argv = sys.argv[1:]
@@ -86,7 +100,12 @@ def main() -> None:
         load((COMMANDS[word],))
     else:
         load()
-    _app_module.main()
+    if _COMPLETE_VAR in os.environ:  # a shell asking for completions (cli/completion_commands.py)
+        from better_compute.cli import completion_commands
+
+        _app_module.main(prepare=completion_commands.prepare)
+    else:
+        _app_module.main()
 
 
 def __getattr__(name: str) -> Any:

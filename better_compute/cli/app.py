@@ -215,10 +215,13 @@ def window_of(start: str, until: str, at: int) -> Window:
     return Window(parse_time(start, at), parse_time(until, at))
 
 
-def main() -> None:
-    """Entry point: Typer's own usage errors are reported in our format too (exit 2)."""
+def main(prepare: Callable[[Any], None] | None = None) -> None:
+    """Entry point: Typer's own usage errors are reported in our format too (exit 2).
+    `prepare` adjusts the built command first (shell completion's value lookups)."""
     argv = sys.argv[1:]
     command = typer.main.get_command(app)
+    if prepare is not None:
+        prepare(command)
     try:
         code = command.main(args=argv, prog_name="better-compute", standalone_mode=False)
     except typer.Exit as exc:  # Typer turns Ctrl-C into Exit(130); a write in progress rolls back

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from better_compute.cli import (  # noqa: F401  (registered first: backup and restore end the help)
+    advice_commands,
     hardware_commands,
     reserve_commands,
     run_commands,

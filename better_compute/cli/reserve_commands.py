@@ -22,19 +22,26 @@ from better_compute.cli.app import (
 )
 from better_compute.errors import InvalidInput
 from better_compute.lazy import lazy
-from better_compute.timeparse import is_relative, parse_duration, parse_time
+from better_compute.timeparse import (
+    human_duration,
+    is_relative,
+    parse_duration,
+    parse_range,
+    parse_time,
+)
 
 if TYPE_CHECKING:
     from better_compute.render import human
     from better_compute.render import json as js
-    from better_compute.service import booking, listing, reading
+    from better_compute.service import booking, finding, reading, series
     from better_compute.service.booking import ReserveArgs
 else:
+    series = lazy("better_compute.service.series")
     human = lazy("better_compute.render.human")
     js = lazy("better_compute.render.json")
     booking = lazy("better_compute.service.booking")
+    finding = lazy("better_compute.service.finding")
     reading = lazy("better_compute.service.reading")
-    listing = lazy("better_compute.service.listing")
 
 
 GpusOpt = Annotated[int | None, typer.Option("--gpus", help="GPUs (per node with --gang).")]
@@ -48,6 +55,12 @@ SpotOpt = Annotated[bool, typer.Option("--spot", help="Spot: cheaper, preemptibl
 GangOpt = Annotated[int | None, typer.Option("--gang", help="Whole nodes at once, 2 to 64.")]
 KeyOpt = Annotated[str | None, typer.Option("--topology-key", help="Label all gang members share.")]
 LeaseOpt = Annotated[bool, typer.Option("--node-lease", help="Lease whole machines.")]
+NameOpt = Annotated[
+    str | None, typer.Option("--name", help="A name to find it by.", metavar="TEXT")
+]
+LabelOpt = Annotated[
+    list[str] | None, typer.Option("--label", help="k=v to find it by; repeatable.", metavar="K=V")
+]
 
 
 def _reserve_args(
@@ -91,11 +104,37 @@ def _with_start(args: ReserveArgs, start: str | None, at: int) -> ReserveArgs:
     return args if start is None else replace(args, start=parse_time(start, at))
 
 
+# Calendar flags of reserve (issue 10): service/calendar.py and service/series.py do the work.
+RangeOpt = Annotated[
+    str | None, typer.Option("--start-range", help="FROM..TO: book the earliest window that fits.")
+]
+DurRangeOpt = Annotated[
+    str | None,
+    typer.Option("--duration-range", help="MIN..MAX with --start-range: the longest that fits."),
+]
+EveryOpt = Annotated[
+    str | None, typer.Option("--every", help="DURATION: book a series, e.g. 1d (all or nothing).")
+]
+CountOpt = Annotated[int | None, typer.Option("--count", help="Occurrences of --every.")]
+UntilOpt = Annotated[str | None, typer.Option("--until", help="TIME: --every until then.")]
+
+
+def _for_text(duration: str | None, duration_range: str | None) -> str:
+    """What --for means: itself, or the shortest of --duration-range (the search finds the rest)."""
+    if duration is not None and duration_range is not None:
+        raise InvalidInput("give --for or --duration-range, not both")
+    if duration_range is not None:
+        return human_duration(parse_range(duration_range, parse_duration)[0])
+    if duration is None:
+        raise InvalidInput("--for is required: a DURATION such as 90m or 3d")
+    return duration
+
+
 @app.command()
 @handled
 def reserve(
     tenant: TenantOpt,
-    duration: ForOpt,
+    duration: Annotated[str | None, typer.Option("--for", help="DURATION, e.g. 3d.")] = None,
     key: Annotated[
         str | None,
         typer.Option("--key", help="Idempotency key: a retry returns the same reservation."),
@@ -109,6 +148,13 @@ def reserve(
     gang: GangOpt = None,
     topology_key: KeyOpt = None,
     node_lease: LeaseOpt = False,
+    start_range: RangeOpt = None,
+    duration_range: DurRangeOpt = None,
+    every: EveryOpt = None,
+    count: CountOpt = None,
+    until: UntilOpt = None,
+    name: NameOpt = None,
+    label: LabelOpt = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Reserve GPUs now or for a window later. A request that does not fit yet is pending."""
@@ -118,7 +164,7 @@ def reserve(
         gpus,
         model,
         topology,
-        duration,
+        _for_text(duration, duration_range),
         start,
         spot,
         gang,
@@ -126,8 +172,25 @@ def reserve(
         node_lease,
         key,
     )
+    args = replace(
+        args,
+        start_range=start_range,
+        duration_range=duration_range,
+        name=finding.check_name(name),
+        labels=finding.parse_labels(label or []),
+    )
     c = ctx()
-    r = booking.reserve(c, _with_start(args, start, c.now))
+    args = _with_start(args, start, c.now)
+    if every is not None or count is not None or until is not None:
+        if every is None:
+            raise InvalidInput("--count and --until need --every D, such as --every 1d")
+        repeat = series.Repeat(
+            parse_duration(every), count, None if until is None else parse_time(until, c.now)
+        )
+        rows = series.reserve_series(c, args, repeat)
+        emit(as_json, [js.reservation(r) for r in rows], lambda: human.reservations(rows))
+        return
+    r = booking.reserve(c, args)
     emit(as_json, js.reservation(r), lambda: human.reservation(r))
 
 
@@ -197,15 +260,36 @@ def list_(
     pool: Annotated[str | None, typer.Option("--pool", help="Pool id or name.")] = None,
     state: Annotated[list[str] | None, typer.Option("--state", help="Repeatable.")] = None,
     key: Annotated[str | None, typer.Option("--key", help="Only this idempotency key.")] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="Only this exact name.", metavar="TEXT")
+    ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--label", help="Only with this k=v label; repeatable (all must match).", metavar="K=V"
+        ),
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option("--from", help="Only windows ending after TIME.", metavar="TIME"),
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option("--to", help="Only windows starting before TIME.", metavar="TIME"),
+    ] = None,
+    sort: Annotated[
+        str, typer.Option("--sort", help="created (oldest first) or start.", metavar="ORDER")
+    ] = "created",
     ids: Annotated[bool, typer.Option("--ids", help="Print only ids, one per line.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Reservations, oldest first."""
+    """Reservations, oldest first; filters narrow them (a window filter: those overlapping it)."""
+    filters = finding.Filters(tenant, pool, state or [], key, name, label or [], since, until, sort)
     if as_json or G.json:  # encoded page by page (issue 8), written once every page is read
-        pages = listing.pages(ctx(), tenant, pool, state or [], key)
+        pages = finding.pages(ctx(), filters)
         sys.stdout.write(js.array(js.reservation(r) for page in pages for r in page) + "\n")
         return
-    rows = listing.reservations(ctx(), tenant, pool, state or [], key)
+    rows = [r for page in finding.pages(ctx(), filters) for r in page]
     if ids:
         sys.stdout.write("".join(f"{r.id}\n" for r in rows))
         return
@@ -214,8 +298,18 @@ def list_(
 
 @app.command()
 @handled
-def cancel(rsv: RsvArg, as_json: JsonFlag = False) -> None:
+def cancel(
+    rsv: RsvArg,
+    whole_series: Annotated[
+        bool, typer.Option("--series", help="Also every later occurrence of its series.")
+    ] = False,
+    as_json: JsonFlag = False,
+) -> None:
     """Withdraw a pending or placed reservation; its quota is refunded."""
+    if whole_series:
+        rows = series.cancel_series(ctx(), rsv)
+        emit(as_json, [js.reservation(r) for r in rows], lambda: human.reservations(rows))
+        return
     r = booking.cancel(ctx(), rsv)
     emit(as_json, js.reservation(r), lambda: human.reservation(r))
 

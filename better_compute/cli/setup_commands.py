@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from better_compute import clock
+from better_compute.cli import pool_policy
 from better_compute.cli.app import (
     G,
     JsonFlag,
@@ -25,14 +26,15 @@ from better_compute.cli.app import (
 from better_compute.errors import InvalidInput
 from better_compute.lazy import lazy
 from better_compute.model import JsonValue
-from better_compute.timeparse import iso
+from better_compute.timeparse import human_duration, iso, parse_duration
 
 if TYPE_CHECKING:
     from better_compute import inventory
     from better_compute.render import human
     from better_compute.render import json as js
-    from better_compute.service import admins, setup, ticking, views
+    from better_compute.service import admins, budgets, setup, ticking, views
 else:
+    budgets = lazy("better_compute.service.budgets")
     human = lazy("better_compute.render.human")
     js = lazy("better_compute.render.json")
     inventory = lazy("better_compute.inventory")
@@ -139,6 +141,7 @@ def inventory_export(as_json: JsonFlag = False) -> None:
 
 pool_app = typer.Typer(no_args_is_help=False, help="Pools of nodes.")
 app.add_typer(pool_app, name="pool")
+pool_app.add_typer(pool_policy.policy_app, name="policy")  # issue 10: calendar policies
 
 
 @pool_app.command("create")
@@ -321,7 +324,9 @@ def tenant_list(as_json: JsonFlag = False) -> None:
     emit(as_json, [{"id": t} for t in ids], "\n".join(ids) or "no tenants")
 
 
-quota_app = typer.Typer(no_args_is_help=False, help="Quotas: GPUs a tenant may hold at once.")
+quota_app = typer.Typer(
+    no_args_is_help=False, help="Quotas: GPUs held at once, and GPU-hour budgets over a period."
+)
 app.add_typer(quota_app, name="quota")
 
 
@@ -329,25 +334,73 @@ app.add_typer(quota_app, name="quota")
 @handled
 def quota_set(
     tenant: TenantOpt,
-    gpus: Annotated[int, typer.Option("--gpus", help="The cap in GPUs.")],
+    gpus: Annotated[
+        int | None, typer.Option("--gpus", help="The cap in GPUs held at once.")
+    ] = None,
+    gpu_hours: Annotated[
+        float | None,
+        typer.Option("--gpu-hours", help="A budget in GPU-hours per --period.", metavar="H"),
+    ] = None,
+    period: Annotated[
+        str | None,
+        typer.Option(
+            "--period", help="The budget's rolling period (default 30d).", metavar="DURATION"
+        ),
+    ] = None,
     pool: Annotated[
         str | None, typer.Option("--pool", help="Only in this pool (default: everywhere).")
     ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Cap the GPUs a tenant holds at once, in a pool or everywhere."""
+    """Cap the GPUs a tenant holds at once, and/or its GPU-hours over a rolling period.
+
+    Example: better-compute quota set --tenant acme --gpus 64 --gpu-hours 20000 --period 30d
+    """
+    if period is not None and gpu_hours is None:
+        raise InvalidInput("--period applies to a budget; add --gpu-hours H")
+    if gpus is None and gpu_hours is None:
+        raise InvalidInput("give --gpus N, --gpu-hours H, or both")
+    period_ms = parse_duration(period or "30d")
+    if gpu_hours is not None:
+        budgets.validate(gpu_hours, period_ms)  # before anything is written
     c = ctx()
-    setup.quota_set(c, tenant, pool, gpus)
-    lines = setup.quota_show(c, tenant)
-    emit(as_json, _quota_doc(tenant, lines), f"quota for {tenant} set")
+    if gpus is not None:
+        setup.quota_set(c, tenant, pool, gpus)
+    if gpu_hours is not None:
+        budgets.set_budget(c, tenant, pool, gpu_hours, period_ms)
+    emit(
+        as_json,
+        _quota_doc(tenant, setup.quota_show(c, tenant), budgets.show(c, tenant)),
+        f"quota for {tenant} set",
+    )
 
 
-def _quota_doc(tenant: str, lines: list[setup.QuotaLine]) -> JsonValue:
+def _quota_doc(
+    tenant: str, lines: list[setup.QuotaLine], spend: list[budgets.BudgetLine]
+) -> JsonValue:
     return {
         "tenantId": tenant,
         "quotas": [
-            {"poolId": q.pool_id, "pool": q.pool_name, "gpus": q.gpus, "held": q.held}
+            {
+                "poolId": q.pool_id,
+                "pool": q.pool_name,
+                "gpus": q.gpus,
+                "held": q.held,
+                "remaining": max(0, q.gpus - q.held),
+            }
             for q in lines
+        ],
+        "budgets": [
+            {
+                "poolId": b.pool_id,
+                "pool": b.pool_name,
+                "gpuHours": b.gpu_hours,
+                "periodMs": b.period_ms,
+                "used": b.used,
+                "remaining": b.remaining,
+                "bookedAhead": b.ahead,
+            }
+            for b in spend
         ],
     }
 
@@ -355,13 +408,27 @@ def _quota_doc(tenant: str, lines: list[setup.QuotaLine]) -> JsonValue:
 @quota_app.command("show")
 @handled
 def quota_show(tenant: TenantOpt, as_json: JsonFlag = False) -> None:
-    """A tenant's caps and what it holds against them."""
-    lines = setup.quota_show(ctx(), tenant)
-    text = (
-        "\n".join(f"{q.pool_name or 'all pools'}: {q.held} of {q.gpus} GPUs held" for q in lines)
-        or f"{tenant} has no quota (unlimited)"
+    """A tenant's caps and budgets: what it holds and has used against them, and what remains.
+
+    Example: better-compute quota show --tenant acme
+    """
+    c = ctx()
+    lines, spend = setup.quota_show(c, tenant), budgets.show(c, tenant)
+    text = [
+        f"{q.pool_name or 'all pools'}: {q.held} of {q.gpus} GPUs held, {max(0, q.gpus - q.held)}"
+        " remaining"
+        for q in lines
+    ]
+    text += [
+        f"{b.pool_name or 'all pools'}: {b.used:g} of {b.gpu_hours:g} GPU-hours used in the last"
+        f" {human_duration(b.period_ms)}, {b.remaining:g} remaining ({b.ahead:g} booked ahead)"
+        for b in spend
+    ]
+    emit(
+        as_json,
+        _quota_doc(tenant, lines, spend),
+        "\n".join(text) or f"{tenant} has no quota (unlimited)",
     )
-    emit(as_json, _quota_doc(tenant, lines), text)
 
 
 config_app = typer.Typer(no_args_is_help=False, help="Engine settings.")

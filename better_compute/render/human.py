@@ -80,6 +80,10 @@ def reservation(rsv: Reservation) -> RenderableType:
     if rsv.release_reason:
         state.append(f", reason: {rsv.release_reason.value}", style="dim")
     grid.add_row("reservation", rsv.id)
+    if rsv.name is not None:
+        grid.add_row("name", Text(rsv.name))
+    if rsv.labels:
+        grid.add_row("labels", Text(", ".join(f"{k}={v}" for k, v in rsv.labels)))
     grid.add_row("state", state)
     grid.add_row("tenant", rsv.tenant_id)
     grid.add_row("asks", f"{_shape(rsv)} for {human_duration(rsv.duration_ms)}")
@@ -99,11 +103,13 @@ def reservation(rsv: Reservation) -> RenderableType:
 
 def reservations(rows: Sequence[Reservation]) -> RenderableType:
     table = table_of(title=f"{len(rows)} reservations")
-    for col in ("id", "tenant", "state", "asks", "window", "nodes"):
+    named = any(r.name is not None for r in rows)  # the name column only when some have one
+    for col in ("id", *(("name",) if named else ()), "tenant", "state", "asks", "window", "nodes"):
         table.add_column(col, no_wrap=col in ("id", "state", "window"))
     for r in rows:
         table.add_row(
             r.id,
+            *((Text(r.name or "—"),) if named else ()),
             r.tenant_id,
             Text(r.state.value, style=STATE_STYLE[r.state.value]),
             _shape(r),

@@ -33,7 +33,7 @@ def reservation(rsv: Reservation) -> dict[str, JsonValue]:
         model = rsv.models[0]
     elif rsv.models:
         model = list(rsv.models)
-    return {
+    doc: dict[str, JsonValue] = {
         "id": rsv.id,
         "tenantId": rsv.tenant_id,
         "poolId": rsv.pool_id,
@@ -59,7 +59,12 @@ def reservation(rsv: Reservation) -> dict[str, JsonValue]:
         "releaseReason": rsv.release_reason.value if rsv.release_reason else None,
         "createdAt": rsv.created_at,
         "nextAttemptAt": rsv.next_attempt_at,
+        "name": rsv.name,
+        "labels": dict(rsv.labels),
     }
+    if rsv.series_id is not None:  # a recurring reservation's occurrences share it (issue 10)
+        doc["seriesId"] = rsv.series_id
+    return doc
 
 
 def event(ev: Event) -> dict[str, JsonValue]:

@@ -24,10 +24,20 @@ from better_compute.model import (
     State,
     Window,
 )
-from better_compute.service import authz, listing, metering, placing, reading
+from better_compute.service import (
+    authz,
+    budgets,
+    calendar,
+    finding,
+    listing,
+    metering,
+    placing,
+    reading,
+)
 from better_compute.service.admission import Draft, check_policy, check_quota
 from better_compute.service.context import Ctx
 from better_compute.service.preemption import try_preempt
+from better_compute.storage import finding as finding_store
 from better_compute.storage import fleet, repo
 from better_compute.storage.conn import Row
 from better_compute.timeparse import MAX_MS, iso
@@ -52,6 +62,13 @@ class ReserveArgs:
     #: How --start was written when it was relative to now (`+2h`): a retry of the same command
     #: line later is the same request, so the key compares this text rather than the instant.
     start_text: str | None = None
+    #: `--start-range FROM..TO` (and `--duration-range MIN..MAX`): book the earliest window that
+    #: fits (service/calendar.py). Compared as written on a key's reuse.
+    start_range: str | None = None
+    duration_range: str | None = None
+    #: What people find it by (service/finding.py); not part of placement.
+    name: str | None = None
+    labels: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         # Model names compare without regard to case: stored and compared lowercased, sorted.
@@ -81,12 +98,27 @@ def validate(args: ReserveArgs) -> None:
         raise InvalidInput("--for must be a positive duration such as 90m or 3d")
     if args.key is not None and not args.key.strip():
         raise InvalidInput("--key must not be empty")
+    if args.start_range is not None and args.start is not None:
+        raise InvalidInput("give --start or --start-range, not both")
+    if args.duration_range is not None and args.start_range is None:
+        raise InvalidInput("--duration-range needs --start-range FROM..TO")
+
+    finding.check_name(args.name)
 
 
 def _params(args: ReserveArgs, pool_id: str) -> str:
-    """The canonical request that an idempotency key is compared on."""
+    """The canonical request that an idempotency key is compared on (a name, labels and ranges
+    only when given, so requests from before they existed still compare equal)."""
+    tags: dict[str, object] = {"name": args.name} if args.name is not None else {}
+    if args.labels:
+        tags["labels"] = dict(args.labels)
+    if args.start_range is not None:
+        tags["startRange"] = args.start_range
+    if args.duration_range is not None:
+        tags["durationRange"] = args.duration_range
     return json.dumps(
         {
+            **tags,
             "pool": pool_id,
             "gpus": args.gpus,
             "models": list(args.models),
@@ -164,6 +196,8 @@ def _new_reservation(
         created_at=ctx.now,
         next_attempt_at=None,
         principal=ctx.principal,
+        name=args.name,
+        labels=args.labels,
     )
 
 
@@ -280,26 +314,43 @@ def _replay(ctx: Ctx, args: ReserveArgs) -> Reservation | None:
 def reserve(ctx: Ctx, args: ReserveArgs) -> Reservation:
     validate(args)
     check_horizon(ctx, args)
-    with ctx.write() as conn:
-        replay = _replay(ctx, args)
-        if replay is not None:
-            return replay
-        pool, charge = _admit(ctx, args)
-        params = _params(args, pool["id"])
-        _require_possible(ctx, args, pool)
-        check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
-        rsv_id, seq = repo.next_id(conn, "rsv"), repo.next_seq(conn, "reservations")
-        rsv = _new_reservation(ctx, args, pool["id"], charge, rsv_id, seq)
-        repo.insert_reservation(conn, rsv, params)
-        ctx.event(
-            "reservation.created",
-            rsv.tenant_id,
-            rsv.id,
-            {"gpuCount": charge, "spot": rsv.spot, "binding": rsv.binding.value},
-        )
-        rsv = place_or_pend(ctx, rsv)
-        record_outcome(ctx, rsv)
-        return repo.get_reservation(conn, rsv.id)
+    with ctx.write():
+        return reserve_in(ctx, args)
+
+
+def reserve_in(ctx: Ctx, args: ReserveArgs) -> Reservation:
+    """reserve inside the caller's write transaction (a recurring series books several)."""
+    conn = ctx.db.conn
+    replay = _replay(ctx, args)
+    if replay is not None:
+        return replay
+    pool, charge = _admit(ctx, args)
+    params = _params(args, pool["id"])
+    _require_possible(ctx, args, pool)
+    check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
+    rsv_id, seq = repo.next_id(conn, "rsv"), repo.next_seq(conn, "reservations")
+    rsv = _new_reservation(ctx, args, pool["id"], charge, rsv_id, seq)
+    rsv = calendar.admit(ctx, rsv, pool["name"], args.start_range, args.duration_range)
+    budgets.check_reservation(conn, rsv, ctx.now)
+    repo.insert_reservation(conn, rsv, params)
+    calendar.record(ctx, rsv)
+    if args.name is not None or args.labels:
+        finding_store.set_tags(conn, rsv.id, args.name, args.labels)
+    ctx.event(
+        "reservation.created",
+        rsv.tenant_id,
+        rsv.id,
+        {
+            "gpuCount": charge,
+            "spot": rsv.spot,
+            "binding": rsv.binding.value,
+            "name": args.name,
+            "labels": dict(args.labels),
+        },
+    )
+    rsv = place_or_pend(ctx, rsv)
+    record_outcome(ctx, rsv)
+    return repo.get_reservation(conn, rsv.id)
 
 
 # ---------------------------------------------------------------- preview
@@ -323,6 +374,8 @@ def preview(ctx: Ctx, args: ReserveArgs) -> Preview:
         check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
         # Preview takes no id: a draft named "preview" plans exactly as the real request would.
         draft = _new_reservation(ctx, args, pool["id"], charge, "preview", 0)
+        draft = calendar.admit(ctx, draft, pool["name"])  # a calendar policy judges it too
+        budgets.check_reservation(conn, draft, ctx.now)
         window = retry_window(draft, ctx.now)
         request = draft.request(window)
         outcome: Plan | NoFit
@@ -398,6 +451,7 @@ def _end_now(ctx: Ctx, rsv_id: str, reason: ReleaseReason, hint: str) -> Reserva
     with ctx.write() as conn:
         rsv = mine(ctx, rsv_id)
         states.require(rsv, allowed, verb, hint)
+        calendar.require_changeable(ctx, rsv, verb)
         finish(ctx, rsv, reason, ctx.now)
         return repo.get_reservation(conn, rsv_id)
 
@@ -419,6 +473,7 @@ def extend(ctx: Ctx, rsv_id: str, by_ms: int) -> Reservation:
     with ctx.write() as conn:
         rsv = mine(ctx, rsv_id)
         states.require(rsv, states.EXTENDABLE, "extend")
+        calendar.require_changeable(ctx, rsv, "extend")
         if rsv.preempt_deadline is not None:
             raise Conflict(
                 f"cannot extend {rsv.id}: it is being preempted and ends at its deadline"
@@ -457,6 +512,7 @@ def extend(ctx: Ctx, rsv_id: str, by_ms: int) -> Reservation:
                 raise Conflict(
                     f"cannot extend {rsv.id}: node {alloc.node_id} {why}; nothing was changed"
                 )
+        budgets.check(conn, rsv.tenant_id, rsv.pool_id, rsv.quota_charge, extra, ctx.now)
         repo.move_bookings_end(conn, rsv.id, old_end, new_end)
         longer = Window(rsv.during.start, new_end)
         repo.save_reservation(conn, replace(rsv, during=longer, duration_ms=longer.duration))

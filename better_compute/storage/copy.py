@@ -49,6 +49,10 @@ ORDER = (
     "deliveries",
     "delivery_attempts",
     "notices",
+    "calendar_policies",
+    "calendar_commitments",
+    "reservation_labels",
+    "budgets",
 )
 
 #: Rows a backend keeps for itself: PostgreSQL records its schema version in meta.

@@ -367,6 +367,10 @@ def session_role(url: str) -> str:
 
 #: Every table a ledger has, children first: what `init --force` drops before building anew.
 LEDGER_TABLES = (
+    "calendar_commitments",
+    "calendar_policies",
+    "reservation_labels",
+    "budgets",
     "delivery_attempts",
     "deliveries",
     "webhooks",

@@ -799,6 +799,8 @@ def _reservation(row: Row, allocations: tuple[Allocation, ...]) -> Reservation:
         preempt_deadline=row["preempt_deadline"],
         preempted_by=row["preempted_by"],
         allocations=allocations,
+        name=_opt_str(row["name"]),
+        labels=() if row["labels"] == "{}" else _labels(row["labels"]),
     )
 
 

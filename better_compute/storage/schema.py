@@ -352,6 +352,55 @@ CREATE TABLE notices (
 );
 """
 
+MIGRATION_7 = """
+-- Issue 10: calendar policies per pool (PRODUCT.md §5.6). NULL means no limit; durations in ms.
+CREATE TABLE calendar_policies (
+  pool_id TEXT PRIMARY KEY REFERENCES pools(id),
+  min_duration_ms INTEGER,
+  max_duration_ms INTEGER,
+  min_lead_ms INTEGER,              -- a calendar request starts at least this long after now
+  max_horizon_ms INTEGER,           -- ... and ends at most this long after now
+  sizes TEXT NOT NULL DEFAULT '[]', -- allowed total GPUs of a request, JSON list; [] = any
+  no_changes INTEGER NOT NULL DEFAULT 0 -- `--commit`: placed calendar reservations are final
+);
+-- Calendar reservations placed under a `--commit` policy: no cancel, extend or early release.
+-- Recorded at admission, so a policy set later does not bind what was booked before it.
+CREATE TABLE calendar_commitments (
+  reservation_id TEXT PRIMARY KEY REFERENCES reservations(id),
+  pool_id TEXT NOT NULL
+);
+-- advice tries windows at booking ends (bookings_window serves those) and stretches them up to
+-- booking starts: this index reads a pool's starts in a range.
+CREATE INDEX bookings_starts ON bookings(pool_id, start);
+-- cancel --series: a series' occurrences.
+CREATE INDEX reservations_series ON reservations(series_id, seq);
+"""
+
+MIGRATION_8 = """
+-- Issue 12. Finding a reservation: a free-text
+-- name and key=value labels. `labels` is the JSON object a reservation is read with; the
+-- reservation_labels rows are the same pairs, for portable indexed filtering (`list --label`).
+ALTER TABLE reservations ADD COLUMN name TEXT;
+ALTER TABLE reservations ADD COLUMN labels TEXT NOT NULL DEFAULT '{}';
+CREATE INDEX reservations_name ON reservations(name, tenant_id);
+CREATE TABLE reservation_labels (
+  reservation_id TEXT NOT NULL REFERENCES reservations(id),
+  key TEXT NOT NULL,
+  value TEXT NOT NULL,
+  PRIMARY KEY (reservation_id, key)
+);
+CREATE INDEX reservation_labels_pair ON reservation_labels(key, value, reservation_id);
+-- Budgets in GPU-hours over a rolling period, beside the GPUs-at-once cap of `quotas`; pool_id ''
+-- means across every pool. Stored in GPU-milliseconds so sums stay exact integers.
+CREATE TABLE budgets (
+  tenant_id TEXT NOT NULL REFERENCES tenants(id),
+  pool_id TEXT NOT NULL,
+  gpu_ms INTEGER NOT NULL,
+  period_ms INTEGER NOT NULL,
+  PRIMARY KEY (tenant_id, pool_id)
+);
+"""
+
 # ---------------------------------------------------------------- PostgreSQL texts
 # The same tables for PostgreSQL (the comments above say what each column means): times are
 # BIGINT (epoch ms passes 32 bits), rowid keys are identity columns, "end" is quoted (reserved).
@@ -646,6 +695,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Dialects(MIGRATION_4, MIGRATION_4_POSTGRES),
     MIGRATION_5,
     MIGRATION_6,
+    MIGRATION_7,
+    MIGRATION_8,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -656,4 +707,4 @@ APPLICATION_ID = 0x42434D50  # "BCMP"
 #: sha256 of the sorted (type, name, tbl_name, sql) rows of sqlite_master that MIGRATIONS make:
 #: opening a ledger compares its schema with this instead of rebuilding every migration in memory
 #: (storage/db.py). tests/test_speed.py fails with the new value whenever a migration is added.
-SCHEMA_DIGEST = "26105d6b530241aa66af3e4c2b58fb4bf6ba0b3b50e6622b9b43633223434942"
+SCHEMA_DIGEST = "584e84e404bb1c434e74e371f1344b4ebe596dbc177edb3efa48d9ac093e9b56"

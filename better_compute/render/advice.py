@@ -1,0 +1,119 @@
+"""`advice` and `pool policy` output: the JSON documents and, for people, a table and a small
+picture of the windows on the timeline."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from better_compute.model import CalendarPolicy, JsonValue
+from better_compute.timeparse import human_duration, iso
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+    from better_compute.service.advice import Advice, Recommendation
+
+#: Columns of the picture's time axis.
+PICTURE_WIDTH = 48
+
+
+def recommendation(r: Recommendation) -> dict[str, JsonValue]:
+    doc: dict[str, JsonValue] = {
+        "startTime": r.window.start,
+        "endTime": r.window.end,
+        "durationMs": r.window.duration,
+        "location": r.pool,
+        "poolId": r.pool_id,
+        "gpus": r.gpus,
+        "otherLocations": {o.pool: {"status": o.status, "details": o.details} for o in r.others},
+        "nearMiss": (
+            {"kind": r.near_miss, "details": r.details} if r.near_miss is not None else None
+        ),
+    }
+    return doc
+
+
+def advice_json(a: Advice) -> dict[str, JsonValue]:
+    return {"recommendations": [recommendation(r) for r in a.recommendations]}
+
+
+def policy_json(p: CalendarPolicy | None, pool: str) -> dict[str, JsonValue]:
+    if p is None:
+        return {"pool": pool, "policy": None}
+    return {
+        "pool": pool,
+        "policy": {
+            "minDurationMs": p.min_duration_ms,
+            "maxDurationMs": p.max_duration_ms,
+            "minLeadMs": p.min_lead_ms,
+            "maxHorizonMs": p.max_horizon_ms,
+            "sizes": list(p.sizes),
+            "commit": p.commit,
+        },
+    }
+
+
+def picture(a: Advice, width: int = PICTURE_WIDTH) -> list[str]:
+    """One line per window: `█` where it lies on an axis from the range's start to the last end.
+    Lines and labels are plain text, so they read the same with colours off."""
+    if not a.recommendations:
+        return []
+    lo = min(a.searched.start, *(r.window.start for r in a.recommendations))
+    hi = max(a.searched.end, *(r.window.end for r in a.recommendations))
+    scale = max(1, hi - lo)
+
+    def col(t: int) -> int:
+        return min(width - 1, (t - lo) * width // scale)
+
+    left, right = _short(lo), _short(hi)
+    lines = [f"     {left}{' ' * max(1, width - len(left) - len(right))}{right}"]
+    for i, r in enumerate(a.recommendations, 1):
+        first, last = col(r.window.start), col(max(r.window.start, r.window.end - 1))
+        row = ["·"] * width
+        for c in range(first, last + 1):
+            row[c] = "█"
+        lines.append(f"  {i:>2} {''.join(row)}")
+    return lines
+
+
+def _short(ms: int) -> str:
+    text = iso(ms)
+    return f"{text[5:10]} {text[11:16]}"
+
+
+def advice_human(a: Advice) -> RenderableType:
+    from rich.console import Group
+    from rich.text import Text
+
+    from better_compute.render.human import span, table_of
+
+    if not a.recommendations:
+        return Text("no window fits: nothing in that range, nor a near miss")
+    table = table_of("#", "window (UTC)", "for", "pool", "gpus", "other pools", "note")
+    for i, r in enumerate(a.recommendations, 1):
+        others = ", ".join(f"{o.pool}: {o.status}" for o in r.others) or "-"
+        note = f"near miss: {r.details}" if r.near_miss else ""
+        table.add_row(
+            str(i),
+            span(r.window.start, r.window.end),
+            human_duration(r.window.duration),
+            r.pool,
+            str(r.gpus),
+            others,
+            note,
+        )
+    return Group(table, Text(""), Text("\n".join(picture(a))))
+
+
+def policy_human(p: CalendarPolicy | None, pool: str) -> RenderableType:
+    from rich.text import Text
+
+    from better_compute.engine.calendar import describe
+    from better_compute.render.human import table_of
+
+    if p is None:
+        return Text(f"pool {pool}: no calendar policy")
+    table = table_of("limit", "value", title=f"calendar policy of pool {pool}")
+    for name, value in describe(p):
+        table.add_row(name, value)
+    return table

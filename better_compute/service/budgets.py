@@ -1,0 +1,150 @@
+"""Budgets in GPU-hours over a rolling period (issue 12), beside the GPUs-at-once quota (§6).
+
+A quota counts GPUs held at once, so two bookings that never overlap still fill it; a budget
+counts GPU-time, as Slurm's GrpTRESMins does. A reservation is admitted only while the tenant's
+booked GPU-hours in the rolling period ending at the reservation's end, its own included, stay
+within the budget. Booked means the bookings table (released reservations' past included: what
+was held is spent) plus pending reservations' wanted windows (admitted, so already promised).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from better_compute.errors import InvalidInput, QuotaExceeded
+from better_compute.lifecycle.tick import retry_window
+from better_compute.model import Reservation, Window
+from better_compute.service import authz
+from better_compute.service.context import Ctx
+from better_compute.storage import budgets as store
+from better_compute.storage import repo
+from better_compute.storage.repo import Conn
+from better_compute.timeparse import human_duration, iso
+
+HOUR_MS = 3_600_000
+MAX_GPU_HOURS = 10**9
+MIN_PERIOD_MS, MAX_PERIOD_MS = HOUR_MS, 366 * 24 * HOUR_MS
+
+
+def hours(gpu_ms: int) -> float:
+    """GPU-milliseconds as GPU-hours, to the hundredth (what people read and JSON gives)."""
+    return round(gpu_ms / HOUR_MS, 2)
+
+
+def validate(gpu_hours: float, period_ms: int) -> int:
+    """The budget in GPU-milliseconds."""
+    if not 0 <= gpu_hours <= MAX_GPU_HOURS or gpu_hours != gpu_hours:
+        raise InvalidInput(f"--gpu-hours must be from 0 to {MAX_GPU_HOURS}, got {gpu_hours}")
+    if not MIN_PERIOD_MS <= period_ms <= MAX_PERIOD_MS:
+        raise InvalidInput(f"--period must be from 1h to 366d, got {human_duration(period_ms)}")
+    return round(gpu_hours * HOUR_MS)
+
+
+def used(
+    conn: Conn, tenant: str, pool_id: str, period: Window, now: int, ignore: str | None
+) -> int:
+    """GPU-milliseconds booked or promised (pending) by the tenant inside `period`."""
+    total = store.booked_gpu_ms(conn, tenant, pool_id, period, ignore)
+    for start, duration, charge in store.pending_wants(conn, tenant, pool_id, ignore):
+        s = start if start is not None and start > now else now
+        total += charge * _overlap(Window(s, s + duration), period)
+    return total
+
+
+def _overlap(a: Window, b: Window) -> int:
+    return max(0, min(a.end, b.end) - max(a.start, b.start))
+
+
+def check(
+    conn: Conn,
+    tenant: str,
+    pool_id: str,
+    gpus: int,
+    window: Window,
+    now: int,
+    ignore: str | None = None,
+) -> None:
+    """Every budget that applies must hold `gpus` over `window` on top of what the tenant has
+    booked in the period ending at the window's end; else QUOTA_EXCEEDED with the figures."""
+    for budget in store.budgets(conn, tenant, pool_id):
+        period = Window(window.end - budget.period_ms, window.end)
+        need = gpus * _overlap(window, period)
+        spent = used(conn, tenant, budget.pool_id, period, now, ignore)
+        if spent + need > budget.gpu_ms:
+            where = (
+                f"pool {repo.pool_name(conn, budget.pool_id)}" if budget.pool_id else "all pools"
+            )
+            raise QuotaExceeded(
+                f"tenant {tenant!r} has booked {hours(spent):g} of its {hours(budget.gpu_ms):g}"
+                f" GPU-hour budget in {where} over the {human_duration(budget.period_ms)} ending"
+                f" {iso(window.end)}; this request needs {hours(need):g} more"
+            )
+
+
+def check_reservation(conn: Conn, rsv: Reservation, now: int, ignore: str | None = None) -> None:
+    """check() for a draft reservation: its charge over the window a placement now would book."""
+    check(conn, rsv.tenant_id, rsv.pool_id, rsv.quota_charge, retry_window(rsv, now), now, ignore)
+
+
+@dataclass(frozen=True)
+class BudgetLine:
+    """One budget as `quota show` gives it: used in the period ending now, and booked ahead."""
+
+    pool_id: str | None
+    pool_name: str | None
+    gpu_hours: float
+    period_ms: int
+    used: float
+    remaining: float
+    ahead: float
+
+
+def lines(conn: Conn, tenant: str, now: int) -> list[BudgetLine]:
+    out = []
+    for b in store.budgets(conn, tenant):
+        spent = used(conn, tenant, b.pool_id, Window(now - b.period_ms, now), now, None)
+        later = used(conn, tenant, b.pool_id, Window(now, now + b.period_ms), now, None)
+        name = repo.pool_name(conn, b.pool_id) if b.pool_id else None
+        out.append(
+            BudgetLine(
+                b.pool_id or None,
+                name,
+                hours(b.gpu_ms),
+                b.period_ms,
+                hours(spent),
+                hours(max(0, b.gpu_ms - spent)),
+                hours(later),
+            )
+        )
+    return out
+
+
+def set_budget(
+    ctx: Ctx, tenant: str, pool_ref: str | None, gpu_hours: float, period_ms: int
+) -> None:
+    """`quota set --gpu-hours H --period P`: admin-only, like every quota."""
+    authz.require_admin(ctx.who, "set quotas")
+    gpu_ms = validate(gpu_hours, period_ms)
+    with ctx.write() as conn:
+        repo.require_tenant(conn, tenant)
+        pool_id = repo.find_pool(conn, pool_ref)["id"] if pool_ref is not None else ""
+        store.set_budget(conn, tenant, pool_id, gpu_ms, period_ms)
+        ctx.event(
+            "quota.set",
+            tenant,
+            None,
+            {
+                "poolId": pool_id or None,
+                "gpuHours": hours(gpu_ms),
+                "periodMs": period_ms,
+                "by": ctx.principal,
+            },
+        )
+
+
+def show(ctx: Ctx, tenant: str) -> list[BudgetLine]:
+    """The tenant's budgets, for whoever may see its quota (service/setup.py quota_show)."""
+    with ctx.db.read() as conn:
+        repo.require_tenant(conn, tenant)
+        authz.require_tenant(conn, ctx.who, tenant)
+        return lines(conn, tenant, ctx.now)

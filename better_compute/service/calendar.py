@@ -1,0 +1,156 @@
+"""Calendar requests (PRODUCT.md §5.6): pool calendar policies, `reserve --start-range`, and the
+`--commit` rule that a placed calendar reservation is final.
+
+A calendar request is one with a start (`--start`, `--start-range`, `--every`). booking.reserve
+calls `admit` on the new reservation before it is saved (in the same write transaction, so the
+window a start range finds is the window booked) and `require_changeable` before a cancel,
+extend or release.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from better_compute.engine import calendar as rules
+from better_compute.errors import Conflict, InvalidInput
+from better_compute.model import LIVE_STATES, CalendarPolicy, JsonValue, Reservation, Window
+from better_compute.service import windows
+from better_compute.service.authz import require_admin
+from better_compute.service.context import Ctx
+from better_compute.storage import calendar as cal
+from better_compute.storage import repo
+from better_compute.timeparse import human_duration, iso
+
+# ---------------------------------------------------------------- pool policy set|show|clear
+
+
+def _validated(p: CalendarPolicy) -> CalendarPolicy:
+    for flag, value in (
+        ("--min-duration", p.min_duration_ms),
+        ("--max-duration", p.max_duration_ms),
+        ("--min-lead", p.min_lead_ms),
+        ("--max-horizon", p.max_horizon_ms),
+    ):
+        if value is not None and value <= 0:
+            raise InvalidInput(f"{flag} must be a positive duration such as 1d, got {value} ms")
+    lo, hi = p.min_duration_ms, p.max_duration_ms
+    if lo is not None and hi is not None and lo > hi:
+        raise InvalidInput(
+            f"--min-duration {human_duration(lo)} is longer than --max-duration"
+            f" {human_duration(hi)}"
+        )
+    if any(not 1 <= s <= 64 * 64 for s in p.sizes):
+        raise InvalidInput("--sizes must list GPU counts from 1 to 4096, such as 1,4,8,16")
+    return replace(p, sizes=tuple(sorted(set(p.sizes))))
+
+
+def _policy_data(p: CalendarPolicy) -> dict[str, JsonValue]:
+    return {
+        "poolId": p.pool_id,
+        "minDurationMs": p.min_duration_ms,
+        "maxDurationMs": p.max_duration_ms,
+        "minLeadMs": p.min_lead_ms,
+        "maxHorizonMs": p.max_horizon_ms,
+        "sizes": list(p.sizes),
+        "commit": p.commit,
+    }
+
+
+def policy_set(ctx: Ctx, pool_ref: str, policy: CalendarPolicy) -> tuple[CalendarPolicy, str]:
+    """Replace the pool's calendar policy (limits not given are no limits). Admin-only, an event."""
+    require_admin(ctx.who, "change pool settings")
+    with ctx.write() as conn:
+        pool = repo.find_pool(conn, pool_ref)
+        p = _validated(replace(policy, pool_id=str(pool["id"])))
+        cal.set_policy(conn, p)
+        ctx.event("pool.policy.set", None, None, {**_policy_data(p), "by": ctx.principal})
+        return p, str(pool["name"])
+
+
+def policy_show(ctx: Ctx, pool_ref: str) -> tuple[CalendarPolicy | None, str]:
+    with ctx.db.read() as conn:
+        pool = repo.find_pool(conn, pool_ref)
+        return cal.policy(conn, str(pool["id"])), str(pool["name"])
+
+
+def policy_clear(ctx: Ctx, pool_ref: str) -> tuple[bool, str]:
+    """Remove the pool's calendar policy; reservations committed under it stay committed."""
+    require_admin(ctx.who, "change pool settings")
+    with ctx.write() as conn:
+        pool = repo.find_pool(conn, pool_ref)
+        cleared = cal.clear_policy(conn, str(pool["id"]))
+        if cleared:
+            ctx.event(
+                "pool.policy.cleared", None, None, {"poolId": pool["id"], "by": ctx.principal}
+            )
+        return cleared, str(pool["name"])
+
+
+# ---------------------------------------------------------------- admission of calendar requests
+
+
+def admit(
+    ctx: Ctx,
+    rsv: Reservation,
+    pool_name: str,
+    start_range: str | None = None,
+    duration_range: str | None = None,
+) -> Reservation:
+    """The new reservation with its window settled and judged: a start range becomes the earliest
+    window that fits now (the longest at that start for a duration range); a calendar request
+    outside the pool's policy is INVALID_INPUT naming the limit and what is allowed."""
+    policy = cal.policy(ctx.db.conn, rsv.pool_id)
+    if start_range is not None:
+        rsv = _earliest(ctx, rsv, pool_name, policy, start_range, duration_range)
+    if rsv.start is None or policy is None:
+        return rsv
+    window = Window(rsv.start, rsv.start + rsv.duration_ms)
+    refused = rules.refusal(policy, window, rsv.quota_charge, ctx.now)
+    if refused is not None:
+        raise InvalidInput(f"pool {pool_name}'s calendar policy: {refused}")
+    return rsv
+
+
+def record(ctx: Ctx, rsv: Reservation) -> None:
+    """Once saved: a calendar reservation admitted under a `--commit` policy is final once placed
+    (recorded now, so a policy changed later neither binds nor frees what was booked before)."""
+    if rsv.start is None:
+        return
+    policy = cal.policy(ctx.db.conn, rsv.pool_id)
+    if policy is not None and policy.commit:
+        cal.commit_reservation(ctx.db.conn, rsv.id, rsv.pool_id)
+
+
+def _earliest(
+    ctx: Ctx,
+    rsv: Reservation,
+    pool_name: str,
+    policy: CalendarPolicy | None,
+    start_range: str,
+    duration_range: str | None,
+) -> Reservation:
+    want = windows.wanted(
+        ctx.now,
+        start_range,
+        duration_ms=None if duration_range is not None else rsv.duration_ms,
+        duration_range=duration_range,
+    )
+    ask = windows.bounded(want.ask(), policy, ctx.now, rsv.quota_charge)
+    if isinstance(ask, str):
+        raise InvalidInput(f"pool {pool_name}'s calendar policy: {ask}")
+    found = windows.find(ctx, rsv, ask, 1)
+    if not found:
+        raise Conflict(
+            f"no window fits in pool {pool_name} with a start from {iso(ask.first)} to"
+            f" {iso(ask.last)}; nothing was booked (`advice` shows near misses)"
+        )
+    return replace(rsv, start=found[0].start, duration_ms=found[0].duration)
+
+
+def require_changeable(ctx: Ctx, rsv: Reservation, verb: str) -> None:
+    """CONFLICT when a `--commit` calendar policy made this placed reservation final."""
+    if rsv.state in LIVE_STATES and cal.is_committed(ctx.db.conn, rsv.id):
+        raise Conflict(
+            f"cannot {verb} {rsv.id}: it was booked under a calendar policy with --commit, so"
+            " once placed it cannot be cancelled, extended, shortened or released early"
+        )

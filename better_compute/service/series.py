@@ -1,0 +1,108 @@
+"""Recurring windows (issue 10): `reserve --every D (--count N | --until TIME)` and
+`cancel RSV --series`.
+
+A series is N ordinary calendar reservations sharing a `seriesId`, booked in one write
+transaction: every occurrence is placed, or nothing is written (a pending occurrence would leave
+a night of the nightly batch unheld without anyone noticing). Once booked, each occurrence lives
+its own lifecycle (tick, BookingRepair, extend, release) like any reservation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from better_compute.errors import Conflict, InvalidInput
+from better_compute.lifecycle import states
+from better_compute.model import ReleaseReason, Reservation, State
+from better_compute.service import booking, calendar
+from better_compute.service.booking import ReserveArgs
+from better_compute.service.context import Ctx
+from better_compute.storage import calendar as cal
+from better_compute.storage import repo
+from better_compute.timeparse import MAX_MS, human_duration, iso
+
+#: The most occurrences one series may have.
+MAX_OCCURRENCES = 366
+
+
+@dataclass(frozen=True)
+class Repeat:
+    every_ms: int
+    count: int | None = None
+    until: int | None = None
+
+
+def starts(first: int, repeat: Repeat, duration_ms: int) -> list[int]:
+    """The occurrences' starts: `count` of them, or every one that starts before `until`."""
+    if repeat.every_ms < duration_ms:
+        raise InvalidInput(
+            f"--every {human_duration(repeat.every_ms)} is shorter than --for"
+            f" {human_duration(duration_ms)}: occurrences would overlap"
+        )
+    if (repeat.count is None) == (repeat.until is None):
+        raise InvalidInput("--every needs exactly one of --count N or --until TIME")
+    if repeat.count is not None:
+        if not 1 <= repeat.count <= MAX_OCCURRENCES:
+            raise InvalidInput(f"--count must be from 1 to {MAX_OCCURRENCES}, got {repeat.count}")
+        count = repeat.count
+    else:
+        assert repeat.until is not None
+        if repeat.until <= first:
+            raise InvalidInput(f"--until {iso(repeat.until)} is not after the first start")
+        count = (repeat.until - first - 1) // repeat.every_ms + 1
+        if count > MAX_OCCURRENCES:
+            raise InvalidInput(
+                f"--until {iso(repeat.until)} makes {count} occurrences; at most {MAX_OCCURRENCES}"
+            )
+    result = [first + i * repeat.every_ms for i in range(count)]
+    if result[-1] + duration_ms > MAX_MS:
+        raise InvalidInput(f"the last occurrence would end after {iso(MAX_MS)}")
+    return result
+
+
+def reserve_series(ctx: Ctx, args: ReserveArgs, repeat: Repeat) -> list[Reservation]:
+    """Book every occurrence or none. Occurrence i (from 1) has the key `KEY#i`, so a retry of
+    the same command returns the same series."""
+    if args.start_range is not None:
+        raise InvalidInput("--every takes --start, not --start-range")
+    booking.validate(args)
+    booking.check_horizon(ctx, args)
+    with ctx.write() as conn:
+        first = ctx.now if args.start is None else args.start
+        booked: list[Reservation] = []
+        with ctx.db.savepoint("series"):
+            series_id: str | None = None
+            for i, start in enumerate(starts(first, repeat, args.duration_ms), 1):
+                key = None if args.key is None else f"{args.key}#{i}"
+                # start_text stays: a retry of the same `--start +14h` line is the same series.
+                rsv = booking.reserve_in(ctx, replace(args, start=start, key=key))
+                if rsv.state != State.PLACED:
+                    why = rsv.conditions[0].message if rsv.conditions else rsv.state.value
+                    raise Conflict(
+                        f"occurrence {i} ({iso(start)}) does not fit: {why}; nothing of the"
+                        " series was booked"
+                    )
+                if series_id is None:
+                    series_id = rsv.series_id or repo.next_id(conn, "ser")
+                if rsv.series_id is None:
+                    cal.set_series(conn, rsv.id, series_id)
+                booked.append(rsv)
+        return cal.ids_in(conn, [r.id for r in booked])
+
+
+def cancel_series(ctx: Ctx, rsv_id: str) -> list[Reservation]:
+    """Cancel every occurrence of RSV's series that has not started (pending or placed); those
+    binding, active or over are left as they are. All or nothing."""
+    with ctx.write() as conn:
+        rsv = booking.mine(ctx, rsv_id)
+        if rsv.series_id is None:
+            raise InvalidInput(f"{rsv.id} is not part of a series; cancel it without --series")
+        members = cal.series_members(conn, rsv.series_id)
+        rest = [m for m in members if m.state in states.CANCELLABLE]
+        if not rest:
+            raise Conflict(f"nothing of series {rsv.series_id} is left to cancel")
+        for member in rest:
+            calendar.require_changeable(ctx, member, "cancel")
+        for member in rest:
+            booking.finish(ctx, member, ReleaseReason.CANCELLED, ctx.now)
+        return cal.series_members(conn, rsv.series_id)

@@ -1,0 +1,202 @@
+"""`update RSV [--start] [--for] [--gpus]`: change a reservation before its window begins
+(issue 12), the way Slurm's `scontrol update reservation` and a calendar-mode cloud do.
+
+Everything happens in one write transaction: the new shape is admitted as a fresh draft would be
+(policy, quota on the difference, GPU-hour budgets), then re-planned keeping the nodes and atoms
+it holds where they still fit (engine/sticky.py), or else planned afresh as a whole. If nothing
+fits, CONFLICT says why and the old booking is as it was. A pending reservation takes the new
+shape and is retried at once, like a new request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from better_compute.engine.sticky import keep
+from better_compute.errors import Conflict, InvalidInput
+from better_compute.lifecycle.tick import retry_window
+from better_compute.model import JsonValue, Plan, Reservation, State, Window
+from better_compute.service import booking, budgets, placing, reading
+from better_compute.service.admission import Draft, check_policy, check_quota
+from better_compute.service.context import Ctx
+from better_compute.storage import repo
+from better_compute.storage import updating as store
+from better_compute.timeparse import MAX_MS, iso, parse_time
+
+CHANGEABLE = frozenset({State.PENDING, State.PLACED})
+
+
+@dataclass(frozen=True)
+class Change:
+    """What `update` was asked; None keeps the current value. `start` is TIME text, read against
+    the ledger's instant once the write lock is held."""
+
+    start: str | None = None
+    duration_ms: int | None = None
+    gpus: int | None = None
+
+
+def validate(change: Change) -> None:
+    if change.start is None and change.duration_ms is None and change.gpus is None:
+        raise InvalidInput("nothing to change: give --start, --for or --gpus")
+    if change.gpus is not None and not 1 <= change.gpus <= booking.MAX_GANG:
+        raise InvalidInput(f"--gpus must be from 1 to {booking.MAX_GANG}, got {change.gpus}")
+    if change.duration_ms is not None and change.duration_ms <= 0:
+        raise InvalidInput("--for must be a positive duration such as 90m or 3d")
+
+
+def may_change(ctx: Ctx, rsv: Reservation) -> None:
+    """The one place that decides whether a reservation may still be changed: `pending`, or
+    `placed` before its window begins, and not being preempted. Pool calendar policies that
+    forbid changes once placed (`pool policy set --commit`) belong here too."""
+    if rsv.state not in CHANGEABLE:
+        hint = "use extend to move its end, or release" if rsv.state != State.RELEASED else ""
+        raise Conflict(
+            f"cannot update {rsv.id}: it is {rsv.state} (allowed: pending, placed before its"
+            f" start){'; ' + hint if hint else ''}"
+        )
+    if rsv.state == State.PLACED and rsv.during is not None and rsv.during.start <= ctx.now:
+        raise Conflict(
+            f"cannot update {rsv.id}: its window began at {iso(rsv.during.start)}; use extend to"
+            " move its end, or release"
+        )
+    if rsv.preempt_deadline is not None:
+        raise Conflict(f"cannot update {rsv.id}: it is being preempted")
+
+
+def update(ctx: Ctx, rsv_id: str, change: Change) -> Reservation:
+    validate(change)
+    with ctx.write() as conn:
+        old = reading.mine(ctx, rsv_id)
+        may_change(ctx, old)
+        new = _reshaped(ctx, old, change)
+        if (new.start, new.duration_ms, new.gpus) == (old.start, old.duration_ms, old.gpus):
+            return old  # nothing changes: no event, no re-plan
+        window = retry_window(new, ctx.now)
+        new = replace(new, quota_charge=_charge(ctx, new))
+        _admit(ctx, old, new, window)
+        if old.state == State.PENDING:
+            store.set_shape(conn, new)
+            repo.save_reservation(conn, new)
+            _event(ctx, old, new, window=None)
+            placed = booking.place_or_pend(ctx, new)
+            booking.record_outcome(ctx, placed, previous=new)
+        else:
+            _replan(ctx, old, new, window)
+        return repo.get_reservation(conn, rsv_id)
+
+
+def _reshaped(ctx: Ctx, old: Reservation, change: Change) -> Reservation:
+    start = old.start
+    if change.start is not None:
+        start = parse_time(change.start, ctx.now)
+        if start < ctx.now:
+            raise InvalidInput(
+                f"--start {iso(start)} is in the past (the ledger is at {iso(ctx.now)})"
+            )
+    gpus = change.gpus if change.gpus is not None else old.gpus
+    duration = change.duration_ms if change.duration_ms is not None else old.duration_ms
+    if max(start or ctx.now, ctx.now) + duration > MAX_MS:
+        raise InvalidInput(
+            f"that window would end after {iso(MAX_MS)}; use an earlier --start or --for"
+        )
+    return replace(old, start=start, gpus=gpus, duration_ms=duration)
+
+
+def _charge(ctx: Ctx, rsv: Reservation) -> int:
+    """GPUs times the gang size; a node lease until placed: the pool's largest node per member."""
+    size = rsv.gang_size or 1
+    if rsv.node_lease:
+        return max(repo.largest_node_size(ctx.db.conn, rsv.pool_id), rsv.gpus or 0) * size
+    assert rsv.gpus is not None
+    return rsv.gpus * size
+
+
+def _admit(ctx: Ctx, old: Reservation, new: Reservation, window: Window) -> None:
+    """The new shape judged as a new draft would be; quota counts only the difference."""
+    conn = ctx.db.conn
+    draft = Draft(
+        tenant_id=new.tenant_id,
+        pool_id=new.pool_id,
+        gpu_count=new.quota_charge,
+        gang_size=new.gang_size or 1,
+        spot=new.spot,
+        duration_ms=new.duration_ms,
+        start=new.start,
+    )
+    check_policy(conn, ctx.who, draft)
+    share = new.gpus or 1
+    largest, fitting = repo.node_capacity(conn, new.pool_id, new.models, share)
+    name = repo.pool_name(conn, new.pool_id)
+    if share > largest:
+        raise InvalidInput(
+            f"--gpus {share} per node: the largest node of pool {name} has {largest}"
+        )
+    if new.gang_size is not None and new.gang_size > fitting:
+        raise InvalidInput(
+            f"--gpus {share}: pool {name} has {fitting} nodes with {share} or more GPUs, fewer"
+            f" than the gang's {new.gang_size}"
+        )
+    extra = new.quota_charge - old.quota_charge
+    if extra > 0:
+        check_quota(conn, new.tenant_id, new.pool_id, name, extra)
+    budgets.check(conn, new.tenant_id, new.pool_id, new.quota_charge, window, ctx.now, old.id)
+
+
+def _replan(ctx: Ctx, old: Reservation, new: Reservation, window: Window) -> None:
+    """Keep the nodes and atoms where they fit, else the best fresh plan for the whole gang;
+    CONFLICT (nothing written) when neither fits."""
+    conn = ctx.db.conn
+    request = new.request(window)
+    held = {a.node_id: a.atoms for a in old.allocations}
+    snaps = repo.snapshots(conn, new.pool_id, window, ignore_reservation=old.id, names=list(held))
+    here = {s.node.name: s for s in snaps if s.node.pool_id == new.pool_id}  # not moved away
+    chosen: Plan | None = keep(request, here, held)
+    with ctx.db.savepoint("reshape"):
+        if chosen is not None:
+            by_node = {a.node_id: a for a in old.allocations}
+            for member in chosen.members:
+                alloc = by_node[member.node_id]
+                store.rebook(conn, new, alloc.id, member.node_id, member.atoms, window)
+            allocations = tuple(
+                replace(by_node[m.node_id], atoms=m.atoms, bound=False) for m in chosen.members
+            )
+            placed = replace(new, during=window, allocations=allocations)
+        else:
+            fresh = placing.plan(ctx, new, window)
+            if not isinstance(fresh, Plan):
+                raise Conflict(
+                    f"cannot update {old.id}: the new shape does not fit ({fresh.reason});"
+                    " nothing was changed"
+                )
+            repo.drop_allocations(conn, old.id, ctx.now)
+            placed = placing.commit(ctx, new, fresh, window)
+        if new.node_lease:  # whole machines: charged exactly what is leased
+            placed = replace(placed, quota_charge=sum(len(a.atoms) for a in placed.allocations))
+        moved = old.during != window
+        placed = replace(
+            placed,
+            lead_checked=old.lead_checked and not moved,
+            start_checked=old.start_checked and not moved,
+        )
+        store.set_shape(conn, placed)
+        repo.save_reservation(conn, placed)
+        _event(ctx, old, placed, window)
+
+
+def _shape(rsv: Reservation, window: Window | None) -> dict[str, JsonValue]:
+    start = window.start if window is not None else rsv.start
+    return {
+        "start": start,
+        "end": None if start is None else start + rsv.duration_ms,
+        "durationMs": rsv.duration_ms,
+        "gpus": rsv.gpus,
+        "gpuCount": rsv.quota_charge,
+    }
+
+
+def _event(ctx: Ctx, old: Reservation, new: Reservation, window: Window | None) -> None:
+    data: dict[str, JsonValue] = {"from": _shape(old, old.during), "to": _shape(new, window)}
+    if window is not None:
+        data["nodeIds"] = [a.node_id for a in new.allocations]
+    ctx.event("reservation.updated", new.tenant_id, new.id, data)

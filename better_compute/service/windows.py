@@ -1,0 +1,297 @@
+"""The window search shared by `advice` and `reserve --start-range` (PRODUCT.md §5.6).
+
+engine/search.py walks the instants where a pool's free capacity changes; this module feeds it
+those instants (storage/calendar.py) and the real planner (service/placing.py, the one `reserve`
+runs, gang planner included) as its fit test, so a window found here is a window `reserve` books.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, replace
+
+from better_compute.engine import calendar as policy_rules
+from better_compute.engine import freetime, search
+from better_compute.engine.place import place
+from better_compute.errors import InvalidInput
+from better_compute.model import FABRIC_DOMAIN, CalendarPolicy, Plan, Reservation, Window
+from better_compute.service import placing
+from better_compute.service.context import Ctx
+from better_compute.storage import calendar as cal
+from better_compute.storage import repo
+from better_compute.timeparse import MAX_MS, human_duration, iso, parse_duration, parse_range
+
+#: The most windows one `advice` answers.
+MAX_LIMIT = 100
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """What the person asked, read against now: starts in [first, last], a length in
+    [min_ms, max_ms] (equal for --duration), an end in [end_from, end_to] for --end-range."""
+
+    first: int
+    last: int
+    min_ms: int
+    max_ms: int
+    end_from: int | None = None
+    end_to: int | None = None
+
+    def ask(self) -> search.Ask:
+        return search.Ask(
+            self.first, self.last, self.min_ms, self.max_ms, self.end_from, self.end_to
+        )
+
+
+def _range(flag: str, text: str, now: int, *, durations: bool = False) -> tuple[int, int]:
+    from better_compute.timeparse import parse_time
+
+    try:
+        if durations:
+            return parse_range(text, parse_duration)
+        return parse_range(text, lambda t: parse_time(t, now), allow_equal=True)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{flag}: {exc.message}") from None
+
+
+def wanted(
+    now: int,
+    start_range: str,
+    *,
+    duration_ms: int | None = None,
+    duration_range: str | None = None,
+    end_range: str | None = None,
+) -> Wanted:
+    """Read the ranges; exactly one way of saying the length. Inverted, malformed or wholly past
+    ranges are INVALID_INPUT."""
+    given = [x for x in (duration_ms, duration_range, end_range) if x is not None]
+    if len(given) != 1:
+        raise InvalidInput(
+            "say how long with exactly one of --duration D, --duration-range MIN..MAX or"
+            " --end-range FROM..TO"
+        )
+    first, last = _range("--start-range", start_range, now)
+    if last < now:
+        raise InvalidInput(
+            f"--start-range ends at {iso(last)}, before now ({iso(now)}): ask for a future range"
+        )
+    first = max(first, now)
+    if duration_ms is not None:
+        if duration_ms <= 0:
+            raise InvalidInput("the duration must be positive, such as 90m or 3d")
+        return Wanted(first, last, duration_ms, duration_ms)
+    if duration_range is not None:
+        lo, hi = _range("--duration-range", duration_range, now, durations=True)
+        if lo <= 0:
+            raise InvalidInput("--duration-range: MIN must be a positive duration, such as 1d")
+        return Wanted(first, last, lo, hi)
+    assert end_range is not None
+    end_from, end_to = _range("--end-range", end_range, now)
+    if end_to <= first:
+        raise InvalidInput(
+            f"--end-range ends at {iso(end_to)}, not after the earliest start {iso(first)}"
+        )
+    return Wanted(first, last, 1, end_to - first, end_from, end_to)
+
+
+def bounded(
+    ask: search.Ask, policy: CalendarPolicy | None, now: int, total_gpus: int
+) -> search.Ask | str:
+    """The ask narrowed to what the pool's calendar policy allows, or why none of it is."""
+    end_to = MAX_MS if ask.end_to is None else min(ask.end_to, MAX_MS)
+    if policy is None:
+        return replace(ask, end_to=end_to)
+    size = policy_rules.size_refusal(policy, total_gpus)
+    if size is not None:
+        return size
+    lo = max(ask.min_ms, policy.min_duration_ms or 0)
+    hi = ask.max_ms if policy.max_duration_ms is None else min(ask.max_ms, policy.max_duration_ms)
+    if lo > hi:
+        asked = human_duration(ask.min_ms)
+        if ask.max_ms != ask.min_ms:
+            asked += f" to {human_duration(ask.max_ms)}"
+        return (
+            f"a duration of {asked} is outside the allowed durations"
+            f" ({policy_rules.allowed_durations(policy)})"
+        )
+    first = max(ask.first, policy_rules.earliest_start(policy, now))
+    if first > ask.last:
+        assert policy.min_lead_ms is not None
+        return (
+            f"no start up to {iso(ask.last)} respects the minimum lead time"
+            f" {human_duration(policy.min_lead_ms)} (start at {iso(first)} or later)"
+        )
+    horizon = policy_rules.latest_end(policy, now)
+    if horizon is not None:
+        end_to = min(end_to, horizon)
+    narrowed = replace(ask, first=first, min_ms=lo, max_ms=hi, end_to=end_to)
+    if narrowed.opening() > narrowed.last or narrowed.ends(narrowed.opening()) is None:
+        horizon_text = ""
+        if policy.max_horizon_ms is not None:
+            horizon_text = f" (the maximum horizon {human_duration(policy.max_horizon_ms)})"
+        return (
+            f"no window of an allowed length ({policy_rules.allowed_durations(policy)}) that"
+            f" starts in range ends by {iso(end_to)}{horizon_text}"
+        )
+    return narrowed
+
+
+def fits(ctx: Ctx, draft: Reservation, window: Window) -> bool:
+    """Would `reserve` place this draft in this window right now (no preemption)?"""
+    return isinstance(placing.plan(ctx, draft, window), Plan)
+
+
+def fits_among(ctx: Ctx, draft: Reservation, window: Window, names: list[str]) -> bool:
+    """`fits`, planning only `names`: every node that could take a share of the window (the
+    counted test's superset of the planner's fitting nodes, as storage's shortlist is for
+    placing.plan). The same planner over the same fitting nodes: the same yes or no, without
+    the shortlist's query over the whole window."""
+    if not names:
+        return False
+    snaps = repo.snapshots(ctx.db.conn, draft.pool_id, window, names=names)
+    request = draft.request(window)
+    return isinstance(place(request, snaps, seed=0, top_n=1), Plan)
+
+
+def _tester(ctx: Ctx, draft: Reservation, maybe: freetime.Chunked | None) -> search.Fits:
+    """The planner's yes or no for a window: over the counted candidates when they are known and
+    few enough (or a gang), else through placing.plan."""
+
+    def test(window: Window) -> bool:
+        names = None if maybe is None else maybe.candidates(window.start)
+        if names is None or (draft.gang_size is None and len(names) > FEW_NODES):
+            return fits(ctx, draft, window)  # the shortlist stops at the best few itself
+        return fits_among(ctx, draft, window, names)
+
+    return test
+
+
+def find(ctx: Ctx, draft: Reservation, ask: search.Ask, limit: int) -> list[Window]:
+    """Up to `limit` windows of the draft's pool, earliest start first (engine/search.py)."""
+    conn = ctx.db.conn
+    opening = ask.opening()
+    if opening > ask.last:
+        return []
+    ends = cal.change_ends(conn, draft.pool_id, opening, ask.last)
+    latest = ask.last + ask.max_ms if ask.end_to is None else min(ask.last + ask.max_ms, ask.end_to)
+    maybe = prefilter(ctx, draft, ask)
+    return search.windows(
+        ask,
+        ends,
+        lambda: cal.change_starts(conn, draft.pool_id, opening, latest),
+        _tester(ctx, draft, maybe),
+        limit=limit,
+        maybe=maybe,
+        reach=None if maybe is None else maybe.reach,
+    )
+
+
+def prefilter(ctx: Ctx, draft: Reservation, ask: search.Ask) -> freetime.Chunked | None:
+    """engine/freetime.py's cheap test (enough GPUs free, counted), so that the planner runs only
+    at starts that could fit; worked out a chunk of the range at a time, as the search reaches
+    it. Quarantined GPUs count as free here (an over-count keeps the test necessary: only the
+    planner refuses). None for a node lease (whole machines: the planner alone)."""
+    if draft.node_lease or draft.gpus is None:
+        return None
+    conn, pool_id, need = ctx.db.conn, draft.pool_id, draft.gpus
+    length = max(1, ask.min_ms)
+    accepted = {m.casefold() for m in draft.models}
+    refused = set()
+    if accepted:
+        refused = {n for n, m in cal.node_models(conn, pool_id) if m.casefold() not in accepted}
+    gang = draft.gang_size is not None
+    eligible = [
+        (name, _group(draft.topology_key, labels, domain) if gang else "", total)
+        for name, labels, total, domain in cal.eligible_nodes(conn, pool_id)
+        if name not in refused
+    ]
+
+    # Read far enough to bound how long a window may stretch (engine/freetime.reach).
+    stretch = ask.max_ms if ask.end_to is None else min(ask.max_ms, ask.end_to - ask.first)
+    stretch = max(length, min(stretch, MAX_STRETCH_MS))
+
+    def chunk(first: int, last: int) -> freetime.Free:
+        hi = last + stretch
+        booked, found = cal.gaps(conn, pool_id, first, hi, length)
+        free: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
+        for node, atom, a, z in found:
+            free[node].append((atom, a, z))
+        blocked: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        for node, m_start, m_end in cal.maintenance_in(conn, pool_id, first, hi):
+            blocked[node].append((m_start, m_end))
+        nodes = [
+            freetime.NodeFree(
+                name,
+                group,
+                total - booked.get(name, 0),
+                tuple(free[name]),
+                tuple(blocked[name]),
+            )
+            for name, group, total in eligible
+        ]
+        by_node: dict[str, list[freetime.Span]] = {}
+        spans = freetime.possible_starts(
+            nodes,
+            need=need,
+            size=size,
+            gang=gang,
+            first=first,
+            last=last,
+            length=length,
+            by_node=by_node,
+        )
+        return freetime.Free(tuple(nodes), tuple(spans), hi, by_node)
+
+    size = draft.gang_size or 1
+    return freetime.Chunked(
+        chunk,
+        ask.last,
+        CHUNK_MS,
+        need=need,
+        size=size,
+        gang=gang,
+        # A window that may stretch wants the counted bound on its end from the first start on.
+        plan_first=not gang and ask.min_ms == ask.max_ms and ask.end_from is None,
+    )
+
+
+#: The first stretch of starts the cheap test works out at once; each next one is twice as long.
+CHUNK_MS = 86_400_000
+#: A single-node request plans the counted candidates itself when there are at most this many;
+#: with more, placing.plan's shortlist (which stops at the best few) is cheaper. A gang plans
+#: every fitting node either way, so it always plans the candidates.
+FEW_NODES = 64
+#: How far past a start the cheap test reads to bound a window's end (longer: the planner alone).
+MAX_STRETCH_MS = 30 * 86_400_000
+
+
+def _group(key: str | None, labels: str, domain: str | None) -> str | None:
+    """A node's topology value, as Node.label reads it ("" without a key: any nodes)."""
+    if key is None:
+        return ""
+    if key == FABRIC_DOMAIN:
+        return domain
+    value = json.loads(labels).get(key)
+    return None if value is None else str(value)
+
+
+def unsupported(ctx: Ctx, draft: Reservation, pool_name: str) -> str | None:
+    """Why no node of the pool could ever hold the draft (model, node size, gang size)."""
+    share = draft.gpus or 1
+    largest, fitting = repo.node_capacity(ctx.db.conn, draft.pool_id, draft.models, share)
+    gpus = f"{'/'.join(draft.models)} GPUs" if draft.models else "GPUs"
+    if largest == 0:
+        return f"pool {pool_name} has no {gpus}"
+    if share > largest:
+        return f"the largest node of pool {pool_name} has {largest} {gpus}, not {share}"
+    if draft.gang_size is not None and draft.gang_size > fitting:
+        return (
+            f"pool {pool_name} has {fitting} nodes with {share} or more {gpus}, not a gang of"
+            f" {draft.gang_size}"
+        )
+    return None
+
+
+def policy_of(ctx: Ctx, pool_id: str) -> CalendarPolicy | None:
+    return cal.policy(ctx.db.conn, pool_id)

@@ -1,0 +1,79 @@
+"""SQL for GPU-hour budgets (issue 12): the caps, and the GPU-time a tenant has booked in a window.
+
+Kept apart from storage/repo.py. Portable SQL: `?` placeholders, `"end"` quoted, CASE rather than
+SQLite's two-argument MIN/MAX.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from better_compute.model import Window
+from better_compute.storage.repo import Conn
+
+
+@dataclass(frozen=True)
+class Budget:
+    pool_id: str  # '' for every pool
+    gpu_ms: int
+    period_ms: int
+
+
+def set_budget(conn: Conn, tenant: str, pool_id: str, gpu_ms: int, period_ms: int) -> None:
+    conn.execute("DELETE FROM budgets WHERE tenant_id = ? AND pool_id = ?", (tenant, pool_id))
+    conn.execute(
+        "INSERT INTO budgets(tenant_id, pool_id, gpu_ms, period_ms) VALUES (?, ?, ?, ?)",
+        (tenant, pool_id, gpu_ms, period_ms),
+    )
+
+
+def budgets(conn: Conn, tenant: str, pool_id: str | None = None) -> list[Budget]:
+    """A tenant's budgets by pool id ('' first); with `pool_id`, those binding a request there:
+    that pool's and the tenant-wide one."""
+    sql = "SELECT pool_id, gpu_ms, period_ms FROM budgets WHERE tenant_id = ?"
+    args: list[object] = [tenant]
+    if pool_id is not None:
+        sql += " AND pool_id IN ('', ?)"
+        args.append(pool_id)
+    rows = conn.execute(sql + " ORDER BY pool_id", args)
+    return [Budget(str(p), int(g), int(w)) for p, g, w in rows]
+
+
+def booked_gpu_ms(conn: Conn, tenant: str, pool_id: str, window: Window, ignore: str | None) -> int:
+    """GPU-milliseconds of the tenant's bookings inside `window` (in one pool, or every pool for
+    ''), released reservations' past included: what was held is spent. `ignore`: a reservation
+    whose bookings are being replaced (update, extend)."""
+    sql = (
+        'SELECT COALESCE(SUM((CASE WHEN b."end" < ? THEN b."end" ELSE ? END)'
+        " - (CASE WHEN b.start > ? THEN b.start ELSE ? END)), 0)"
+        " FROM bookings b JOIN reservations r ON r.id = b.reservation_id"
+        ' WHERE r.tenant_id = ? AND b."end" > ? AND b.start < ?'
+    )
+    args: list[object] = [window.end, window.end, window.start, window.start, tenant]
+    args += [window.start, window.end]
+    if pool_id:
+        sql += " AND b.pool_id = ?"
+        args.append(pool_id)
+    if ignore is not None:
+        sql += " AND b.reservation_id != ?"
+        args.append(ignore)
+    return int(conn.execute(sql, args).fetchone()[0])
+
+
+def pending_wants(
+    conn: Conn, tenant: str, pool_id: str, ignore: str | None
+) -> list[tuple[int | None, int, int]]:
+    """(start, duration_ms, quota_charge) of the tenant's pending reservations: admitted, so they
+    count against the budget for the window a retry would book."""
+    sql = (
+        "SELECT start, duration_ms, quota_charge FROM reservations"
+        " WHERE tenant_id = ? AND state = 'pending'"
+    )
+    args: list[object] = [tenant]
+    if pool_id:
+        sql += " AND pool_id = ?"
+        args.append(pool_id)
+    if ignore is not None:
+        sql += " AND id != ?"
+        args.append(ignore)
+    return [(None if s is None else int(s), int(d), int(c)) for s, d, c in conn.execute(sql, args)]

@@ -1,0 +1,219 @@
+"""Calendar SQL (issue 10): pool policies, commitments, series, and the instants where a pool's
+free capacity changes (what `advice` tries as starts and ends).
+
+Written portably (`?` placeholders, `"end"` quoted) for the PostgreSQL backend to come.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from better_compute.model import CalendarPolicy, Reservation
+from better_compute.storage import repo
+from better_compute.storage.repo import Conn
+
+# ---------------------------------------------------------------- policies
+
+
+def policy(conn: Conn, pool_id: str) -> CalendarPolicy | None:
+    row = conn.execute(
+        "SELECT pool_id, min_duration_ms, max_duration_ms, min_lead_ms, max_horizon_ms, sizes,"
+        " no_changes FROM calendar_policies WHERE pool_id = ?",
+        (pool_id,),
+    ).fetchone()
+    if row is None:
+        return None
+    return repo.decoded(
+        conn,
+        f"the calendar policy of pool {pool_id}",
+        lambda: CalendarPolicy(
+            pool_id=str(row[0]),
+            min_duration_ms=repo._opt_int(row[1]),
+            max_duration_ms=repo._opt_int(row[2]),
+            min_lead_ms=repo._opt_int(row[3]),
+            max_horizon_ms=repo._opt_int(row[4]),
+            sizes=tuple(int(s) for s in json.loads(str(row[5]))),
+            commit=bool(row[6]),
+        ),
+    )
+
+
+def set_policy(conn: Conn, p: CalendarPolicy) -> None:
+    conn.execute("DELETE FROM calendar_policies WHERE pool_id = ?", (p.pool_id,))
+    conn.execute(
+        "INSERT INTO calendar_policies(pool_id, min_duration_ms, max_duration_ms, min_lead_ms,"
+        " max_horizon_ms, sizes, no_changes) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (
+            p.pool_id,
+            p.min_duration_ms,
+            p.max_duration_ms,
+            p.min_lead_ms,
+            p.max_horizon_ms,
+            json.dumps(list(p.sizes)),
+            int(p.commit),
+        ),
+    )
+
+
+def clear_policy(conn: Conn, pool_id: str) -> bool:
+    cur = conn.execute("DELETE FROM calendar_policies WHERE pool_id = ?", (pool_id,))
+    return cur.rowcount > 0
+
+
+# ---------------------------------------------------------------- commitments and series
+
+
+def commit_reservation(conn: Conn, rsv_id: str, pool_id: str) -> None:
+    conn.execute(
+        "INSERT INTO calendar_commitments(reservation_id, pool_id) VALUES (?, ?)"
+        " ON CONFLICT (reservation_id) DO NOTHING",
+        (rsv_id, pool_id),
+    )
+
+
+def is_committed(conn: Conn, rsv_id: str) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM calendar_commitments WHERE reservation_id = ?", (rsv_id,)
+    ).fetchone()
+    return row is not None
+
+
+def set_series(conn: Conn, rsv_id: str, series_id: str) -> None:
+    conn.execute("UPDATE reservations SET series_id = ? WHERE id = ?", (series_id, rsv_id))
+
+
+def series_members(conn: Conn, series_id: str) -> list[Reservation]:
+    """Every occurrence of a series, oldest first."""
+    ids = [
+        str(r[0])
+        for r in conn.execute(
+            "SELECT id FROM reservations WHERE series_id = ? ORDER BY seq", (series_id,)
+        )
+    ]
+    return [repo.get_reservation(conn, rsv_id) for rsv_id in ids]
+
+
+# ---------------------------------------------------------------- where free capacity changes
+
+
+def change_ends(conn: Conn, pool_id: str, first: int, last: int) -> list[int]:
+    """Every instant in [first, last] at which a booking or a maintenance window of the pool
+    ends (capacity comes back), ascending and distinct."""
+    rows = conn.execute(
+        'SELECT DISTINCT b."end" FROM bookings b WHERE b.pool_id = ? AND b."end" >= ?'
+        ' AND b."end" <= ?'
+        ' UNION SELECT m."end" FROM maintenance m JOIN nodes n ON n.name = m.node_id'
+        ' WHERE n.pool_id = ? AND m."end" >= ? AND m."end" <= ?',
+        (pool_id, first, last, pool_id, first, last),
+    )
+    return sorted(int(r[0]) for r in rows)
+
+
+def change_starts(conn: Conn, pool_id: str, after: int, until: int) -> list[int]:
+    """Every instant in (after, until] at which a booking or a maintenance window of the pool
+    begins (capacity is taken), ascending and distinct."""
+    rows = conn.execute(
+        "SELECT DISTINCT b.start FROM bookings b WHERE b.pool_id = ? AND b.start > ?"
+        " AND b.start <= ?"
+        " UNION SELECT m.start FROM maintenance m JOIN nodes n ON n.name = m.node_id"
+        " WHERE n.pool_id = ? AND m.start > ? AND m.start <= ?",
+        (pool_id, after, until, pool_id, after, until),
+    )
+    return sorted(int(r[0]) for r in rows)
+
+
+def pool_ids(conn: Conn) -> list[tuple[str, str]]:
+    """(id, name) of every pool, by name."""
+    return [
+        (str(r[0]), str(r[1])) for r in conn.execute("SELECT id, name FROM pools ORDER BY name")
+    ]
+
+
+def ids_in(conn: Conn, rsv_ids: Sequence[str]) -> list[Reservation]:
+    return [repo.get_reservation(conn, rsv_id) for rsv_id in rsv_ids]
+
+
+# ---------------------------------------------------------------- free time, counted in SQL
+
+#: Per GPU of the pool with a booking in the span [:lo, :hi): its gaps of at least :length
+#: between bookings (each booking's start, after the latest end of the bookings before it, or
+#: :lo) and after its last booking (up to :hi). Window functions, portable to PostgreSQL.
+GAPS_SQL = """
+WITH b AS (
+  SELECT node_id, atom, start, "end" FROM bookings
+  WHERE pool_id = :pool AND "end" > :lo AND "end" < :bound AND start < :hi
+), o AS (
+  SELECT node_id, atom, start,
+         MAX("end") OVER (PARTITION BY node_id, atom ORDER BY start, "end"
+                          ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before
+  FROM b
+), t AS (
+  SELECT node_id, atom, MAX("end") AS last_end FROM b GROUP BY node_id, atom
+)
+SELECT node_id, atom, COALESCE(before, :lo), start FROM o
+ WHERE start - COALESCE(before, :lo) >= :length
+UNION ALL
+SELECT node_id, atom, last_end, :hi FROM t WHERE :hi - last_end >= :length
+"""
+
+#: Per node of the pool, how many of its GPUs have a booking in the span.
+BOOKED_SQL = """
+SELECT node_id, COUNT(DISTINCT atom) FROM bookings
+WHERE pool_id = :pool AND "end" > :lo AND "end" < :bound AND start < :hi
+GROUP BY node_id
+"""
+
+#: Per eligible node (schedulable, reachable): its labels, GPUs and the fabric of its GPUs (for
+#: fabric.domain); and, separately, its unhealthy GPUs.
+NODES_SQL = """
+SELECT n.name, n.labels, COUNT(*),
+       MIN(a.fabric_cluster), MAX(a.fabric_cluster), MIN(a.fabric_clique), MAX(a.fabric_clique),
+       COUNT(a.fabric_cluster), COUNT(a.fabric_clique)
+FROM nodes n JOIN atoms a ON a.node_id = n.name
+WHERE n.pool_id = ? AND n.schedulable != 0 AND n.reachable != 0
+GROUP BY n.name, n.labels
+"""
+
+
+def eligible_nodes(conn: Conn, pool_id: str) -> list[tuple[str, str, int, str | None]]:
+    """(name, labels JSON, GPUs, fabric.domain or None) of each schedulable, reachable node."""
+    out = []
+    for name, labels, total, c_lo, c_hi, q_lo, q_hi, n_c, n_q in conn.execute(
+        NODES_SQL, (pool_id,)
+    ):
+        whole = n_c == total and n_q == total and c_lo == c_hi and q_lo == q_hi
+        domain = f"{c_lo}.{q_lo}" if whole and c_lo is not None else None
+        out.append((str(name), str(labels), int(total), domain))
+    return out
+
+
+def gaps(
+    conn: Conn, pool_id: str, lo: int, hi: int, length: int
+) -> tuple[dict[str, int], list[tuple[str, int, int, int]]]:
+    """Over [lo, hi): per node, how many GPUs have a booking there; and (node, atom, gap start,
+    gap end) of every gap of at least `length` of those GPUs."""
+    bound = hi + repo.longest_booking(conn, pool_id)
+    params = {"pool": pool_id, "lo": lo, "hi": hi, "bound": bound, "length": length}
+    booked = {str(n): int(c) for n, c in conn.execute(BOOKED_SQL, params)}
+    found = [(str(n), int(a), int(x), int(z)) for n, a, x, z in conn.execute(GAPS_SQL, params)]
+    return booked, found
+
+
+def node_models(conn: Conn, pool_id: str) -> list[tuple[str, str]]:
+    """(node, model) of every distinct model on each node of the pool."""
+    rows = conn.execute(
+        "SELECT DISTINCT n.name, a.model FROM nodes n JOIN atoms a ON a.node_id = n.name"
+        " WHERE n.pool_id = ?",
+        (pool_id,),
+    )
+    return [(str(n), str(m)) for n, m in rows]
+
+
+def maintenance_in(conn: Conn, pool_id: str, lo: int, hi: int) -> list[tuple[str, int, int]]:
+    rows = conn.execute(
+        'SELECT m.node_id, m.start, m."end" FROM maintenance m JOIN nodes n ON n.name = m.node_id'
+        ' WHERE n.pool_id = ? AND m."end" > ? AND m.start < ?',
+        (pool_id, lo, hi),
+    )
+    return [(str(n), int(s), int(e)) for n, s, e in rows]

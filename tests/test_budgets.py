@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from conftest import DAY, NOW_MS, Cli, at
 from test_trust import be
 
@@ -84,6 +85,9 @@ def test_a_pool_budget_and_pending_requests_count(run: Cli) -> None:
     assert msg.endswith("needs 2 more")
 
 
+@pytest.mark.sqlite_only(
+    reason="acts as another OS user; on PostgreSQL the principal is the role (test_postgres)"
+)
 def test_quota_set_flags(run: Cli, monkeypatch: Any) -> None:
     def bad(*flags: str) -> str:
         return run.fails(2, "quota", "set", "--tenant", "acme", *flags)["message"]

@@ -50,6 +50,7 @@ def test_an_unknown_shell_is_refused(run: Cli) -> None:
     assert "bash, zsh, fish" in run.fails(2, "completion", "tcsh")["message"]
 
 
+@pytest.mark.sqlite_only(reason="completion reads --db from the shell's words: a ledger file")
 def test_commands_flags_and_values_complete(run: Cli) -> None:
     mine = run.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h")
     theirs = run.ok("--as", "alice", "reserve", "--tenant", "globex", "--gpus", "1", "--for", "1h")
@@ -89,6 +90,7 @@ def test_normal_runs_load_no_completion_code(small_ledger: Path, tmp_path: Path)
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.sqlite_only(reason="completion reads --db from the shell's words: a ledger file")
 def test_the_bash_script_completes_in_bash(run: Cli) -> None:
     """End to end: bash sources the printed script and asks it, as a user's Tab would."""
     mine = run.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h")

@@ -133,6 +133,9 @@ def test_list_window_overlap_and_sort(run: Cli) -> None:
     assert "--sort must be one of created, start" in run.fails(2, "list", "--sort", "x")["message"]
 
 
+@pytest.mark.sqlite_only(
+    reason="acts as another OS user; on PostgreSQL the principal is the role (test_postgres)"
+)
 def test_filters_never_show_another_tenants_reservations(run: Cli, monkeypatch: Any) -> None:
     run.ok("policy", "set", "--tenant", "acme", "--principal", "alice")
     theirs = reserve(run, "--gpus", "1", "--for", "1h", "--name", "n", "--label", "t=1")

@@ -118,6 +118,9 @@ def test_placed_launches_with_a_warning(run: Cli) -> None:
     assert json.loads(text) == expected(rsv)  # stdout stays one document
 
 
+@pytest.mark.sqlite_only(
+    reason="acts as another OS user; on PostgreSQL the principal is the role (test_postgres)"
+)
 def test_pending_released_and_strangers_are_refused(run: Cli, monkeypatch: Any) -> None:
     big = reserve(run, "--gpus", "8", "--gang", "7")
     pending = reserve(run, "--gpus", "1")

@@ -737,9 +737,9 @@ def main() -> int:
             f" {fig.rss_kb / 1024:.1f} | {m:.2f} | {mf:.2f} | {ok} |"
         )
 
+    advice_section(big, repeat)
     if on_postgres:
         pg_column.table(figures, on_postgres)
-    advice_section(big, repeat)
 
     print("\n## Growth of `reserve --json` (limits 1.5x for nodes, 1.3x for bookings)\n")
     keys = ("big", "few-nodes", "few-bookings")

@@ -317,9 +317,13 @@ def test_the_shortlist_answers_as_the_full_planner(
             if isinstance(full, Plan):
                 assert full.members[0].node_id in {plan.node_id for _, plan in fits}
             # The name-order reading, when it answers, answers the same.
-            found = placing.perfect_fits(ctx, pool_id, request, subject.id, ask.exclude, enough)
+            read = placing.name_order_scan(ctx, pool_id, request, subject.id, ask.exclude, enough)
+            found = read.fits if read.answered else None
             if found is not None:
                 assert rank_single(found)[:enough] == rank_single(all_fits)[:enough]
+            # What it planned is planned exactly: the same plans the full planner makes there.
+            planned = sorted((p for _, p in all_fits if p.node_id in read.planned), key=str)
+            assert sorted((p for _, p in read.fits), key=str) == planned
             perfect = sum(1 for _, p in all_fits if p.score >= shortlist.MAX_SCORE)
             event(f"scan {scan}: {'answered' if found is not None else 'passed'}, {perfect=}")
 
@@ -374,7 +378,8 @@ def test_perfect_fits_in_name_order_are_the_full_planners_best(
         enough = max(1, ask.top_n)
         snaps = repo.snapshots(db.conn, pool_id, WINDOW, ignore_reservation=subject.id)
         all_fits, _ = plan_nodes(request, snaps)
-        found = placing.perfect_fits(ctx, pool_id, request, subject.id, frozenset(), enough)
+        read = placing.name_order_scan(ctx, pool_id, request, subject.id, frozenset(), enough)
+        found = read.fits if read.answered else None
         if found is not None:
             assert rank_single(found)[:enough] == rank_single(all_fits)[:enough]
         assert placing.plan(ctx, subject, WINDOW) == placing.full_plan(ctx, subject, WINDOW)

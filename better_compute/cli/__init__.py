@@ -53,9 +53,9 @@ COMMANDS: dict[str, str] = {
     "timeline": "run_commands",
     "events": "run_commands",
     "pool": "setup_commands",
-    "migrate": "migrate_commands",
     "webhook": "webhook_commands",
     "advice": "advice_commands",
+    "migrate": "migrate_commands",
 }
 
 #: Set by the completion script when a shell asks for completions.

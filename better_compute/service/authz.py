@@ -68,8 +68,8 @@ ADMIN_ONLY = frozenset(
         "restore a ledger",
         "tick ahead of the real clock (tick --until)",
         "simulate a workload",
-        "migrate the ledger",
         "add a webhook for every tenant",
+        "migrate the ledger",
     }
 )
 

@@ -4,7 +4,7 @@ pending retries, BookingRepair and preemption."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from better_compute.engine import shortlist
 from better_compute.engine.fit import Fit, plan_nodes
@@ -96,10 +96,14 @@ def shortlisted_fits(
 ) -> list[Fit]:
     """Fitting nodes, planned most promising first (engine/shortlist.py), until the best `enough`
     single-node plans are known (None: every candidate, as gangs need), by node name."""
+    # Nodes the name-order reading planned already: their plans count, and are not made twice.
+    fits: list[Fit] = []
+    planned: set[str] = set()
     if enough is not None:
-        found = perfect_fits(ctx, pool_id, request, ignore, exclude, enough)
-        if found is not None:
-            return found
+        scan = name_order_scan(ctx, pool_id, request, ignore, exclude, enough)
+        if scan.answered:
+            return scan.fits
+        fits, planned = scan.fits, scan.planned
     conn = ctx.db.conn
     pool = fleet_pool(ctx, pool_id, request.window)
     order: Iterator[tuple[tuple[int, str], str]]
@@ -115,7 +119,6 @@ def shortlisted_fits(
             whole_node=request.node_lease,
         )
         order = ((shortlist.best_key(request, shortlist.Candidate(*r)), r[0]) for r in rows)
-    fits: list[Fit] = []
     # A round from memory costs no query: start with just enough (a bucket of equal nodes
     # settles at once); from SQL, rounds are fewer and larger.
     size = max(1, enough or 0) if pool is not None else max(FIRST_ROUND, 2 * (enough or 0))
@@ -123,16 +126,20 @@ def shortlisted_fits(
     while head is not None:
         names: list[str] = []
         while head is not None and len(names) < size:
-            names.append(head[1])
+            if head[1] not in planned:
+                names.append(head[1])
             head = next(order, None)
         size *= 2
         if pool is not None:
             snaps = pool.snapshots(request.window, ignore, names)
-        else:
+        elif names:
             snaps = repo.snapshots(
                 conn, pool_id, request.window, ignore_reservation=ignore, names=names
             )
+        else:
+            snaps = []
         fits.extend(plan_nodes(request, snaps, exclude=exclude)[0])
+        # A planned node's bound is at most the next unplanned one's: a safe bound to stop at.
         following = None if head is None else head[0]
         if enough is not None and shortlist.settled([p for _, p in fits], enough, following):
             break
@@ -144,33 +151,48 @@ def shortlisted_fits(
 PERFECT_SCAN = 120
 
 
-def perfect_fits(
+@dataclass
+class NameScan:
+    """What the name-order reading found: `answered` when `fits` are enough to answer (topN
+    perfect plans, or every usable node planned); else the nodes it `planned` and their fits,
+    which the bound order reuses."""
+
+    fits: list[Fit]
+    planned: set[str]
+    answered: bool
+
+
+def name_order_scan(
     ctx: Ctx,
     pool_id: str,
     request: Request,
     ignore: str | None,
     exclude: frozenset[str],
     enough: int,
-) -> list[Fit] | None:
-    """The fits of the pool's first usable nodes in name order, once `enough` of them score
-    shortlist.MAX_SCORE (their best `enough` are then the pool's), or of every usable node of a
-    small pool; None if the first PERFECT_SCAN nodes hold too few. Reads a few nodes and their
-    bookings, whatever the pool's size. Nodes not schedulable or not reachable fit nowhere."""
+) -> NameScan:
+    """Plan the pool's usable nodes in name order until `enough` plans score
+    shortlist.MAX_SCORE (their best `enough` are then the pool's), every usable node is planned,
+    or PERFECT_SCAN nodes are. Reads a few nodes and their bookings, whatever the pool's size.
+    Nodes not schedulable or not reachable fit nowhere."""
     conn = ctx.db.conn
     fits: list[Fit] = []
-    after, size, scanned = "", FIRST_ROUND, 0
-    while scanned < PERFECT_SCAN:
-        names = fleet.usable_nodes_after(conn, pool_id, after, min(size, PERFECT_SCAN - scanned))
+    planned: set[str] = set()
+    after, size = "", FIRST_ROUND
+    while len(planned) < PERFECT_SCAN:
+        names = fleet.usable_nodes_after(
+            conn, pool_id, after, min(size, PERFECT_SCAN - len(planned))
+        )
         if not names:
-            return fits  # every usable node is planned: these are all the pool's fits
-        scanned, after, size = scanned + len(names), names[-1], 2 * size
+            return NameScan(fits, planned, answered=True)  # every usable node is planned
+        planned.update(names)
+        after, size = names[-1], 2 * size
         snaps = repo.snapshots(
             conn, pool_id, request.window, ignore_reservation=ignore, names=names
         )
         fits.extend(plan_nodes(request, snaps, exclude=exclude)[0])
         if shortlist.perfect([p for _, p in fits], enough):
-            return fits
-    return None
+            return NameScan(fits, planned, answered=True)
+    return NameScan(fits, planned, answered=False)
 
 
 def commit(ctx: Ctx, rsv: Reservation, chosen: Plan, window: Window) -> Reservation:

@@ -96,7 +96,8 @@ def where(conn: Any) -> str:
 
 
 def plain_rows(conn: Any, sql: str, parameters: Any) -> Iterator[Any]:
-    """Rows as plain tuples, read as consumed: for results too many to build row objects for."""
+    """The rows as plain tuples, read as the caller consumes them: for results too many to build
+    row objects for, or to hold in memory at once."""
     if dialect(conn) == SQLITE:
         cursor = conn.cursor()
         cursor.row_factory = None

@@ -42,11 +42,10 @@ def pool_use(conn: Conn, pool_id: str, now: int) -> tuple[int, int]:
 
 def usable_nodes_after(conn: Conn, pool_id: str, after: str, limit: int) -> list[str]:
     """Up to `limit` names, by name after `after`, of the pool's schedulable, reachable nodes:
-    placement's reading of the pool in name order (service/placing.perfect_fits)."""
+    placement's reading of the pool in name order (service/placing.name_order_scan)."""
     rows = conn.execute(
-        "SELECT name FROM nodes WHERE pool_id = ? AND name > ? AND schedulable != 0"
-        " AND reachable != 0"
-        " ORDER BY name LIMIT ?",
+        "SELECT name FROM nodes WHERE pool_id = ? AND name > ?"
+        " AND schedulable = 1 AND reachable = 1 ORDER BY name LIMIT ?",
         (pool_id, after, limit),
     )
     return [str(r[0]) for r in rows]
@@ -59,8 +58,7 @@ def nodes_holding(conn: Conn, pool_id: str, models: Sequence[str], share: int, e
     match = f" AND a.model IN ({','.join('?' * len(models))})" if models else ""
     row = conn.execute(
         "SELECT COUNT(*) FROM (SELECT 1 FROM nodes n WHERE n.pool_id = ?"
-        f" AND (SELECT COUNT(*) FROM atoms a WHERE a.node_id = n.name{match}) >= ? LIMIT ?)"
-        " AS holding",
+        f" AND (SELECT COUNT(*) FROM atoms a WHERE a.node_id = n.name{match}) >= ? LIMIT ?) AS big",
         [pool_id, *models, share, enough],
     ).fetchone()
     return int(row[0])

@@ -439,5 +439,5 @@ def _drop_ledger(db: PgDatabase) -> None:
     for table in LEDGER_TABLES:
         if table in mine:
             raw.execute(f"DROP TABLE {table} CASCADE")
-    for function in ("bookings_bound", "atom_bookings_track", "held_charges_track"):
+    for function in ("bookings_bound", "atom_bookings_keep", "held_charges_keep"):
         raw.execute(f"DROP FUNCTION IF EXISTS {function}() CASCADE")

@@ -585,7 +585,9 @@ def snapshots(
                 conn.execute(
                     "SELECT b.node_id, b.atom, b.reservation_id, b.spot, r.state FROM bookings b"
                     " JOIN reservations r ON r.id = b.reservation_id"
-                    f" WHERE b.node_id IN ({','.join('?' * len(chunk))}) AND b.pool_id || '' = ?"
+                    f" WHERE b.node_id IN ({','.join('?' * len(chunk))})"
+                    # `|| ''` keeps the planner on the node index (bookings_node_window)
+                    " AND b.pool_id || '' = ?"
                     ' AND b."end" > ? AND b."end" < ? AND b.start < ?'
                     " AND b.reservation_id IS DISTINCT FROM ?",
                     (*chunk, pool_id, window.start, bound, window.end, ignore_reservation),
@@ -1156,8 +1158,8 @@ def booking_buckets(
     if tenant is not None:
         sql += " AND r.tenant_id = :tenant"
         args["tenant"] = tenant
-    # plain tuples, read as consumed: a week holds a hundred thousand of these rows, and the
-    # caller folds them as they come
+    # Plain tuples, read as consumed: a week holds a hundred thousand of these rows, and the
+    # caller folds them as they come.
     return plain_rows(conn, sql + " ORDER BY b.node_id, b.atom, 3", args)
 
 

@@ -6,7 +6,6 @@ Times are epoch ms; JSON columns hold small, sorted documents.
 
 from __future__ import annotations
 
-import re
 from typing import NamedTuple
 
 MIGRATION_1 = """
@@ -311,26 +310,26 @@ MIGRATION_6 = """
 -- Signed webhooks (PRODUCT.md §4 Running): where a tenant's events are POSTed.
 CREATE TABLE webhooks (
   id TEXT PRIMARY KEY,              -- whk_…
-  seq INTEGER NOT NULL UNIQUE,      -- creation order
+  seq BIGINT NOT NULL UNIQUE,      -- creation order
   tenant_id TEXT NOT NULL,          -- the tenant whose events it receives, or '*' for every event
   url TEXT NOT NULL,                -- http or https, no credentials in it
   events TEXT NOT NULL DEFAULT '[]',-- JSON list of event types or 'ns.*' patterns; [] = all
   secret TEXT NOT NULL,             -- the HMAC key; shown once, then only its fingerprint
-  created_at INTEGER NOT NULL,
+  created_at BIGINT NOT NULL,
   created_by TEXT NOT NULL,
-  cursor INTEGER NOT NULL           -- the last event seq already queued for it
+  cursor BIGINT NOT NULL           -- the last event seq already queued for it
 );
 -- One event to deliver to one webhook. Per webhook, the lowest queued seq goes first.
 CREATE TABLE deliveries (
   id TEXT PRIMARY KEY,              -- dlv_…
   webhook_id TEXT NOT NULL REFERENCES webhooks(id),
-  event_seq INTEGER NOT NULL,
+  event_seq BIGINT NOT NULL,
   state TEXT NOT NULL,              -- queued|delivered|dead
-  attempts INTEGER NOT NULL DEFAULT 0,
-  queued_at INTEGER NOT NULL,       -- ledger instant its retry period began
-  next_at INTEGER NOT NULL,         -- ledger instant its next attempt is due
+  attempts BIGINT NOT NULL DEFAULT 0,
+  queued_at BIGINT NOT NULL,       -- ledger instant its retry period began
+  next_at BIGINT NOT NULL,         -- ledger instant its next attempt is due
   claim TEXT,                       -- the tick sending it now
-  claim_until INTEGER,              -- real-clock epoch ms at which that claim lapses
+  claim_until BIGINT,              -- real-clock epoch ms at which that claim lapses
   UNIQUE (webhook_id, event_seq)
 );
 CREATE INDEX deliveries_queue ON deliveries(webhook_id, state, event_seq);
@@ -338,9 +337,9 @@ CREATE INDEX deliveries_state ON deliveries(state, webhook_id);
 -- Every attempt of a delivery, with the receiver's status code or the error.
 CREATE TABLE delivery_attempts (
   delivery_id TEXT NOT NULL REFERENCES deliveries(id),
-  n INTEGER NOT NULL,               -- 1, 2, … per delivery
-  at INTEGER NOT NULL,              -- ledger instant of the attempt
-  status INTEGER,                   -- HTTP status; NULL when there was no answer
+  n BIGINT NOT NULL,               -- 1, 2, … per delivery
+  at BIGINT NOT NULL,              -- ledger instant of the attempt
+  status BIGINT,                   -- HTTP status; NULL when there was no answer
   error TEXT,                       -- why it failed; NULL on a 2xx
   PRIMARY KEY (delivery_id, n)
 );
@@ -356,12 +355,12 @@ MIGRATION_7 = """
 -- Issue 10: calendar policies per pool (PRODUCT.md §5.6). NULL means no limit; durations in ms.
 CREATE TABLE calendar_policies (
   pool_id TEXT PRIMARY KEY REFERENCES pools(id),
-  min_duration_ms INTEGER,
-  max_duration_ms INTEGER,
-  min_lead_ms INTEGER,              -- a calendar request starts at least this long after now
-  max_horizon_ms INTEGER,           -- ... and ends at most this long after now
+  min_duration_ms BIGINT,
+  max_duration_ms BIGINT,
+  min_lead_ms BIGINT,              -- a calendar request starts at least this long after now
+  max_horizon_ms BIGINT,           -- ... and ends at most this long after now
   sizes TEXT NOT NULL DEFAULT '[]', -- allowed total GPUs of a request, JSON list; [] = any
-  no_changes INTEGER NOT NULL DEFAULT 0 -- `--commit`: placed calendar reservations are final
+  no_changes BIGINT NOT NULL DEFAULT 0 -- `--commit`: placed calendar reservations are final
 );
 -- Calendar reservations placed under a `--commit` policy: no cancel, extend or early release.
 -- Recorded at admission, so a policy set later does not bind what was booked before it.
@@ -395,8 +394,8 @@ CREATE INDEX reservation_labels_pair ON reservation_labels(key, value, reservati
 CREATE TABLE budgets (
   tenant_id TEXT NOT NULL REFERENCES tenants(id),
   pool_id TEXT NOT NULL,
-  gpu_ms INTEGER NOT NULL,
-  period_ms INTEGER NOT NULL,
+  gpu_ms BIGINT NOT NULL,
+  period_ms BIGINT NOT NULL,
   PRIMARY KEY (tenant_id, pool_id)
 );
 """
@@ -598,6 +597,23 @@ CREATE INDEX reservations_charge ON reservations(tenant_id, state, pool_id, quot
 """
 
 
+class Dialects(NamedTuple):
+    """A migration whose SQL differs by backend. A plain string serves both."""
+
+    sqlite: str
+    postgresql: str
+
+
+Migration = str | Dialects
+
+
+def migration_text(migration: Migration, dialect: str) -> str:
+    """The SQL of one migration for 'sqlite' or 'postgresql'."""
+    if isinstance(migration, str):
+        return migration
+    return migration.sqlite if dialect == "sqlite" else migration.postgresql
+
+
 MIGRATION_4_POSTGRES = """
 CREATE TABLE atom_bookings (
   pool_id TEXT NOT NULL,
@@ -609,7 +625,7 @@ CREATE TABLE atom_bookings (
 CREATE INDEX atom_bookings_end ON atom_bookings(pool_id, last_end);
 INSERT INTO atom_bookings(pool_id, node_id, atom, last_end)
   SELECT pool_id, node_id, atom, MAX("end") FROM bookings GROUP BY pool_id, node_id, atom;
-CREATE FUNCTION atom_bookings_track() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION atom_bookings_keep() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   IF TG_OP IN ('UPDATE', 'DELETE') THEN
     UPDATE atom_bookings SET last_end = COALESCE((SELECT b."end" FROM bookings b
@@ -626,11 +642,11 @@ BEGIN
   RETURN NULL;
 END $$;
 CREATE TRIGGER atom_bookings_insert AFTER INSERT ON bookings
-  FOR EACH ROW EXECUTE FUNCTION atom_bookings_track();
+  FOR EACH ROW EXECUTE FUNCTION atom_bookings_keep();
 CREATE TRIGGER atom_bookings_update AFTER UPDATE OF pool_id, node_id, atom, "end" ON bookings
-  FOR EACH ROW EXECUTE FUNCTION atom_bookings_track();
+  FOR EACH ROW EXECUTE FUNCTION atom_bookings_keep();
 CREATE TRIGGER atom_bookings_delete AFTER DELETE ON bookings
-  FOR EACH ROW EXECUTE FUNCTION atom_bookings_track();
+  FOR EACH ROW EXECUTE FUNCTION atom_bookings_keep();
 CREATE TABLE held_charges (
   tenant_id TEXT NOT NULL,
   pool_id TEXT NOT NULL,
@@ -640,54 +656,31 @@ CREATE TABLE held_charges (
 INSERT INTO held_charges(tenant_id, pool_id, held)
   SELECT tenant_id, pool_id, SUM(quota_charge) FROM reservations WHERE state != 'released'
   GROUP BY tenant_id, pool_id;
-CREATE FUNCTION held_charges_track() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION held_charges_keep() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-  IF TG_OP IN ('UPDATE', 'DELETE') THEN
-    IF OLD.state != 'released' THEN
-      UPDATE held_charges SET held = held - OLD.quota_charge
-        WHERE tenant_id = OLD.tenant_id AND pool_id = OLD.pool_id;
-    END IF;
+  IF TG_OP IN ('UPDATE', 'DELETE') AND OLD.state != 'released' THEN
+    UPDATE held_charges SET held = held - OLD.quota_charge
+      WHERE tenant_id = OLD.tenant_id AND pool_id = OLD.pool_id;
   END IF;
-  IF TG_OP IN ('INSERT', 'UPDATE') THEN
-    IF NEW.state != 'released' THEN
-      INSERT INTO held_charges(tenant_id, pool_id, held)
-        VALUES (NEW.tenant_id, NEW.pool_id, NEW.quota_charge)
-        ON CONFLICT (tenant_id, pool_id) DO UPDATE SET held = held_charges.held + excluded.held;
-    END IF;
+  IF TG_OP IN ('INSERT', 'UPDATE') AND NEW.state != 'released' THEN
+    INSERT INTO held_charges(tenant_id, pool_id, held)
+      VALUES (NEW.tenant_id, NEW.pool_id, NEW.quota_charge)
+      ON CONFLICT (tenant_id, pool_id) DO UPDATE SET held = held_charges.held + excluded.held;
   END IF;
   RETURN NULL;
 END $$;
 CREATE TRIGGER held_charges_insert AFTER INSERT ON reservations
-  FOR EACH ROW EXECUTE FUNCTION held_charges_track();
+  FOR EACH ROW EXECUTE FUNCTION held_charges_keep();
 CREATE TRIGGER held_charges_update AFTER UPDATE OF tenant_id, pool_id, state, quota_charge
-  ON reservations FOR EACH ROW EXECUTE FUNCTION held_charges_track();
+  ON reservations FOR EACH ROW EXECUTE FUNCTION held_charges_keep();
 CREATE TRIGGER held_charges_delete AFTER DELETE ON reservations
-  FOR EACH ROW EXECUTE FUNCTION held_charges_track();
+  FOR EACH ROW EXECUTE FUNCTION held_charges_keep();
 """
-
-
-class Dialects(NamedTuple):
-    """A migration whose SQL differs by backend. A plain string serves both."""
-
-    sqlite: str
-    postgresql: str
-
-
-Migration = str | Dialects
-
-
-def migration_text(migration: Migration, dialect: str) -> str:
-    """The SQL of one migration for 'sqlite' or 'postgresql'. A portable string's INTEGER
-    columns are BIGINT on PostgreSQL, whose INTEGER is 32 bits (SQLite's is 64)."""
-    if isinstance(migration, Dialects):
-        return migration.sqlite if dialect == "sqlite" else migration.postgresql
-    return migration if dialect == "sqlite" else re.sub(r"\bINTEGER\b", "BIGINT", migration)
 
 
 #: Append-only. Index i holds the SQL that brings version i to i + 1 (SQLite's user_version;
 #: meta 'schema_version' on PostgreSQL). New migrations: one portable string when the SQL is the
-#: same on both (on PostgreSQL its INTEGER columns become BIGINT: epoch ms pass 32 bits), else
-#: Dialects(sqlite=..., postgresql=...).
+#: same on both, else Dialects(sqlite=..., postgresql=...).
 MIGRATIONS: tuple[Migration, ...] = (
     Dialects(MIGRATION_1, MIGRATION_1_POSTGRES),
     Dialects(MIGRATION_2, MIGRATION_2_POSTGRES),
@@ -707,4 +700,4 @@ APPLICATION_ID = 0x42434D50  # "BCMP"
 #: sha256 of the sorted (type, name, tbl_name, sql) rows of sqlite_master that MIGRATIONS make:
 #: opening a ledger compares its schema with this instead of rebuilding every migration in memory
 #: (storage/db.py). tests/test_speed.py fails with the new value whenever a migration is added.
-SCHEMA_DIGEST = "584e84e404bb1c434e74e371f1344b4ebe596dbc177edb3efa48d9ac093e9b56"
+SCHEMA_DIGEST = "21f5c63be14b27ad1d306f782ee619bf33c9995f15d5d048f73aaa49eafdf93f"

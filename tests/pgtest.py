@@ -91,9 +91,9 @@ def redirect(
     args = list(args)
     if not active():
         return args, env
-    ledgers = ("--db", "--to") if "migrate" in args else ("--db",)  # --to: migrate's target
+    targets = ("--db", "--to") if "migrate" in args else ("--db",)  # --to: `migrate`'s target
     for i, arg in enumerate(args[:-1]):
-        if arg in ledgers:
+        if arg in targets:
             args[i + 1] = url_for(args[i + 1])
     if env and env.get("BETTER_COMPUTE_DB"):
         env = {**env, "BETTER_COMPUTE_DB": url_for(str(env["BETTER_COMPUTE_DB"]))}

@@ -553,3 +553,24 @@ def test_advice_model_and_nvlink_flags(run: Cli) -> None:
     err = run.fails(INVALID, "advice", "--gpus", "1", "--topology", "ring", "--start-range",
                     "now..+1d", "--duration", "1h")  # fmt: skip
     assert "--topology" in err["message"]
+
+
+def test_fewer_gpus_keeps_to_the_policy_sizes(run: Cli) -> None:
+    run.ok("reserve", "--tenant", "acme", "--gpus", "6", "--gang", "7", "--for", "2d", "--key", "f")
+    set_policy(run, "--sizes", "1,8")
+    recs = advise(run, "--gpus", "8", "--start-range", "now..+1h", "--duration", "3d")
+    fewer = [r for r in recs if r["nearMiss"]["kind"] == "fewer-gpus"]
+    assert [r["gpus"] for r in fewer] == [1]
+
+
+def test_update_keeps_to_the_calendar_policy_and_commit(run: Cli) -> None:
+    set_policy(run, "--min-duration", "2h", "--commit")
+    pending = fill_west(run, start="+1d", hours=24, key="block")
+    assert pending["state"] == "placed"
+    rsv = run.ok("reserve", "--tenant", "globex", "--gpus", "8", "--for", "3h", "--start",
+                 "+1d", "--key", "u")  # fmt: skip
+    assert rsv["state"] == "pending"  # west is full then: not placed, so still changeable
+    err = run.fails(INVALID, "update", rsv["id"], "--for", "1h")
+    assert "allowed durations (at least 2h)" in err["message"]
+    err = run.fails(CONFLICT, "update", pending["id"], "--for", "30h")
+    assert "--commit" in err["message"]

@@ -137,7 +137,7 @@ def grants(schema: str, role: str) -> list[str]:
         f"GRANT INSERT, UPDATE, DELETE ON {schema}.meta, {schema}.reservations,"
         f" {schema}.allocations, {schema}.bookings, {schema}.booking_bounds, {schema}.events,"
         f" {schema}.usage, {schema}.atom_bookings, {schema}.held_charges, {schema}.notices,"
-        f" {schema}.deliveries, {schema}.delivery_attempts, {schema}.webhooks,"
+        f" {schema}.webhooks, {schema}.deliveries, {schema}.delivery_attempts,"
         f" {schema}.reservation_labels, {schema}.calendar_commitments TO {role}",
         f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA {schema} TO {role}",
         # `SELECT … FOR UPDATE` of a pool's row (the lock order) needs UPDATE on one column:

@@ -312,3 +312,32 @@ def test_a_node_lease_moves_whole_and_stays_charged_what_it_leases(run: Cli) -> 
     assert placement(moved) == placement(rsv)
     assert moved["quotaCharge"] == 16 and moved["devices"][0]["count"] == 4
     assert all(len(atoms) == 8 for _, atoms in placement(moved).values())
+
+
+def test_a_moved_window_gets_its_own_starting_notice(run: Cli) -> None:
+    rsv = reserve(run, "--gpus", "2", "--for", "1h", "--start", "+1h")
+    run.ok("tick", now=at(50 * MIN))  # within repair.leadMs: checked, and the notice is given
+    run.ok("update", rsv["id"], "--start", "+3h", now=at(50 * MIN))
+    run.ok("tick", now=at(220 * MIN))  # the new start is at 3h50m
+    starting = [
+        e["at"]
+        for e in run.ok("events", "--reservation", rsv["id"])
+        if e["type"] == "reservation.starting"
+    ]
+    assert starting == [NOW_MS + 50 * MIN, NOW_MS + 220 * MIN]
+
+
+def test_a_pool_calendar_policy_judges_the_new_shape_and_commit_refuses(run: Cli) -> None:
+    free = reserve(run, "--gpus", "2", "--for", "2h", "--start", "+1d")  # before any policy
+    run.ok("pool", "policy", "set", "west", "--max-duration", "4h")
+    err = run.fails(2, "update", free["id"], "--for", "5h")
+    assert "calendar policy" in err["message"] and "4h" in err["message"]
+    assert run.ok("get", free["id"])["durationMs"] == 2 * HOUR
+    run.ok("pool", "policy", "set", "west", "--max-duration", "4h", "--commit")
+    final = reserve(run, "--gpus", "2", "--for", "2h", "--start", "+2d")
+    err = run.fails(4, "update", final["id"], "--start", "+3d")
+    assert "--commit" in err["message"]
+    assert run.ok("get", final["id"]) == final
+    # booked before the --commit policy: still changeable, and final once changed under it
+    assert run.ok("update", free["id"], "--for", "3h")["durationMs"] == 3 * HOUR
+    assert "--commit" in run.fails(4, "update", free["id"], "--for", "2h")["message"]

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from better_compute.cli.app import JsonFlag, PoolOpt, app, ctx, emit, handled
+from better_compute.cli.app import JsonFlag, app, ctx, emit, handled
 from better_compute.lazy import lazy
 from better_compute.timeparse import parse_duration
 
@@ -35,7 +35,9 @@ def advice_(
     end_range: Annotated[
         str | None, typer.Option("--end-range", help="FROM..TO: the earliest and latest end.")
     ] = None,
-    pool: PoolOpt = None,
+    pool: Annotated[
+        str | None, typer.Option("--pool", help="Only this pool (id or name); default: every pool.")
+    ] = None,
     model: Annotated[
         str | None, typer.Option("--model", help="A model or a comma-separated list.")
     ] = None,

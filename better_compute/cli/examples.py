@@ -34,7 +34,7 @@ EXAMPLES: dict[str, str] = {
     "inventory import": "better-compute inventory import fleet.json",
     "launch": "better-compute launch rsv_0123456789ab --format torchrun --node west-01",
     "list": "better-compute list --label team=vision --from now --to +1d --sort start",
-    "migrate": "better-compute --db lab.db migrate --to postgresql://ops@db.internal/gpus",
+    "migrate": "better-compute migrate --to postgresql://ops@db.internal/gpus",
     "meter create": "better-compute meter create gpu.h100.hours",
     "meter list": "better-compute meter list",
     "node add": "better-compute node add west-08 --pool west --gpus 8 --model h100 --fabric c1.2",

@@ -278,35 +278,25 @@ def _near_miss(
 def _fewer_gpus(
     ctx: Ctx, target: Target, ask: search.Ask, args: AdviceArgs, pools: list[tuple[str, str]]
 ) -> Recommendation | None:
-    """The most GPUs per node below the asked count that fit somewhere in range (fitting is
-    monotone in the count, so a binary search), among the sizes the pool's policy allows."""
+    """The most GPUs per node below the asked count, among the sizes the pool's policy allows,
+    that fit somewhere in range: fitting is monotone in the count, so a binary search."""
     policy = windows.policy_of(ctx, target.pool_id)
     size = target.draft.gang_size or 1
-
-    def allowed(g: int) -> bool:
-        return policy is None or policy_rules.size_refusal(policy, g * size) is None
-
-    def first_window(g: int) -> Window | None:
-        found = windows.find(ctx, replace(target.draft, gpus=g), ask, 1)
-        return found[0] if found else None
-
-    low, high, best = 1, args.gpus - 1, None
+    counts = [
+        g
+        for g in range(1, args.gpus)
+        if policy is None or policy_rules.size_refusal(policy, g * size) is None
+    ]
+    low, high, best = 0, len(counts) - 1, None
     while low <= high:
         mid = (low + high) // 2
-        window = first_window(mid)
-        if window is None:
-            high = mid - 1
+        found = windows.find(ctx, replace(target.draft, gpus=counts[mid]), ask, 1)
+        if found:
+            best, low = (counts[mid], found[0]), mid + 1
         else:
-            best, low = (mid, window), mid + 1
+            high = mid - 1
     if best is None:
         return None
     count, window = best
-    while count >= 1 and not allowed(count):
-        count -= 1
-        found = first_window(count) if count >= 1 else None
-        if found is not None:
-            window = found
-    if count < 1:
-        return None
     details = f"fewer GPUs: {count} of {args.gpus}"
     return _recommend(ctx, target, window, args, count, pools, FEWER_GPUS, details)

@@ -16,7 +16,7 @@ from better_compute.engine.sticky import keep
 from better_compute.errors import Conflict, InvalidInput
 from better_compute.lifecycle.tick import retry_window
 from better_compute.model import JsonValue, Plan, Reservation, State, Window
-from better_compute.service import booking, budgets, placing, reading
+from better_compute.service import booking, budgets, calendar, placing, reading
 from better_compute.service.admission import Draft, check_policy, check_quota
 from better_compute.service.context import Ctx
 from better_compute.storage import repo
@@ -47,8 +47,8 @@ def validate(change: Change) -> None:
 
 def may_change(ctx: Ctx, rsv: Reservation) -> None:
     """The one place that decides whether a reservation may still be changed: `pending`, or
-    `placed` before its window begins, and not being preempted. Pool calendar policies that
-    forbid changes once placed (`pool policy set --commit`) belong here too."""
+    `placed` before its window begins, not being preempted, and not made final by a pool calendar
+    policy with `--commit` (service/calendar.py, which refuses cancel and extend alike)."""
     if rsv.state not in CHANGEABLE:
         hint = "use extend to move its end, or release" if rsv.state != State.RELEASED else ""
         raise Conflict(
@@ -62,6 +62,7 @@ def may_change(ctx: Ctx, rsv: Reservation) -> None:
         )
     if rsv.preempt_deadline is not None:
         raise Conflict(f"cannot update {rsv.id}: it is being preempted")
+    calendar.require_changeable(ctx, rsv, "update")
 
 
 def update(ctx: Ctx, rsv_id: str, change: Change) -> Reservation:
@@ -83,6 +84,7 @@ def update(ctx: Ctx, rsv_id: str, change: Change) -> Reservation:
             booking.record_outcome(ctx, placed, previous=new)
         else:
             _replan(ctx, old, new, window)
+        calendar.record(ctx, new)  # a --commit policy makes the changed booking final
         return repo.get_reservation(conn, rsv_id)
 
 
@@ -125,6 +127,7 @@ def _admit(ctx: Ctx, old: Reservation, new: Reservation, window: Window) -> None
         start=new.start,
     )
     check_policy(conn, ctx.who, draft)
+    calendar.admit(ctx, new, repo.pool_name(conn, new.pool_id))  # the pool's calendar policy
     share = new.gpus or 1
     largest, fitting = repo.node_capacity(conn, new.pool_id, new.models, share)
     name = repo.pool_name(conn, new.pool_id)
@@ -174,6 +177,8 @@ def _replan(ctx: Ctx, old: Reservation, new: Reservation, window: Window) -> Non
         if new.node_lease:  # whole machines: charged exactly what is leased
             placed = replace(placed, quota_charge=sum(len(a.atoms) for a in placed.allocations))
         moved = old.during != window
+        if moved:
+            store.forget_start_notice(conn, old.id)
         placed = replace(
             placed,
             lead_checked=old.lead_checked and not moved,

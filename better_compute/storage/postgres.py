@@ -365,36 +365,11 @@ def session_role(url: str) -> str:
         db.close()
 
 
-#: Every table a ledger has, children first: what `init --force` drops before building anew.
-LEDGER_TABLES = (
-    "calendar_commitments",
-    "calendar_policies",
-    "reservation_labels",
-    "budgets",
-    "delivery_attempts",
-    "deliveries",
-    "webhooks",
-    "notices",
-    "atom_bookings",
-    "held_charges",
-    "booking_bounds",
-    "bookings",
-    "usage",
-    "allocations",
-    "events",
-    "policies",
-    "quotas",
-    "reservations",
-    "maintenance",
-    "atoms",
-    "nodes",
-    "pools",
-    "tenants",
-    "meters",
-    "admins",
-    "config",
-    "meta",
-)
+def _made_by_migrations(kind: str) -> list[str]:
+    """The names of every TABLE or FUNCTION the migrations create: what `init --force` drops
+    before building anew, read from the migrations so a new one is never forgotten."""
+    pattern = re.compile(rf"CREATE {kind} (\w+)")
+    return [n for m in MIGRATIONS for n in pattern.findall(migration_text(m, POSTGRES))]
 
 
 def create_database(url: str, *, force: bool, db_id: str, fill: Any = None) -> PgDatabase:
@@ -436,8 +411,8 @@ def create_database(url: str, *, force: bool, db_id: str, fill: Any = None) -> P
 def _drop_ledger(db: PgDatabase) -> None:
     raw = db.conn.raw
     mine = set(_tables(db))
-    for table in LEDGER_TABLES:
+    for table in _made_by_migrations("TABLE"):
         if table in mine:
-            raw.execute(f"DROP TABLE {table} CASCADE")
-    for function in ("bookings_bound", "atom_bookings_keep", "held_charges_keep"):
+            raw.execute(f"DROP TABLE IF EXISTS {table} CASCADE")
+    for function in _made_by_migrations("FUNCTION"):
         raw.execute(f"DROP FUNCTION IF EXISTS {function}() CASCADE")

@@ -7,12 +7,14 @@ their `seq` range (seq grows with every reservation), then narrowed to the run's
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from better_compute.model import LIVE_STATES, Maintenance, Window
-from better_compute.storage.conn import SQLITE, Conn, dialect
+from better_compute.storage.conn import POSTGRES, dialect
+from better_compute.storage.repo import Conn
 
 _LIVE = "state IN ('placed', 'binding', 'active')"
 
@@ -96,13 +98,16 @@ def usage_spans(conn: Conn, lo_seq: int, hi_seq: int) -> list[tuple[str, int, in
 
 def data_version(conn: Conn) -> int:
     """SQLite's count of commits by *other* connections (PRAGMA data_version): it changes
-    exactly when another process has committed since this connection last looked. PostgreSQL
-    has no such count: the next transaction id changes whenever anyone writes (this connection
-    too), so the fleet in memory is reloaded more often there, never less."""
-    if dialect(conn) == SQLITE:
-        return int(conn.execute("PRAGMA data_version").fetchone()[0])
-    row = conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()
-    return int(row[0])
+    exactly when another process has committed since this connection last looked.
+
+    PostgreSQL keeps no such count for a session, so there every call answers a new value: the
+    fleet in memory is then reloaded for every request, slower but never stale."""
+    if dialect(conn) == POSTGRES:
+        return -next(_FRESH)
+    return int(conn.execute("PRAGMA data_version").fetchone()[0])
+
+
+_FRESH = itertools.count(1)
 
 
 def pool_maintenance_after(conn: Conn, pool_id: str, after: int) -> list[Maintenance]:

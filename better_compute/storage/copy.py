@@ -43,6 +43,16 @@ ORDER = (
     "booking_bounds",
     "events",
     "usage",
+    "atom_bookings",
+    "held_charges",
+    "webhooks",
+    "deliveries",
+    "delivery_attempts",
+    "notices",
+    "calendar_policies",
+    "calendar_commitments",
+    "reservation_labels",
+    "budgets",
 )
 
 #: Rows a backend keeps for itself: PostgreSQL records its schema version in meta.

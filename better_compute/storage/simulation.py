@@ -114,7 +114,7 @@ def pool_maintenance_after(conn: Conn, pool_id: str, after: int) -> list[Mainten
     """The pool's maintenance windows that end after `after`, in repo.maintenance_overlapping's
     order (node, start)."""
     rows = conn.execute(
-        "SELECT m.id, m.node_id, m.start, m.end, m.reason FROM maintenance m"
+        'SELECT m.id, m.node_id, m.start, m."end", m.reason FROM maintenance m'
         ' JOIN nodes n ON n.name = m.node_id WHERE n.pool_id = ? AND m."end" > ?'
         " ORDER BY m.node_id, m.start",
         (pool_id, after),

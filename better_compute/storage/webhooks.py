@@ -10,12 +10,12 @@ never send the same attempt.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
 from functools import partial
 
 from better_compute.errors import NotFound
 from better_compute.model import Delivery, DeliveryAttempt, Event, Webhook
+from better_compute.storage.conn import Row
 from better_compute.storage.repo import (
     Conn,
     _event,
@@ -54,7 +54,7 @@ def insert_webhook(conn: Conn, hook: Webhook) -> None:
     )
 
 
-def _webhook(r: sqlite3.Row) -> Webhook:
+def _webhook(r: Row) -> Webhook:
     return Webhook(
         id=_str(r["id"]),
         tenant_id=_str(r["tenant_id"]),
@@ -204,7 +204,7 @@ def queued_count(conn: Conn) -> int:
     )
 
 
-def _delivery(r: sqlite3.Row, history: tuple[DeliveryAttempt, ...]) -> Delivery:
+def _delivery(r: Row, history: tuple[DeliveryAttempt, ...]) -> Delivery:
     return Delivery(
         id=_str(r["id"]),
         webhook_id=_str(r["webhook_id"]),
@@ -218,7 +218,7 @@ def _delivery(r: sqlite3.Row, history: tuple[DeliveryAttempt, ...]) -> Delivery:
     )
 
 
-def _attempt(r: sqlite3.Row) -> DeliveryAttempt:
+def _attempt(r: Row) -> DeliveryAttempt:
     return DeliveryAttempt(_int(r["n"]), _int(r["at"]), _opt_int(r["status"]), _opt_str(r["error"]))
 
 

@@ -136,9 +136,13 @@ def post(hook: Webhook, body: str, timeout_s: float) -> Outcome:
     return Outcome(status, f"HTTP {status}")
 
 
+TIMED_OUT = "timed out waiting for the receiver"
+OUT_OF_BUDGET = Outcome(None, "no answer within the tick's delivery budget (webhook.tickBudgetMs)")
+
+
 def _reason(exc: object) -> str:
     if isinstance(exc, TimeoutError):
-        return "timed out waiting for the receiver"
+        return TIMED_OUT
     text = f"{type(exc).__name__}: {exc}" if isinstance(exc, BaseException) else str(exc)
     return text[:300]
 
@@ -205,7 +209,7 @@ class _Run:
             claimed = _claim_heads(self.ctx, self.token, set(self.in_flight), room) if room else []
             for job in claimed:
                 self.in_flight[job.hook.id] = job
-                _start(job, self.body_of(job.event), min(timeout_s, remaining), self.answers)
+                _start(job, self.body_of(job.event), timeout_s, remaining, self.answers)
             if not self.in_flight:
                 return  # nothing due, or every due head is another tick's
             try:
@@ -217,7 +221,7 @@ class _Run:
 
     def give_up_the_rest(self) -> None:
         """Sends still unanswered when the budget ran out are failed attempts, retried later."""
-        gone = Outcome(None, "no answer within the tick's delivery budget (webhook.tickBudgetMs)")
+        gone = OUT_OF_BUDGET
         self.ctx.db.set_busy_timeout(GIVE_UP_LOCK_MS)
         for job in self.in_flight.values():
             try:
@@ -233,13 +237,23 @@ class _Run:
 
 
 def _start(
-    job: _Claimed, body: str, timeout: float, answers: queue.Queue[tuple[_Claimed, Outcome]]
+    job: _Claimed,
+    body: str,
+    timeout: float,
+    budget: float,
+    answers: queue.Queue[tuple[_Claimed, Outcome]],
 ) -> None:
+    """Send in a thread, waiting no longer than the receiver's timeout or the budget left. A
+    wait the budget cut short is reported as the budget's, however the thread and the tick's
+    own wait for the budget's end race each other."""
+
     def send() -> None:
         try:
-            outcome = post(job.hook, body, timeout)
+            outcome = post(job.hook, body, min(timeout, budget))
         except Exception as exc:  # a receiver must never crash the tick, whatever it sends
             outcome = Outcome(None, _reason(exc))
+        if budget < timeout and outcome.status is None and outcome.error == TIMED_OUT:
+            outcome = OUT_OF_BUDGET
         answers.put((job, outcome))
 
     threading.Thread(target=send, name=f"webhook {job.hook.id}", daemon=True).start()

@@ -308,6 +308,17 @@ class CalendarPolicy:
     sizes: tuple[int, ...] = ()
     commit: bool = False
 
+    def limits(self) -> dict[str, JsonValue]:
+        """The limits as JSON: `pool policy show` answers them, `pool.policy.set` records them."""
+        return {
+            "minDurationMs": self.min_duration_ms,
+            "maxDurationMs": self.max_duration_ms,
+            "minLeadMs": self.min_lead_ms,
+            "maxHorizonMs": self.max_horizon_ms,
+            "sizes": list(self.sizes),
+            "commit": self.commit,
+        }
+
 
 @dataclass(frozen=True)
 class Policy:

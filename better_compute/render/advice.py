@@ -40,17 +40,7 @@ def advice_json(a: Advice) -> dict[str, JsonValue]:
 def policy_json(p: CalendarPolicy | None, pool: str) -> dict[str, JsonValue]:
     if p is None:
         return {"pool": pool, "policy": None}
-    return {
-        "pool": pool,
-        "policy": {
-            "minDurationMs": p.min_duration_ms,
-            "maxDurationMs": p.max_duration_ms,
-            "minLeadMs": p.min_lead_ms,
-            "maxHorizonMs": p.max_horizon_ms,
-            "sizes": list(p.sizes),
-            "commit": p.commit,
-        },
-    }
+    return {"pool": pool, "policy": p.limits()}
 
 
 def picture(a: Advice, width: int = PICTURE_WIDTH) -> list[str]:

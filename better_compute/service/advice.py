@@ -142,7 +142,7 @@ def advise(ctx: Ctx, args: AdviceArgs) -> Advice:
         refusals: list[str] = []
         for pool_id, name in chosen:
             target = Target(pool_id, name, draft(pool_id, args, args.gpus, ctx.now))
-            ask = _ask(ctx, target, want.ask(), args.gpus)
+            ask = _ask(ctx, target, want, args.gpus)
             if isinstance(ask, str):
                 refusals.append(ask)
             else:

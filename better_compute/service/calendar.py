@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from better_compute.engine import calendar as rules
 from better_compute.errors import Conflict, InvalidInput
-from better_compute.model import LIVE_STATES, CalendarPolicy, JsonValue, Reservation, Window
+from better_compute.model import LIVE_STATES, CalendarPolicy, Reservation, Window
 from better_compute.service import windows
 from better_compute.service.authz import require_admin
 from better_compute.service.context import Ctx
@@ -44,18 +44,6 @@ def _validated(p: CalendarPolicy) -> CalendarPolicy:
     return replace(p, sizes=tuple(sorted(set(p.sizes))))
 
 
-def _policy_data(p: CalendarPolicy) -> dict[str, JsonValue]:
-    return {
-        "poolId": p.pool_id,
-        "minDurationMs": p.min_duration_ms,
-        "maxDurationMs": p.max_duration_ms,
-        "minLeadMs": p.min_lead_ms,
-        "maxHorizonMs": p.max_horizon_ms,
-        "sizes": list(p.sizes),
-        "commit": p.commit,
-    }
-
-
 def policy_set(ctx: Ctx, pool_ref: str, policy: CalendarPolicy) -> tuple[CalendarPolicy, str]:
     """Replace the pool's calendar policy (limits not given are no limits). Admin-only, an event."""
     require_admin(ctx.who, "change pool settings")
@@ -63,7 +51,9 @@ def policy_set(ctx: Ctx, pool_ref: str, policy: CalendarPolicy) -> tuple[Calenda
         pool = repo.find_pool(conn, pool_ref)
         p = _validated(replace(policy, pool_id=str(pool["id"])))
         cal.set_policy(conn, p)
-        ctx.event("pool.policy.set", None, None, {**_policy_data(p), "by": ctx.principal})
+        ctx.event(
+            "pool.policy.set", None, None, {"poolId": p.pool_id, **p.limits(), "by": ctx.principal}
+        )
         return p, str(pool["name"])
 
 
@@ -135,7 +125,7 @@ def _earliest(
         duration_ms=None if duration_range is not None else rsv.duration_ms,
         duration_range=duration_range,
     )
-    ask = windows.bounded(want.ask(), policy, ctx.now, rsv.quota_charge)
+    ask = windows.bounded(want, policy, ctx.now, rsv.quota_charge)
     if isinstance(ask, str):
         raise InvalidInput(f"pool {pool_name}'s calendar policy: {ask}")
     found = windows.find(ctx, rsv, ask, 1)

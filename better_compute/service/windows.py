@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from better_compute.engine import calendar as policy_rules
 from better_compute.engine import freetime, search
@@ -24,24 +24,6 @@ from better_compute.timeparse import MAX_MS, human_duration, iso, parse_duration
 
 #: The most windows one `advice` answers.
 MAX_LIMIT = 100
-
-
-@dataclass(frozen=True)
-class Wanted:
-    """What the person asked, read against now: starts in [first, last], a length in
-    [min_ms, max_ms] (equal for --duration), an end in [end_from, end_to] for --end-range."""
-
-    first: int
-    last: int
-    min_ms: int
-    max_ms: int
-    end_from: int | None = None
-    end_to: int | None = None
-
-    def ask(self) -> search.Ask:
-        return search.Ask(
-            self.first, self.last, self.min_ms, self.max_ms, self.end_from, self.end_to
-        )
 
 
 def _range(flag: str, text: str, now: int, *, durations: bool = False) -> tuple[int, int]:
@@ -62,9 +44,9 @@ def wanted(
     duration_ms: int | None = None,
     duration_range: str | None = None,
     end_range: str | None = None,
-) -> Wanted:
-    """Read the ranges; exactly one way of saying the length. Inverted, malformed or wholly past
-    ranges are INVALID_INPUT."""
+) -> search.Ask:
+    """Read the ranges into the search's Ask; exactly one way of saying the length. Inverted,
+    malformed or wholly past ranges are INVALID_INPUT."""
     given = [x for x in (duration_ms, duration_range, end_range) if x is not None]
     if len(given) != 1:
         raise InvalidInput(
@@ -80,19 +62,19 @@ def wanted(
     if duration_ms is not None:
         if duration_ms <= 0:
             raise InvalidInput("the duration must be positive, such as 90m or 3d")
-        return Wanted(first, last, duration_ms, duration_ms)
+        return search.Ask(first, last, duration_ms, duration_ms)
     if duration_range is not None:
         lo, hi = _range("--duration-range", duration_range, now, durations=True)
         if lo <= 0:
             raise InvalidInput("--duration-range: MIN must be a positive duration, such as 1d")
-        return Wanted(first, last, lo, hi)
+        return search.Ask(first, last, lo, hi)
     assert end_range is not None
     end_from, end_to = _range("--end-range", end_range, now)
     if end_to <= first:
         raise InvalidInput(
             f"--end-range ends at {iso(end_to)}, not after the earliest start {iso(first)}"
         )
-    return Wanted(first, last, 1, end_to - first, end_from, end_to)
+    return search.Ask(first, last, 1, end_to - first, end_from, end_to)
 
 
 def bounded(

@@ -7,13 +7,29 @@ any window that starts at or after its `horizon`: bookings that end by then are 
 such window can overlap them. Keeping it equal to the ledger is the service's business
 (service/fleet.py); this module only holds values.
 
-Candidates come out lazily in engine/shortlist.best_key order. A node whose bookings have all
-begun by the horizon (and with no maintenance left) has the same GPUs booked in every window
-that opens at the horizon, so its key depends only on its counts: such nodes wait in buckets by
-(GPUs, healthy GPUs free, GPUs booked, models), sorted by name, and only the other ("odd") nodes
-are counted per request. Nodes whose models the request does not accept are left out: the
-planner would refuse every one of them, so they could never change which plans win
-(shortlist.settled only stops earlier).
+Candidates come out lazily in engine/shortlist.best_key order, and a node is counted by itself
+only when its count for the window is not already known:
+
+- Each node keeps its bookings sorted by start. With the pool's longest booking as a bound, the
+  bookings that can overlap a window [s, e) are those that start in [s - longest, e): a bisect
+  and a short slice, not the node's whole future.
+- The pool keeps, per hour of start ("slot"), which nodes have a booking starting then. So the
+  nodes whose count a window might change are found from the few slots the window reaches, not
+  by walking the pool.
+- For a window that opens at the horizon, a node's count is its *current* bookings (begun by the
+  horizon) plus those that begin before the window ends. Nodes wait in buckets by their current
+  (GPUs, healthy GPUs free, GPUs booked, models), sorted by name: every node with no booking
+  starting before the window ends shares its bucket's key. For a later window (a calendar
+  start), the buckets are of nodes with nothing booked: every node with no booking starting in
+  [s - longest, e) has the whole node free.
+- The other nodes ("touched": a booking starts in the window's slots, maintenance, or the
+  reservation being replanned holds GPUs there) are not counted up front: each enters the merge
+  with the best key any plan on a node of its size could have (the node full once the share is
+  booked) and is counted only when that bound reaches the head of the merge. Packing drives
+  nodes towards full, so the first few counted usually settle the shortlist.
+
+Nodes whose models the request does not accept are left out: the planner would refuse every one
+of them, so they could never change which plans win (shortlist.settled only stops earlier).
 
 A request that keeps waiting is retried every 30 s; `no_fit` and `nothing_to_preempt` remember
 what a retry found and plan again only what changed since (see there).
@@ -22,9 +38,9 @@ what a retry found and plan again only what changed since (see there).
 from __future__ import annotations
 
 import heapq
-from bisect import insort
+from bisect import bisect_left, insort
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -67,31 +83,42 @@ class _Static:
     usable: bool  # schedulable and reachable: the only nodes storage would list as candidates
 
 
-#: A bucket: (GPUs, healthy GPUs free, GPUs booked, models) of nodes whose every booking has
-#: begun by the horizon, so that a window opening at the horizon overlaps all of them.
+#: A bucket: (GPUs, healthy GPUs free, GPUs booked, models). At the horizon, of nodes by their
+#: current bookings (begun by then); for later windows, of nodes with nothing booked.
 Bucket = tuple[int, int, int, frozenset[str]]
+#: Bookings are filed by the hour they start in: a window looks at the few hours it reaches.
+SLOT = 3_600_000
 
 
 @dataclass
 class PoolIndex:
     """The pool's nodes, maintenance and bookings that end after `horizon`.
 
-    Every usable node is either in a bucket (no maintenance left, every booking begun by the
-    horizon) or odd (maintenance ahead, or a booking that begins after the horizon), counted
-    one by one for each request."""
+    Every usable node is either in a bucket by its current bookings (no maintenance left) or
+    odd (maintenance ahead), and every usable node without maintenance also sits in `blank`,
+    the buckets of nodes with nothing booked. Which bucket answers for a node, and which nodes
+    are counted one by one, depends on the window (`candidates`)."""
 
     horizon: int
     nodes: dict[str, _Static] = field(default_factory=dict)
     maintenance: dict[str, list[Maintenance]] = field(default_factory=dict)
+    #: Each node's bookings, sorted (so by start).
     booked: dict[str, list[Booked]] = field(default_factory=dict)
     by_rsv: dict[str, list[tuple[str, Booked]]] = field(default_factory=dict)
-    #: Nodes by bucket, each list sorted by name; and which bucket each node is in.
+    #: Nodes by their current bucket, each list sorted by name; and which bucket each node is in.
     buckets: dict[Bucket, list[str]] = field(default_factory=dict)
     bucket_of: dict[str, Bucket] = field(default_factory=dict)
+    #: Usable nodes by the bucket they would be in with nothing booked, sorted by name.
+    blank: dict[Bucket, list[str]] = field(default_factory=dict)
     odd: set[str] = field(default_factory=set)
-    #: (latest end, reservation): when to look at a reservation's bookings again to drop them.
+    #: Per slot (start // SLOT): each node with bookings starting in it, and how many.
+    slots: dict[int, dict[str, int]] = field(default_factory=dict)
+    #: The longest booking ever held (never lowered): no booking that starts before
+    #: s - longest can overlap a window that opens at s.
+    longest: int = 0
+    #: (an end, reservation): when to look at a reservation's bookings again to drop those over.
     ends: list[tuple[int, str]] = field(default_factory=list)
-    #: (start, node) of bookings that begin after the horizon: when the node may join a bucket.
+    #: (start, node) of bookings that begin after the horizon: when the node changes bucket.
     starts: list[tuple[int, str]] = field(default_factory=list)
     _capacity: dict[tuple[tuple[str, ...], int], tuple[int, int]] = field(default_factory=dict)
     #: Bumped whenever a booking is added, removed or changed (not when one merely ends):
@@ -130,23 +157,26 @@ class PoolIndex:
         for rsv_id, booked in rows.items():
             index._hold(rsv_id, booked)
         for name in sorted(index.nodes):
+            static = index.nodes[name]
+            if static.usable:
+                key = (static.gpus, len(static.healthy), 0, static.models)
+                index.blank.setdefault(key, []).append(name)
             index._place(name)
         return index
 
     # ------------------------------------------------------------ keeping it current
 
     def _bucket(self, name: str) -> Bucket | None:
-        """The node's bucket now, or None when it is odd (or unusable)."""
+        """The node's bucket by its current bookings, or None when it is odd."""
         static = self.nodes[name]
         if name in self.maintenance:
             return None
         busy = set()
         for b in self.booked.get(name, ()):
-            if b[1] <= self.horizon:
-                continue  # over: dropped with the rest of its reservation's bookings later
             if b[0] > self.horizon:
-                return None
-            busy.add(b[2])
+                break  # sorted by start: the rest begin later
+            if b[1] > self.horizon:  # one over waits to be dropped with its reservation's others
+                busy.add(b[2])
         free = len(static.healthy - busy)
         return (static.gpus, free, len(busy), static.models)
 
@@ -165,6 +195,18 @@ class PoolIndex:
             insort(self.buckets.setdefault(new, []), name)
             self.bucket_of[name] = new
 
+    def _file(self, name: str, start: int, step: int) -> None:
+        """Count a booking of the node starting at `start` into its slot (step 1) or out (-1)."""
+        slot = start // SLOT
+        names = self.slots.setdefault(slot, {})
+        count = names.get(name, 0) + step
+        if count:
+            names[name] = count
+        else:
+            del names[name]
+            if not names:
+                del self.slots[slot]
+
     def _hold(self, rsv_id: str, rows: Sequence[BookingRow]) -> set[str]:
         """Replace the reservation's bookings; returns the nodes whose bookings changed."""
         changed = set()
@@ -174,20 +216,24 @@ class PoolIndex:
             held.remove(booked)
             if not held:
                 del self.booked[name]
+            self._file(name, booked[0], -1)
             changed.add(name)
         kept: list[tuple[str, Booked]] = []
         for row in rows:
             if row.end <= self.horizon or row.node_id not in self.nodes:
                 continue
             booked = (row.start, row.end, row.atom, rsv_id, row.spot, row.live)
-            self.booked.setdefault(row.node_id, []).append(booked)
+            insort(self.booked.setdefault(row.node_id, []), booked)
+            self._file(row.node_id, row.start, 1)
+            self.longest = max(self.longest, row.end - row.start)
             kept.append((row.node_id, booked))
             changed.add(row.node_id)
             if row.start > self.horizon:
                 heapq.heappush(self.starts, (row.start, row.node_id))
         if kept:
             self.by_rsv[rsv_id] = kept
-            heapq.heappush(self.ends, (max(b[1] for _, b in kept), rsv_id))
+            for end in {b[1] for _, b in kept}:  # each end: a cut-back member may end first
+                heapq.heappush(self.ends, (end, rsv_id))
         if sorted(before) != sorted(kept):
             self.generation += 1
             for name in {n for n, _ in before} | {n for n, _ in kept}:
@@ -201,7 +247,7 @@ class PoolIndex:
 
     def advance(self, horizon: int) -> None:
         """Windows start at `horizon` or later from now on: drop what ends by then, and file
-        again the nodes whose bookings have all begun."""
+        again the nodes whose bookings began or ended."""
         if horizon <= self.horizon:
             return
         self.horizon = horizon
@@ -209,8 +255,9 @@ class PoolIndex:
         while self.ends and self.ends[0][0] <= horizon:
             _, rsv_id = heapq.heappop(self.ends)
             held = self.by_rsv.get(rsv_id)
-            if held is not None and max(b[1] for _, b in held) <= horizon:
-                moved |= self._hold(rsv_id, ())
+            if held is not None and any(b[1] <= horizon for _, b in held):
+                rest = [BookingRow(rsv_id, n, b[2], b[0], b[1], b[4], b[5]) for n, b in held]
+                moved |= self._hold(rsv_id, rest)  # keeps those that end after the horizon
         while self.starts and self.starts[0][0] <= horizon:
             moved.add(heapq.heappop(self.starts)[1])
         over = [n for n, ms in self.maintenance.items() if all(m.window.end <= horizon for m in ms)]
@@ -226,12 +273,32 @@ class PoolIndex:
         """Whether this index can answer for the window (it starts at or after the horizon)."""
         return window.start >= self.horizon
 
+    def _overlapping(self, name: str, window: Window) -> list[Booked]:
+        """The node's bookings that overlap the window: only those that start in
+        [start - longest, end) can, found by bisection."""
+        held = self.booked.get(name)
+        if not held:
+            return []
+        lo = bisect_left(held, (window.start - self.longest,))
+        hi = bisect_left(held, (window.end,), lo)
+        return [b for b in held[lo:hi] if b[1] > window.start]
+
     def _busy(self, name: str, window: Window, ignore: str | None) -> set[int]:
-        return {
-            b[2]
-            for b in self.booked.get(name, ())
-            if b[0] < window.end and b[1] > window.start and b[3] != ignore
-        }
+        return {b[2] for b in self._overlapping(name, window) if b[3] != ignore}
+
+    def _starting(self, lo: int, hi: int) -> set[str]:
+        """Every node with a booking that starts in [lo, hi), and perhaps others with one that
+        starts in the same hours (whole slots are read)."""
+        first, last = lo // SLOT, (hi - 1) // SLOT
+        found: set[str] = set()
+        if last - first + 1 > len(self.slots):  # a very long range: read the slots there are
+            for slot, names in self.slots.items():
+                if first <= slot <= last:
+                    found.update(names)
+            return found
+        for slot in range(first, last + 1):
+            found.update(self.slots.get(slot, ()))
+        return found
 
     def _blocked(self, name: str, window: Window) -> str | None:
         """The reason of the node's last overlapping maintenance by start, as repo.snapshots
@@ -246,48 +313,57 @@ class PoolIndex:
         """repo.fit_candidates' nodes, less those whose models the request refuses, as
         (shortlist.best_key, name), most promising first.
 
-        A bucket answers for all its nodes at once when the window opens at the horizon (or
-        they have no booking at all); other nodes, and those the ignored reservation books, are
-        counted one by one."""
+        Untouched nodes come from buckets, one key per bucket; touched nodes (module docstring)
+        are counted when their best possible key reaches the head (_merge)."""
         window, whole = request.window, request.node_lease
         need = request.gpus or 0
         least = max(need, 1)
         accepted = {m.casefold() for m in request.models} if request.models else None
-        at_horizon = window.start == self.horizon
         skip = {name for name, _ in self.by_rsv.get(ignore, ())} if ignore is not None else set()
-        streams: list[Iterable[Keyed]] = []
-        one_by_one: list[str] = list(self.odd | skip)
-        for (gpus, free, busy, models), names in self.buckets.items():
+        if window.start == self.horizon:  # current bookings all overlap the window
+            families = self.buckets
+            touched = self._starting(self.horizon + 1, window.end)
+        else:  # no booking that starts before start - longest reaches the window
+            families = self.blank
+            touched = self._starting(window.start - self.longest, window.end)
+        touched |= self.odd | skip
+        streams: list[Iterator[Keyed]] = []
+        for (gpus, free, busy, models), names in families.items():
             if not names or gpus < least:
                 continue
             if accepted is not None and not models <= accepted:
-                continue
-            if busy and not at_horizon:
-                one_by_one.extend(names)
                 continue
             share = gpus if whole else need
             if free < share:
                 continue
             key = -(fill(busy + share, gpus) + TOPOLOGY_MAX)
-            streams.append(_keyed(key, names, skip))
-        odd: list[Keyed] = []
-        for name in set(one_by_one):
+            streams.append(_keyed(key, names, touched))
+        pending: dict[int, list[str]] = defaultdict(list)
+        for name in touched:
             static = self.nodes[name]
             if not static.usable or static.gpus < least:
                 continue
             if accepted is not None and not static.models <= accepted:
                 continue
-            if self._blocked(name, window) is not None:
+            if len(static.healthy) < (static.gpus if whole else need):
                 continue
-            held = self._busy(name, window, ignore)
-            share = static.gpus if whole else need
-            if len(static.healthy - held) < share:
-                continue
-            key = -(fill(len(held) + share, static.gpus) + TOPOLOGY_MAX)
-            odd.append(((key, name), name))
-        odd.sort()
-        streams.append(odd)
-        return heapq.merge(*streams)
+            pending[static.gpus].append(name)
+        bounded = []
+        for gpus, names in pending.items():
+            heapq.heapify(names)
+            bounded.append((-(fill(gpus, gpus) + TOPOLOGY_MAX), names))
+        return _merge(streams, bounded, lambda name: self._key(name, request, ignore))
+
+    def _key(self, name: str, request: Request, ignore: str | None) -> int | None:
+        """A touched node's shortlist key for the request, counted; None when it cannot fit."""
+        static, window = self.nodes[name], request.window
+        if self._blocked(name, window) is not None:
+            return None
+        held = self._busy(name, window, ignore)
+        share = static.gpus if request.node_lease else (request.gpus or 0)
+        if len(static.healthy - held) < share:
+            return None
+        return -(fill(len(held) + share, static.gpus) + TOPOLOGY_MAX)
 
     def snapshots(
         self, window: Window, ignore: str | None, names: Sequence[str] | None = None
@@ -296,11 +372,7 @@ class PoolIndex:
         chosen = sorted(self.nodes) if names is None else sorted(names)
         result = []
         for name in chosen:
-            held = [
-                b
-                for b in self.booked.get(name, ())
-                if b[0] < window.end and b[1] > window.start and b[3] != ignore
-            ]
+            held = [b for b in self._overlapping(name, window) if b[3] != ignore]
             regular = {b[2] for b in held if not (b[4] and b[5])}
             holders: dict[int, set[str]] = defaultdict(set)
             for b in held:
@@ -341,6 +413,30 @@ class PoolIndex:
         spans += [(m.window.start, m.window.end) for m in self.maintenance.get(name, ())]
         return self._still(spans, window)
 
+    def _pool_still(self, window: Window) -> int:
+        """_still over every booking and maintenance of the pool, reading only the bookings
+        that overlap the window and the first one that starts at or after its end."""
+        spans = [(m.window.start, m.window.end) for ms in self.maintenance.values() for m in ms]
+        for name in self._starting(window.start - self.longest, window.end):
+            spans += [(b[0], b[1]) for b in self._overlapping(name, window)]
+        following = self._first_start(window.end)
+        if following is not None:
+            spans.append((following, following + 1))
+        return self._still(spans, window)
+
+    def _first_start(self, at: int) -> int | None:
+        """The earliest start at or after `at` of any booking held, slot by slot."""
+        best = MAX
+        for slot in sorted(s for s in self.slots if s >= at // SLOT):
+            for name in self.slots[slot]:
+                held = self.booked[name]
+                i = bisect_left(held, (at,))
+                if i < len(held):
+                    best = min(best, held[i][0])
+            if best < (slot + 1) * SLOT:  # nothing in a later slot starts before it
+                return best
+        return None if best == MAX else best
+
     def no_fit(self, request: Request, ignore: str | None, exclude: frozenset[str]) -> NoFit | None:
         """The full planner's no-fit reason for a single-node request (every node's refusal,
         counted), or None when some node fits. A pending request is retried every 30 s: each
@@ -379,9 +475,7 @@ class PoolIndex:
     def found_nothing_to_preempt(self, key: object, window: Window) -> None:
         if key not in self._nothing and len(self._nothing) >= MEMO_KEYS:
             self._nothing.clear()
-        spans = [(b[0], b[1]) for held in self.booked.values() for b in held]
-        spans += [(m.window.start, m.window.end) for ms in self.maintenance.values() for m in ms]
-        self._nothing[key] = (self.generation, self._still(spans, window), window.start)
+        self._nothing[key] = (self.generation, self._pool_still(window), window.start)
 
     def capacity(self, models: Sequence[str], share: int) -> tuple[int, int]:
         """repo.node_capacity: (most GPUs of the accepted models on one node, nodes with at
@@ -403,3 +497,41 @@ def _keyed(key: int, names: Sequence[str], skip: set[str]) -> Iterator[Keyed]:
     for name in names:
         if name not in skip:
             yield (key, name), name
+
+
+def _merge(
+    streams: Sequence[Iterator[Keyed]],
+    bounded: Sequence[tuple[int, list[str]]],
+    count: Callable[[str], int | None],
+) -> Iterator[Keyed]:
+    """Candidates in key order: `streams` yield exact keys in order; each of `bounded` is a key
+    no node of it can beat and a heap of names, counted (`count`: its exact key, or None when it
+    cannot fit) only once that bound reaches the head. A node's exact key is never before its
+    bound, so nothing yielded can be overtaken by a node not yet counted."""
+    heap: list[tuple[tuple[int, str], int, Iterator[Keyed] | tuple[int, list[str]] | None]] = []
+    for stream in streams:
+        first = next(stream, None)
+        if first is not None:
+            heap.append((first[0], 0, stream))
+    for bound, names in bounded:
+        heap.append(((bound, heapq.heappop(names)), 2, (bound, names)))
+    heapq.heapify(heap)
+    while heap:
+        keyed, kind, ref = heap[0]
+        if kind == 2:  # a node known only by its bound: count it, put its next one in line
+            assert isinstance(ref, tuple)
+            bound, names = ref
+            if names:
+                heapq.heapreplace(heap, ((bound, heapq.heappop(names)), 2, ref))
+            else:
+                heapq.heappop(heap)
+            key = count(keyed[1])
+            if key is not None:
+                heapq.heappush(heap, ((key, keyed[1]), 1, None))
+            continue
+        yield keyed, keyed[1]
+        following = next(ref, None) if isinstance(ref, Iterator) else None
+        if following is not None:
+            heapq.heapreplace(heap, (following[0], 0, ref))
+        else:
+            heapq.heappop(heap)

@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,11 @@ from test_shortlist import (
     Ask,
     BookingSpec,
     NodeSpec,
+    asks,
     context,
     ledger,
+    nodes,
+    reservation,
     rolled_back,
     worlds,
     write_world,
@@ -36,7 +40,7 @@ from test_shortlist import (
 from better_compute.engine import fleet as fleet_engine
 from better_compute.engine import shortlist
 from better_compute.inventory import parse_inventory
-from better_compute.model import Principal, Reservation, State
+from better_compute.model import Principal, Reservation, State, Window
 from better_compute.service import booking, placing, setup, simulate, ticking
 from better_compute.service.booking import ReserveArgs
 from better_compute.service.context import Ctx
@@ -107,6 +111,129 @@ def test_the_fleet_in_memory_answers_as_sql(
         ctx.fleet = Fleet()
         ctx.now = horizon
         assert placing.plan(ctx, subject, WINDOW, ask.exclude) == from_sql
+
+
+# ---------------------------------------------------------------- many bookings ahead
+
+MINUTE = 60_000
+
+
+@dataclass(frozen=True)
+class Ahead:
+    """A booking in minutes from T0 (so its edges fall anywhere in the index's hourly slots)."""
+
+    node: int
+    atoms: tuple[int, ...]
+    start: int
+    minutes: int
+    spot: bool
+    state: State
+    subject: bool
+
+
+#: Where a booking may start, in minutes from the window's start or from the horizon: the
+#: edges of both, of the hourly slots around them, and anywhere in the hours about them.
+OFFSETS = st.one_of(
+    st.sampled_from([-61, -60, -59, -1, 0, 1, 59, 60, 61]),
+    st.integers(-3000, 3000),
+)
+
+
+@st.composite
+def busy_worlds(draw: st.DrawFn) -> tuple[list[NodeSpec], list[Ahead], Ask, Window, int]:
+    """Fleets where most nodes hold several bookings, many of them beginning after the horizon
+    (calendar bookings, reserved ahead), of every length, starting about the window's edges and
+    the horizon; with the window and the horizon (minutes from T0) drawn first."""
+    start = draw(st.integers(90 * 60, 140 * 60))
+    length = draw(st.sampled_from([1, 30, 60, 61, 300, 1800, 3000]))
+    horizon = start - draw(st.sampled_from([0, 0, 0, 1, 59, 60, 61, 600, 3000]))
+    fleet = [draw(nodes(i)) for i in range(draw(st.integers(1, 16)))]
+    sized = [i for i, n in enumerate(fleet) if n.atoms]
+    held: list[Ahead] = []
+    for node in sized:
+        count = len(fleet[node].atoms)
+        for _ in range(draw(st.integers(0, 6))):
+            atoms = draw(st.frozensets(st.integers(0, count - 1), min_size=1, max_size=count))
+            edge = draw(st.sampled_from([start, start + length, horizon]))
+            held.append(
+                Ahead(
+                    node,
+                    tuple(sorted(atoms)),
+                    max(0, edge + draw(OFFSETS)),
+                    draw(st.sampled_from([1, 30, 59, 60, 61, 120, 600, 1800, 3600])),
+                    spot=draw(st.booleans()),
+                    state=draw(st.sampled_from([State.PLACED, State.ACTIVE])),
+                    subject=draw(st.integers(0, 9)) == 0,
+                )
+            )
+    window = Window(T0 + start * MINUTE, T0 + (start + length) * MINUTE)
+    return fleet, held, draw(asks(fleet)), window, T0 + horizon * MINUTE
+
+
+def write_busy_world(
+    db: Database, pool_id: str, fleet: list[NodeSpec], held: list[Ahead], ask: Ask
+) -> Reservation:
+    subject = write_world(db, pool_id, fleet, [], ask)
+    for k, b in enumerate(held):
+        window = Window(T0 + b.start * MINUTE, T0 + (b.start + b.minutes) * MINUTE)
+        rsv = subject
+        if not b.subject:
+            rsv = reservation(f"rsv_{k:04d}", k + 2, pool_id, spot=b.spot, state=b.state)
+            repo.insert_reservation(db.conn, rsv, "{}")
+        repo.insert_allocation(db.conn, rsv, fleet[b.node].name, b.atoms, window)
+    return subject
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(busy_worlds(), st.integers(0, 600))
+def test_the_fleet_answers_as_sql_with_many_bookings_ahead(
+    world: tuple[list[NodeSpec], list[Ahead], Ask, Window, int], earlier_min: int
+) -> None:
+    """The index against SQL where nodes hold bookings ahead of the horizon, with windows and
+    horizons at any minute (the hourly slots' edges): candidates in order, snapshots, the plan,
+    and how long a search for spot work that found nothing stays true."""
+    fleet, held, ask, window, horizon = world
+    db, pool_id = ledger()
+    with rolled_back(db):
+        subject = write_busy_world(db, pool_id, fleet, held, ask)
+        conn = db.conn
+        request = subject.request(window)
+        kept = Fleet()
+        kept.index(conn, pool_id, horizon - earlier_min * MINUTE)
+        pool = kept.index(conn, pool_id, horizon)
+        assert pool.covers(window)
+        assert pool.snapshots(window, subject.id) == repo.snapshots(
+            conn, pool_id, window, ignore_reservation=subject.id
+        )
+        rows = repo.fit_candidates(
+            conn,
+            pool_id,
+            window,
+            ignore_reservation=subject.id,
+            need=request.gpus or 0,
+            whole_node=request.node_lease,
+        )
+        models = {s.name: {a.model for a in s.atoms} for s in fleet}
+        expected = [
+            (shortlist.best_key(request, shortlist.Candidate(*row)), row[0])
+            for row in rows
+            if _accepts(request.models, models[row[0]])
+        ]
+        assert list(pool.candidates(request, subject.id)) == expected
+
+        spans = [(b[0], b[1]) for bs in pool.booked.values() for b in bs]
+        spans += [(m.window.start, m.window.end) for ms in pool.maintenance.values() for m in ms]
+        assert pool._pool_still(window) == pool._still(spans, window)
+
+        ctx = context(db, ask.top_n)
+        from_sql = placing.plan(ctx, subject, window, ask.exclude)
+        ctx.fleet = Fleet()
+        ctx.now = horizon
+        assert placing.plan(ctx, subject, window, ask.exclude) == from_sql
 
 
 # ---------------------------------------------------------------- kept equal to the ledger

@@ -4,8 +4,9 @@ Not part of the test suite. Run from the repository root:
 
     python benchmarks/growth.py [--repeat 5] [--workdir /tmp/bc-bench] [--svg docs/growth.svg]
 
-Two series of pools, built as benchmarks/run.py builds them (and under the same file names, so a
-`--workdir` shared with run.py reuses its three pools):
+Two series of pools, built as benchmarks/run.py builds them (`--builder`: `direct` by default, since
+seven pools through `simulate` take the better part of an hour; under the same file names, so a
+`--workdir` shared with run.py reuses its three pools built the same way):
 
 - against nodes: 100, 400, 1,000 and 4,000 nodes x 8 GPUs at 50 reservations per node (the big
   pool's 200,000 / 4,000);
@@ -45,12 +46,12 @@ def points() -> dict[str, list[tuple[int, int]]]:
     }
 
 
-def ledger(workdir: Path, nodes: int, reservations: int, seed: int) -> Path:
-    path = workdir / f"{nodes}n-{reservations}r-direct.db"
+def ledger(workdir: Path, nodes: int, reservations: int, seed: int, builder: str) -> Path:
+    path = workdir / f"{nodes}n-{reservations}r-{builder}.db"
     if path.exists():
         print(f"{nodes} nodes, {reservations} reservations: reusing {path}")
     else:
-        print(run.build_direct(path, run.Pool(f"{nodes}n", nodes, reservations), seed))
+        print(run.BUILDERS[builder](path, run.Pool(f"{nodes}n", nodes, reservations), seed))
     return run.migrated(path)
 
 
@@ -161,6 +162,12 @@ def main() -> int:
     ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "bc-bench"))
     ap.add_argument("--svg", type=Path, default=HERE.parent / "docs" / "growth.svg")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument(
+        "--builder",
+        choices=sorted(run.BUILDERS),
+        default="direct",
+        help="direct (default: seconds per pool) or simulate (minutes per pool, as run.py's)",
+    )
     opts = ap.parse_args()
     repeat = max(5, opts.repeat)
     started = time.perf_counter()
@@ -169,7 +176,9 @@ def main() -> int:
 
     run.compile_package()
     series = points()
-    paths = {pt: ledger(workdir, *pt, opts.seed) for pts in series.values() for pt in pts}
+    paths = {
+        pt: ledger(workdir, *pt, opts.seed, opts.builder) for pts in series.values() for pt in pts
+    }
     jobs: dict[str, run.Job] = {
         f"{n}/{r}": run.commands(p)["reserve --json"] for (n, r), p in paths.items()
     }

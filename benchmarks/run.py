@@ -30,11 +30,11 @@ What it measures, each figure a median of `--repeat` runs (at least 5) in this o
 The growth curves (item 3 as a chart in docs/) come from benchmarks/growth.py, which reuses this
 script's pools through the same `--workdir`.
 
-How the pools are built: `build_pool` below. Today it writes rows straight into the tables through
-benchmarks/bench_reserve.py's Writer (shaped exactly as repo.insert_* write them). Issue 8 wants
-the 200,000 bookings built by `simulate` replaying a generated month of jsonl demand: when the
-`simulate` command exists, implement `build_with_simulate` (the hook is marked HOOK) and pass
-`--builder simulate`.
+How the pools are built (`--builder`): by default `build_with_simulate` replays a generated month of
+demand (benchmarks/month.py) through `simulate --until NOW`, so each pool is a ledger the real
+engine made: released history, active work and calendar bookings ahead. `--builder direct`
+writes rows straight into the tables through benchmarks/bench_reserve.py's Writer (shaped
+exactly as repo.insert_* write them): much faster to build, but a shape no replay produced.
 """
 
 from __future__ import annotations
@@ -98,15 +98,43 @@ def build_direct(path: Path, pool: Pool, seed: int) -> str:
 
 
 def build_with_simulate(path: Path, pool: Pool, seed: int) -> str:
-    """HOOK (issue 8 item 2): build the pool with `simulate` on a generated month of demand.
+    """The pool built by `simulate` replaying a generated month of demand (benchmarks/month.py):
+    `init --now` 30 days before NOW, import the inventory (bench.inventory_doc: the nodes and ten
+    tenants), write `pool.reservations` requests as JSON Lines, then `simulate --until NOW`, so
+    the ledger is live at NOW with work active, bookings ahead and history behind. Every
+    measurement below runs at NOW_TEXT and works unchanged on such a ledger. The replay is
+    timed as a whole process (wall and CPU) and its report kept beside the ledger."""
+    import month
 
-    Once `better-compute simulate` exists: `init --now`, import the inventory (bench.inventory_doc),
-    write a jsonl month (`{at, tenant, gpus, duration, start?}` per line, sized so about
-    `pool.reservations` reservations result), then `simulate --workload month.jsonl --format jsonl
-    --until <NOW_TEXT>` so the ledger is live at NOW with work active, bookings ahead and history
-    behind. Every measurement below runs at NOW_TEXT and works unchanged on such a ledger; `get`
-    needs any reservation id (see `first_reservation`)."""
-    raise SystemExit("--builder simulate: `simulate` is not built yet; use --builder direct")
+    _scrub(path)
+    exe = cli(path)[0]
+    base = [exe, "--db", str(path)]
+    inventory = path.with_suffix(".inventory.json")
+    workload = path.with_suffix(".month.jsonl")
+    inventory.write_text(json.dumps(bench.inventory_doc(pool.nodes)))
+    workload.write_text(month.month(pool.reservations, seed))
+    run_measured([*base, "--now", month.START_TEXT, "init"])
+    run_measured([*base, "inventory", "import", str(inventory)])
+    simulate = ["simulate", "--workload", str(workload), "--format", "jsonl"]
+    sample, out = run_measured([*base, "--json", *simulate, "--until", NOW_TEXT])
+    path.with_suffix(".report.json").write_text(out)
+    report = json.loads(out)
+    conn = sqlite3.connect(path)
+    try:
+        states = dict(conn.execute("SELECT state, COUNT(*) FROM reservations GROUP BY state"))
+        rows, ahead = conn.execute(
+            "SELECT COUNT(*), COALESCE(SUM(start > ?), 0) FROM bookings", (NOW,)
+        ).fetchone()
+    finally:
+        conn.close()
+    return (
+        f"{pool.label}: {pool.nodes} nodes x 8 GPUs, {sum(states.values())} reservations"
+        f" ({', '.join(f'{n} {s}' for s, n in sorted(states.items()))}), {rows} booking rows"
+        f" ({ahead} starting after NOW); built by simulate of {report['requests']} requests"
+        f" ({report['placedAtOnce']} placed at once, {report['placedAfterWaiting']} after"
+        f" waiting, {report['neverPlaced']} never) in {sample.ms / 1000:.0f} s wall,"
+        f" {sample.cpu_ms / 1000:.0f} s CPU, peak {sample.rss_kb / 1024:.0f} MiB"
+    )
 
 
 BUILDERS: dict[str, Callable[[Path, Pool, int], str]] = {
@@ -369,9 +397,9 @@ def add_due(path: Path, count: int, at: int, seed: int) -> int:
     them. Their lead repair is marked done (as the tick at `at` - repair.leadMs would have left
     them), so the tick at `at` does for each the start repair, the binding and the activation.
 
-    `at` is one minute after NOW: every active reservation of the pool started before it and ends
-    at least 15 minutes after NOW, and the first future one starts 30 minutes after NOW, so the
-    tick at `at` has these `count` reservations to do and nothing else."""
+    `at` is one minute after NOW: in either builder's pool every start and end falls on a
+    15-minute mark, so the tick at `at` has these `count` reservations to do and, at most,
+    a retry of a request still waiting (tick_job counts only these `count`)."""
     import random
 
     rng = random.Random(seed)
@@ -453,12 +481,27 @@ def tick_job(base: Path, scratch: Path, due: int) -> Job:
     made after each run (untimed), and the run is checked to have activated all `due`."""
     exe = cli(base)[0]
     _copy_ledger(base, scratch)
+    conn = sqlite3.connect(base)
+    try:
+        starting = {
+            str(r[0])
+            for r in conn.execute(
+                "SELECT id FROM reservations WHERE state = 'placed' AND during_start = ?",
+                (TICK_AT,),
+            )
+        }
+    finally:
+        conn.close()
 
     def check_and_restore(out: str) -> None:
         changes = json.loads(out)["changes"]
-        active = sum(1 for c in changes if c["type"] == "reservation.active")
+        active = sum(
+            1
+            for c in changes
+            if c["type"] == "reservation.active" and c.get("reservationId") in starting
+        )
         if active != due:
-            raise SystemExit(f"tick activated {active} reservations, not {due}")
+            raise SystemExit(f"tick activated {active} of the {due} reservations due")
         _copy_ledger(base, scratch)
 
     argv = [exe, "--db", str(scratch), "--now", TICK_AT_TEXT, "--json", "tick"]
@@ -634,7 +677,12 @@ def main() -> int:
     ap.add_argument("--small-nodes", type=int, default=400)
     ap.add_argument("--bookings", type=int, default=200_000, help="reservations on the big pool")
     ap.add_argument("--small-bookings", type=int, default=20_000)
-    ap.add_argument("--builder", choices=sorted(BUILDERS), default="direct")
+    ap.add_argument(
+        "--builder",
+        choices=sorted(BUILDERS),
+        default="simulate",
+        help="simulate: replay a generated month (minutes for the big pool); direct: write rows",
+    )
     ap.add_argument("--workdir", help="keep (and reuse) the databases here")
     ap.add_argument("--rebuild", action="store_true", help="rebuild databases found in --workdir")
     ap.add_argument("--seed", type=int, default=7)

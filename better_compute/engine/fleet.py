@@ -286,21 +286,18 @@ class PoolIndex:
     def _busy(self, name: str, window: Window, ignore: str | None) -> set[int]:
         return {b[2] for b in self._overlapping(name, window) if b[3] != ignore}
 
-    def _starting(self, lo: int, hi: int) -> dict[str, int]:
-        """Every node with a booking that starts in [lo, hi), with how many do, counting some
-        that start in the same hours too (whole slots are read): at least the bookings of the
-        node that start in [lo, hi)."""
+    def _starting(self, lo: int, hi: int) -> set[str]:
+        """Every node with a booking that starts in [lo, hi), and perhaps others with one that
+        starts in the same hours (whole slots are read)."""
         first, last = lo // SLOT, (hi - 1) // SLOT
+        found: set[str] = set()
         if last - first + 1 > len(self.slots):  # a very long range: read the slots there are
-            chosen = [names for slot, names in self.slots.items() if first <= slot <= last]
-        else:
-            chosen = [self.slots[slot] for slot in range(first, last + 1) if slot in self.slots]
-        if len(chosen) == 1:
-            return dict(chosen[0])
-        found: dict[str, int] = defaultdict(int)
-        for names in chosen:
-            for name, count in names.items():
-                found[name] += count
+            for slot, names in self.slots.items():
+                if first <= slot <= last:
+                    found.update(names)
+            return found
+        for slot in range(first, last + 1):
+            found.update(self.slots.get(slot, ()))
         return found
 
     def _blocked(self, name: str, window: Window) -> str | None:
@@ -325,11 +322,11 @@ class PoolIndex:
         skip = {name for name, _ in self.by_rsv.get(ignore, ())} if ignore is not None else set()
         if window.start == self.horizon:  # current bookings all overlap the window
             families = self.buckets
-            starting = self._starting(self.horizon + 1, window.end)
+            touched = self._starting(self.horizon + 1, window.end)
         else:  # no booking that starts before start - longest reaches the window
             families = self.blank
-            starting = self._starting(window.start - self.longest, window.end)
-        touched = set(starting) | self.odd | skip
+            touched = self._starting(window.start - self.longest, window.end)
+        touched |= self.odd | skip
         streams: list[Iterator[Keyed]] = []
         for (gpus, free, busy, models), names in families.items():
             if not names or gpus < least:
@@ -348,24 +345,14 @@ class PoolIndex:
                 continue
             if accepted is not None and not static.models <= accepted:
                 continue
-            share = static.gpus if whole else need
-            if len(static.healthy) < share:
+            if len(static.healthy) < (static.gpus if whole else need):
                 continue
-            pending[self._bound(name, share, starting, families is self.buckets)].append(name)
+            pending[static.gpus].append(name)
         bounded = []
-        for bound, names in pending.items():
+        for gpus, names in pending.items():
             heapq.heapify(names)
-            bounded.append((bound, names))
+            bounded.append((-(fill(gpus, gpus) + TOPOLOGY_MAX), names))
         return _merge(streams, bounded, lambda name: self._key(name, request, ignore))
-
-    def _bound(self, name: str, share: int, starting: dict[str, int], current: bool) -> int:
-        """A key no plan of `share` GPUs on this node can beat in the window: the GPUs it has
-        booked there are at most its current ones (at the horizon; none later) plus one per
-        booking that starts in the hours read, and at most its GPUs less the share."""
-        gpus = self.nodes[name].gpus
-        bucket = self.bucket_of.get(name) if current else (0, 0, 0, frozenset())
-        most = gpus if bucket is None else bucket[2] + starting.get(name, 0)
-        return -(fill(min(most, gpus - share) + share, gpus) + TOPOLOGY_MAX)
 
     def _key(self, name: str, request: Request, ignore: str | None) -> int | None:
         """A touched node's shortlist key for the request, counted; None when it cannot fit."""

@@ -9,7 +9,7 @@ ended is history. Seeded: the same arguments give the same lines, byte for byte.
 
 The mix (weights below): three in ten requests start on arrival, seven in ten are calendar
 bookings made 1 h to 30 days ahead; 1 to 8 GPUs; 1 to 24 h; one in ten spot; one in two hundred
-a gang of 2 to 4 whole nodes in one fabric domain; ten tenants. Arrivals fall on 15-minute
+a gang of 2 to 4 members of 8 GPUs in one fabric domain; ten tenants. Arrivals fall on 15-minute
 marks, as do all starts and durations, so every start and end is a 15-minute mark (run.py's
 `tick` item relies on nothing else being due one minute after NOW).
 """

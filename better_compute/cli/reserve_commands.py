@@ -286,8 +286,7 @@ def list_(
     """Reservations, oldest first; filters narrow them (a window filter: those overlapping it)."""
     filters = finding.Filters(tenant, pool, state or [], key, name, label or [], since, until, sort)
     if as_json or G.json:  # encoded page by page (issue 8), written once every page is read
-        pages = finding.pages(ctx(), filters)
-        sys.stdout.write(js.array(js.reservation(r) for page in pages for r in page) + "\n")
+        sys.stdout.writelines([*js.reservations(finding.json_pages(ctx(), filters)), "\n"])
         return
     rows = [r for page in finding.pages(ctx(), filters) for r in page]
     if ids:

@@ -1,0 +1,201 @@
+"""`list --json` at fleet scale (issue 8): reservation rows checked and handed over as plain
+tuples, without building a Reservation (30 fields, frozen) and its allocations for every row.
+
+A listing of 8,525 reservations spent most of its time making model objects that only became a
+JSON document again. Here each row is type-checked exactly as repo._reservation checks it (a
+damaged row is UNAVAILABLE, naming it), and its values stay as SQL gave them, in the order the
+document wants them (render/json.listed_text). Both backends give the same tuples, so the same
+bytes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
+
+from better_compute.model import Binding, Condition, ReleaseReason, State
+from better_compute.storage.conn import Conn, plain_rows
+from better_compute.storage.repo import (
+    _ATOMS_TEXT,
+    _DECODE_ERRORS,
+    _conditions,
+    _int,
+    _json_of,
+    _labels,
+    _str,
+    atom_list,
+    damaged,
+)
+
+#: A listed allocation: (id, node, atoms as JSON text in json.dumps's form, bound).
+ListedAllocation = tuple[str, str, str, bool]
+
+
+class ListedReservation(NamedTuple):
+    """What `list --json` prints of a reservation: render.json.reservation's document, its
+    values as stored (checked), the allocations not released in id order per node."""
+
+    id: str
+    tenant_id: str
+    pool_id: str
+    state: str
+    gpus: int | None
+    models: tuple[str, ...]
+    topology: str | None
+    gang_size: int | None
+    topology_key: str | None
+    spot: bool
+    binding: str
+    duration_ms: int
+    start: int | None
+    during_start: int | None
+    during_end: int | None
+    conditions: tuple[Condition, ...]
+    allocations: tuple[ListedAllocation, ...]
+    quota_charge: int
+    idempotency_key: str | None
+    release_reason: str | None
+    created_at: int
+    next_attempt_at: int | None
+    name: str | None
+    labels: tuple[tuple[str, str], ...]
+    series_id: str | None
+
+
+#: The columns read, in this order (see _listed).
+_COLUMNS = (
+    "id, tenant_id, pool_id, state, gpus, models, topology, gang_size, topology_key, spot,"
+    " binding, duration_ms, start, during_start, during_end, conditions, quota_charge,"
+    " idempotency_key, release_reason, created_at, next_attempt_at, name, labels, series_id,"
+    " seq, principal, preempt_deadline, preempted_by"
+)
+_STATES = frozenset(s.value for s in State)
+_BINDINGS = frozenset(b.value for b in Binding)
+_REASONS = frozenset(r.value for r in ReleaseReason)
+#: Positions of the columns repo._check_reservation_types checks, by the type they must have.
+_INTS = (11, 16, 19, 24)  # duration_ms, quota_charge, created_at, seq
+_OPT_INTS = (4, 7, 12, 13, 14, 20, 26)  # gpus, gang_size, start, during_*, next_attempt, deadline
+_STRS = (0, 1, 2, 25)  # id, tenant_id, pool_id, principal
+_OPT_STRS = (6, 8, 17, 23, 27, 21)  # topology, topology_key, key, series, preempted_by, name
+
+
+def reservation_pages(
+    conn: Conn,
+    *,
+    tenants: Sequence[str] | None,
+    pool_id: str | None,
+    key: str | None,
+    states: Sequence[str],
+    size: int = 500,
+) -> Iterator[list[ListedReservation]]:
+    """fleet.reservation_pages's reservations (the same filter, oldest first), `size` at a time,
+    as checked rows."""
+    where, args = _where(tenants, pool_id, key, states)
+    rows = plain_rows(conn, f"SELECT {_COLUMNS} FROM reservations WHERE {where} ORDER BY seq", args)
+    while True:
+        page = [row for _, row in zip(range(size), rows, strict=False)]
+        if not page:
+            return
+        allocations = _allocations(conn, [row[0] for row in page])
+        yield [_checked(conn, row, allocations.get(row[0], ())) for row in page]
+
+
+def _where(
+    tenants: Sequence[str] | None, pool_id: str | None, key: str | None, states: Sequence[str]
+) -> tuple[str, list[object]]:
+    clauses, args = ["1 = 1"], []  # type: tuple[list[str], list[object]]
+    if tenants is not None:
+        clauses.append(f"tenant_id IN ({','.join('?' * len(tenants))})")
+        args.extend(tenants)
+    if pool_id is not None:
+        clauses.append("pool_id = ?")
+        args.append(pool_id)
+    if key is not None:
+        clauses.append("idempotency_key = ?")
+        args.append(key)
+    if states:
+        clauses.append(f"state IN ({','.join('?' * len(states))})")
+        args.extend(states)
+    return " AND ".join(clauses), args
+
+
+def _allocations(conn: Conn, ids: Sequence[str]) -> dict[str, tuple[ListedAllocation, ...]]:
+    """repo.allocations_of's allocations (not released; by node, then id), as checked tuples
+    whose atoms stay the stored text when it is exactly json.dumps of the sorted list."""
+    found: dict[str, list[ListedAllocation]] = defaultdict(list)
+    marks = ",".join("?" * len(ids))
+    for alloc_id, rsv_id, node, atoms, bound in plain_rows(
+        conn,
+        "SELECT id, reservation_id, node_id, atoms, bound FROM allocations"
+        f" WHERE reservation_id IN ({marks}) AND released = 0 ORDER BY reservation_id, node_id, id",
+        list(ids),
+    ):
+        try:
+            if type(alloc_id) is not str or type(rsv_id) is not str or type(node) is not str:
+                raise TypeError("expected text in an allocation's id, reservation or node")
+            if type(atoms) is not str or not _ATOMS_TEXT.fullmatch(atoms):
+                atoms = "[" + ", ".join(map(str, atom_list(atoms))) + "]"
+        except _DECODE_ERRORS as exc:
+            raise damaged(conn, f"allocation {alloc_id}", exc) from None
+        found[rsv_id].append((alloc_id, node, atoms, bool(bound)))
+    return {k: tuple(v) for k, v in found.items()}
+
+
+def _checked(
+    conn: Conn, row: tuple[object, ...], allocations: tuple[ListedAllocation, ...]
+) -> ListedReservation:
+    """One row, checked as repo._reservation checks it (damage is UNAVAILABLE, naming it)."""
+    try:
+        for i in _INTS:
+            if type(row[i]) is not int:
+                _int(row[i])
+        for i in _OPT_INTS:
+            if row[i] is not None and type(row[i]) is not int:
+                _int(row[i])
+        for i in _STRS:
+            if type(row[i]) is not str:
+                _str(row[i])
+        for i in _OPT_STRS:
+            if row[i] is not None and type(row[i]) is not str:
+                _str(row[i])
+        state, binding, reason = row[3], row[10], row[18]
+        if state not in _STATES:
+            State(state)  # raises ValueError, as the model path does
+        if binding not in _BINDINGS:
+            Binding(binding)
+        if reason and reason not in _REASONS:
+            ReleaseReason(reason)
+        models = row[5]
+        during_start, during_end = row[13], row[14]
+        if during_start is not None:
+            _int(during_end)
+        return ListedReservation(
+            row[0],  # type: ignore[arg-type]
+            row[1],  # type: ignore[arg-type]
+            row[2],  # type: ignore[arg-type]
+            state,  # type: ignore[arg-type]
+            row[4],  # type: ignore[arg-type]
+            () if models == "[]" else tuple(_str(m) for m in _json_of(models, list)),
+            row[6],  # type: ignore[arg-type]
+            row[7],  # type: ignore[arg-type]
+            row[8],  # type: ignore[arg-type]
+            bool(row[9]),
+            binding,  # type: ignore[arg-type]
+            row[11],  # type: ignore[arg-type]
+            row[12],  # type: ignore[arg-type]
+            during_start,  # type: ignore[arg-type]
+            during_end if during_start is not None else None,  # type: ignore[arg-type]
+            _conditions(row[15]),
+            allocations,
+            row[16],  # type: ignore[arg-type]
+            row[17],  # type: ignore[arg-type]
+            reason or None,  # type: ignore[arg-type]
+            row[19],  # type: ignore[arg-type]
+            row[20],  # type: ignore[arg-type]
+            row[21],  # type: ignore[arg-type]
+            () if row[22] == "{}" else _labels(row[22]),
+            row[23],  # type: ignore[arg-type]
+        )
+    except _DECODE_ERRORS as exc:
+        raise damaged(conn, f"reservation {row[0]}", exc) from None

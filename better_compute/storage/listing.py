@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from better_compute.model import Binding, Condition, ReleaseReason, State
 from better_compute.storage.conn import Conn, plain_rows
@@ -143,7 +143,7 @@ def _allocations(conn: Conn, ids: Sequence[str]) -> dict[str, tuple[ListedAlloca
 
 
 def _checked(
-    conn: Conn, row: tuple[object, ...], allocations: tuple[ListedAllocation, ...]
+    conn: Conn, row: tuple[Any, ...], allocations: tuple[ListedAllocation, ...]
 ) -> ListedReservation:
     """One row, checked as repo._reservation checks it (damage is UNAVAILABLE, naming it)."""
     try:
@@ -171,31 +171,31 @@ def _checked(
         if during_start is not None:
             _int(during_end)
         return ListedReservation(
-            row[0],  # type: ignore[arg-type]
-            row[1],  # type: ignore[arg-type]
-            row[2],  # type: ignore[arg-type]
-            state,  # type: ignore[arg-type]
-            row[4],  # type: ignore[arg-type]
+            row[0],
+            row[1],
+            row[2],
+            state,
+            row[4],
             () if models == "[]" else tuple(_str(m) for m in _json_of(models, list)),
-            row[6],  # type: ignore[arg-type]
-            row[7],  # type: ignore[arg-type]
-            row[8],  # type: ignore[arg-type]
+            row[6],
+            row[7],
+            row[8],
             bool(row[9]),
-            binding,  # type: ignore[arg-type]
-            row[11],  # type: ignore[arg-type]
-            row[12],  # type: ignore[arg-type]
-            during_start,  # type: ignore[arg-type]
-            during_end if during_start is not None else None,  # type: ignore[arg-type]
+            binding,
+            row[11],
+            row[12],
+            during_start,
+            during_end if during_start is not None else None,
             _conditions(row[15]),
             allocations,
-            row[16],  # type: ignore[arg-type]
-            row[17],  # type: ignore[arg-type]
-            reason or None,  # type: ignore[arg-type]
-            row[19],  # type: ignore[arg-type]
-            row[20],  # type: ignore[arg-type]
-            row[21],  # type: ignore[arg-type]
+            row[16],
+            row[17],
+            reason or None,
+            row[19],
+            row[20],
+            row[21],
             () if row[22] == "{}" else _labels(row[22]),
-            row[23],  # type: ignore[arg-type]
+            row[23],
         )
     except _DECODE_ERRORS as exc:
         raise damaged(conn, f"reservation {row[0]}", exc) from None

@@ -26,7 +26,11 @@ from better_compute.storage import repo
 from better_compute.storage.db import Database, expected_schema, schema_digest
 from better_compute.storage.schema import SCHEMA_DIGEST
 
-HEAVY = ("rich", "dateutil", "better_compute.engine", "better_compute.service.setup")
+HEAVY = ("rich", "dateutil", "pydantic", "better_compute.engine", "better_compute.service.setup")
+#: What no read of the six fleet-scale commands with --json loads: rich (only people's views),
+#: dateutil (only unusual TIME forms) and pydantic (Typer's coercion, for values that are not
+#: plain: cli/plain_params.py).
+NOT_FOR_JSON = ("rich", "dateutil", "pydantic")
 
 
 def _loaded_after(argv: list[str], tmp_path: Path) -> set[str]:
@@ -83,6 +87,30 @@ def test_get_json_loads_no_rich_no_dateutil_no_engine(small_ledger: Path, tmp_pa
     loaded = _loaded_after(argv, tmp_path)
     heavy = sorted(m for m in loaded if m.startswith(HEAVY))
     assert heavy == [], f"`get --json` loaded {heavy}: import them where they are needed"
+
+
+@pytest.mark.parametrize(
+    "argv, also",
+    [
+        (["list", "--state", "active", "--json"], ("better_compute.engine",)),
+        (["list", "--json"], ("better_compute.engine", "better_compute.service.booking")),
+        (["timeline", "--step", "30", "--json"], ("better_compute.engine",)),
+        (["pool", "show", "west", "--json"], ("better_compute.engine",)),
+        (["reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--json"], ()),
+        (["preview", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--json"], ()),
+    ],
+)
+def test_json_reads_load_no_rich_no_dateutil_no_pydantic(
+    small_ledger: Path, tmp_path: Path, argv: list[str], also: tuple[str, ...]
+) -> None:
+    """Issue 8 item 2: the fleet-scale commands pay for none of these on their --json path (and
+    `list`, `timeline`, `pool show` for no placement code)."""
+    _first_rsv(small_ledger)
+    loaded = _loaded_after(
+        ["--db", str(small_ledger), "--now", "2026-09-28T08:00:00Z", *argv], tmp_path
+    )
+    heavy = sorted(m for m in loaded if m.startswith((*NOT_FOR_JSON, *also)))
+    assert heavy == [], f"`{' '.join(argv)}` loaded {heavy}"
 
 
 def test_version_loads_no_rich_and_no_ledger_code(tmp_path: Path) -> None:

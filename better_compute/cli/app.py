@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 import typer
 
 from better_compute import identity
+from better_compute.cli import plain_params
 from better_compute.errors import BetterComputeError, InvalidInput, Unavailable
 from better_compute.lazy import lazy
 from better_compute.model import JsonValue, Window
@@ -33,6 +34,8 @@ else:
     js = lazy("better_compute.render.json")
     context = lazy("better_compute.service.context")
     storage_db = lazy("better_compute.storage.db")
+
+plain_params.install()  # plain values need no pydantic (issue 8: start-up)
 
 app = typer.Typer(
     name="better-compute",

@@ -243,3 +243,38 @@ def test_each_mapped_command_lives_wholly_in_its_module() -> None:
                 assert everything.count(word) == 1, word
         # Loading the module alone registers nothing it would not register with the others.
         assert set(alone) <= set(everything)
+
+
+def test_main_builds_only_the_command_word_asked_for() -> None:
+    """cli/app.py `only`: a mapped word builds its own command or group, and `app` stays whole."""
+    import better_compute.cli as cli
+    app_module = cli._app_module
+
+    whole = cli.app
+    before = (list(whole.registered_commands), list(whole.registered_groups))
+    pool = app_module.only("pool")
+    assert [g.name for g in pool.registered_groups] == ["pool"] and pool.registered_commands == []
+    listing = app_module.only("list")
+    assert [app_module._word_of(c) for c in listing.registered_commands] == ["list"]
+    assert listing.registered_groups == []
+    assert app_module.only("no-such-word") is whole
+    assert (whole.registered_commands, whole.registered_groups) == before
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["list", "--bogus"], "No such option: --bogus (see `better-compute list --help`)"),
+        (["pool", "bogus"], "No such command 'bogus'. (see `better-compute pool --help`)"),
+        (["timeline", "--step", "x"], "Invalid value for '--step'"),
+    ],
+)
+def test_usage_errors_of_a_command_built_alone(tmp_path: Path, argv: list[str], words: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", "from better_compute.cli import main; main()", *argv],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2 and proc.stdout == "", proc
+    assert proc.stderr.startswith("error: INVALID_INPUT: ") and words in proc.stderr, proc.stderr

@@ -248,6 +248,7 @@ def test_each_mapped_command_lives_wholly_in_its_module() -> None:
 def test_main_builds_only_the_command_word_asked_for() -> None:
     """cli/app.py `only`: a mapped word builds its own command or group, and `app` stays whole."""
     import better_compute.cli as cli
+
     app_module = cli._app_module
 
     whole = cli.app

@@ -26,6 +26,7 @@ from better_compute.model import (
 from better_compute.render import json as js
 from better_compute.service import listing
 from better_compute.service.context import open_ctx
+from better_compute.storage import listing as storage_listing
 from better_compute.storage.listing import ListedReservation
 
 
@@ -217,3 +218,23 @@ def test_listed_text_is_dumps_of_the_reservation_document(rsv: Reservation) -> N
     )
     assert js.listed(row) == js.dumps(js.reservation(rsv))
     assert "".join(js.reservations([[row], [rsv]])) == js.dumps([js.reservation(rsv)] * 2)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 500])
+def test_gangs_allocations_stay_whole_across_pages(run: Cli, size: int) -> None:
+    """A gang's allocations are several joined rows: however the pages fall, each reservation
+    is whole, once, in order."""
+    _busy_ledger(run)
+    ctx = open_ctx(pgtest.ledger(str(run.db)), NOW, ME, None)
+    try:
+        with ctx.db.read() as conn:
+            pages = list(
+                storage_listing.reservation_pages(
+                    conn, tenants=None, pool_id=None, key=None, states=[], size=size
+                )
+            )
+    finally:
+        ctx.db.close()
+    assert all(0 < len(page) <= size for page in pages)
+    assert "".join(js.reservations(pages)) + "\n" == _reference(run, [])
+    assert any(len(row.allocations) > 1 for page in pages for row in page)

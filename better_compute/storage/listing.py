@@ -10,7 +10,6 @@ bytes.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -63,13 +62,41 @@ class ListedReservation(NamedTuple):
     series_id: str | None
 
 
-#: The columns read, in this order (see _listed).
-_COLUMNS = (
-    "id, tenant_id, pool_id, state, gpus, models, topology, gang_size, topology_key, spot,"
-    " binding, duration_ms, start, during_start, during_end, conditions, quota_charge,"
-    " idempotency_key, release_reason, created_at, next_attempt_at, name, labels, series_id,"
-    " seq, principal, preempt_deadline, preempted_by"
+#: The reservation's columns read, in this order (see _checked), then its allocation's.
+_COLUMNS = ", ".join(
+    f"r.{name}"
+    for name in [
+        "id",
+        "tenant_id",
+        "pool_id",
+        "state",
+        "gpus",
+        "models",
+        "topology",
+        "gang_size",
+        "topology_key",
+        "spot",
+        "binding",
+        "duration_ms",
+        "start",
+        "during_start",
+        "during_end",
+        "conditions",
+        "quota_charge",
+        "idempotency_key",
+        "release_reason",
+        "created_at",
+        "next_attempt_at",
+        "name",
+        "labels",
+        "series_id",
+        "seq",
+        "principal",
+        "preempt_deadline",
+        "preempted_by",
+    ]
 )
+_ALLOCATION = 28  # where the allocation's id, node, atoms and bound begin
 _STATES = frozenset(s.value for s in State)
 _BINDINGS = frozenset(b.value for b in Binding)
 _REASONS = frozenset(r.value for r in ReleaseReason)
@@ -90,15 +117,36 @@ def reservation_pages(
     size: int = 500,
 ) -> Iterator[list[ListedReservation]]:
     """fleet.reservation_pages's reservations (the same filter, oldest first), `size` at a time,
-    as checked rows."""
+    as checked rows, each with its allocations not released (by node, then id).
+
+    One query joins each reservation to its allocations, so most reservations are one row; a
+    gang's are one row per member, in a run."""
     where, args = _where(tenants, pool_id, key, states)
-    rows = plain_rows(conn, f"SELECT {_COLUMNS} FROM reservations WHERE {where} ORDER BY seq", args)
-    while True:
-        page = [row for _, row in zip(range(size), rows, strict=False)]
-        if not page:
-            return
-        allocations = _allocations(conn, [row[0] for row in page])
-        yield [_checked(conn, row, allocations.get(row[0], ())) for row in page]
+    rows = plain_rows(
+        conn,
+        f"SELECT {_COLUMNS}, a.id, a.node_id, a.atoms, a.bound FROM reservations r"
+        " LEFT JOIN allocations a ON a.reservation_id = r.id AND a.released = 0"
+        f" WHERE {where} ORDER BY r.seq, a.node_id, a.id",
+        args,
+    )
+    page: list[ListedReservation] = []
+    held: tuple[Any, ...] | None = None
+    allocations: list[ListedAllocation] = []
+    for row in rows:
+        if held is not None and row[0] == held[0]:
+            allocations.append(_allocation(conn, row))
+            continue
+        if held is not None:
+            page.append(_checked(conn, held, tuple(allocations)))
+            if len(page) == size:
+                yield page
+                page = []
+        held = row
+        allocations = [] if row[_ALLOCATION] is None else [_allocation(conn, row)]
+    if held is not None:
+        page.append(_checked(conn, held, tuple(allocations)))
+    if page:
+        yield page
 
 
 def _where(
@@ -106,40 +154,32 @@ def _where(
 ) -> tuple[str, list[object]]:
     clauses, args = ["1 = 1"], []  # type: tuple[list[str], list[object]]
     if tenants is not None:
-        clauses.append(f"tenant_id IN ({','.join('?' * len(tenants))})")
+        clauses.append(f"r.tenant_id IN ({','.join('?' * len(tenants))})")
         args.extend(tenants)
     if pool_id is not None:
-        clauses.append("pool_id = ?")
+        clauses.append("r.pool_id = ?")
         args.append(pool_id)
     if key is not None:
-        clauses.append("idempotency_key = ?")
+        clauses.append("r.idempotency_key = ?")
         args.append(key)
     if states:
-        clauses.append(f"state IN ({','.join('?' * len(states))})")
+        clauses.append(f"r.state IN ({','.join('?' * len(states))})")
         args.extend(states)
     return " AND ".join(clauses), args
 
 
-def _allocations(conn: Conn, ids: Sequence[str]) -> dict[str, tuple[ListedAllocation, ...]]:
-    """repo.allocations_of's allocations (not released; by node, then id), as checked tuples
-    whose atoms stay the stored text when it is exactly json.dumps of the sorted list."""
-    found: dict[str, list[ListedAllocation]] = defaultdict(list)
-    marks = ",".join("?" * len(ids))
-    for alloc_id, rsv_id, node, atoms, bound in plain_rows(
-        conn,
-        "SELECT id, reservation_id, node_id, atoms, bound FROM allocations"
-        f" WHERE reservation_id IN ({marks}) AND released = 0 ORDER BY reservation_id, node_id, id",
-        list(ids),
-    ):
-        try:
-            if type(alloc_id) is not str or type(rsv_id) is not str or type(node) is not str:
-                raise TypeError("expected text in an allocation's id, reservation or node")
-            if type(atoms) is not str or not _ATOMS_TEXT.fullmatch(atoms):
-                atoms = "[" + ", ".join(map(str, atom_list(atoms))) + "]"
-        except _DECODE_ERRORS as exc:
-            raise damaged(conn, f"allocation {alloc_id}", exc) from None
-        found[rsv_id].append((alloc_id, node, atoms, bool(bound)))
-    return {k: tuple(v) for k, v in found.items()}
+def _allocation(conn: Conn, row: tuple[Any, ...]) -> ListedAllocation:
+    """The row's allocation, checked as repo._allocation checks it; its atoms stay the stored
+    text when that is exactly json.dumps of the sorted list (as insert_allocation writes it)."""
+    alloc_id, node, atoms, bound = row[_ALLOCATION:]
+    try:
+        if type(alloc_id) is not str or type(node) is not str:
+            raise TypeError("expected text in an allocation's id or node")
+        if type(atoms) is not str or not _ATOMS_TEXT.fullmatch(atoms):
+            atoms = "[" + ", ".join(map(str, atom_list(atoms))) + "]"
+    except _DECODE_ERRORS as exc:
+        raise damaged(conn, f"allocation {alloc_id}", exc) from None
+    return (alloc_id, node, atoms, bool(bound))
 
 
 def _checked(

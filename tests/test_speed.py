@@ -19,7 +19,7 @@ from conftest import DAY, HOUR, NOW_MS
 
 from better_compute.demo import DEMO_INVENTORY
 from better_compute.identity import os_user
-from better_compute.service import booking, setup, views
+from better_compute.service import booking, listing, setup, views
 from better_compute.service.booking import ReserveArgs
 from better_compute.service.context import Ctx
 from better_compute.storage import repo
@@ -154,6 +154,7 @@ def _hot_statements(path: Path) -> list[str]:
         )
         booking.get(ctx, rsv.id)
         booking.list_reservations(ctx, None, None, ["active"])
+        list(listing.listed_pages(ctx, None, None, ["active"]))  # list --json (storage/listing.py)
         pool_id = repo.pool_rows(db.conn)[0]["name"]
         views.pool(ctx, pool_id)
         views.timeline(ctx, None, None, NOW_MS, NOW_MS + 7 * DAY, 30)

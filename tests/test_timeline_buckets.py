@@ -85,3 +85,36 @@ def test_the_packed_fold_is_the_plain_fold(drawn: list[tuple[int, int, int, int]
     want = [len({(n, a) for n, a, f, la in rows if f <= i <= la}) for i in range(count)]
     assert buckets.fold(rows, count) == want
     assert buckets._fold_packed(packed, bits, count) == want
+
+
+def test_a_node_that_changed_pool_is_counted_where_its_bookings_are(run: Cli) -> None:
+    """Bookings keep the pool they were made in. A node moved to another pool (an inventory
+    import does that once its bookings are past) is counted in its old pool's past, and its old
+    bookings never in its new pool."""
+    for _ in range(3):
+        run.ok("reserve", "--tenant", "acme", "--gpus", 8, "--for", "3h")
+    run.ok("pool", "create", "east")
+    window, step = Window(NOW_MS - HOUR, NOW_MS + 5 * HOUR), 30 * MINUTE
+    ctx = open_ctx(pgtest.ledger(str(run.db)), NOW, ME, None)
+    try:
+        with ctx.db.read() as conn:
+            west = str(repo.find_pool(conn, "west")["id"])
+            east = str(repo.find_pool(conn, "east")["id"])
+            assert not buckets._strays(conn, west)
+            booked = str(
+                plain_rows(
+                    conn, "SELECT node_id FROM bookings WHERE pool_id = ?", (west,)
+                ).__next__()[0]
+            )
+        with ctx.db.write() as conn:
+            node = repo.get_node(conn, booked)
+            repo.move_node(conn, booked, east, node.labels, node.atoms)
+        with ctx.db.read() as conn:
+            assert buckets._strays(conn, west) and not buckets._strays(conn, east)
+            for pool_id in (west, east):
+                want = _by_gpu(conn, pool_id, window, step)
+                assert buckets.booked_per_bucket(conn, pool_id, window, step) == want
+            assert max(_by_gpu(conn, west, window, step)) == 24
+            assert max(buckets.booked_per_bucket(conn, east, window, step)) == 0
+    finally:
+        ctx.db.close()

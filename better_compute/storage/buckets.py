@@ -8,8 +8,9 @@ within a node, and hands over one integer a row: the GPU (node rowid, atom), the
 last bucket, packed so that integer order is (GPU, first, last). The fold is `fold`'s, on
 repo.booking_buckets's rows (tests compare the two, and both with a count GPU by GPU).
 
-PostgreSQL has no rowid: there, and for a pool whose packing would not fit in 63 bits, the
-plain rows are folded the same way.
+PostgreSQL has no rowid: there, for a pool whose packing would not fit in 62 bits, and while a
+node that left the pool still holds bookings of it (`_strays`), the plain rows are folded the
+same way.
 """
 
 from __future__ import annotations
@@ -29,11 +30,25 @@ def booked_per_bucket(conn: Conn, pool_id: str, window: Window, step: int) -> li
     with any booking overlapping it, each counted once (PRODUCT.md §5.7)."""
     count = -(-(window.end - window.start) // step)
     bits = count.bit_length()
-    if dialect(conn) == SQLITE:
+    if dialect(conn) == SQLITE and not _strays(conn, pool_id):
         top = conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM nodes").fetchone()[0]
         if int(top).bit_length() + _ATOM_BITS + 2 * bits <= 62:
             return _fold_packed(_packed(conn, pool_id, window, step, count, bits), bits, count)
     return fold(repo.booking_buckets(conn, pool_id, window, step), count)
+
+
+def _strays(conn: Conn, pool_id: str) -> bool:
+    """Whether some node holds bookings of this pool but now sits in another (an inventory
+    import moves a node once its bookings are past). The packed read walks the pool's nodes of
+    today, so it would miss them: the plain read counts them. One pass over the pool's GPU
+    summary (`atom_bookings`), a seek per node."""
+    row = conn.execute(
+        "SELECT 1 FROM (SELECT DISTINCT node_id FROM atom_bookings WHERE pool_id = ?) AS held"
+        " WHERE NOT EXISTS (SELECT 1 FROM nodes n WHERE n.name = held.node_id AND n.pool_id = ?)"
+        " LIMIT 1",
+        (pool_id, pool_id),
+    ).fetchone()
+    return row is not None
 
 
 def _packed(
@@ -47,7 +62,8 @@ def _packed(
         ' + CASE WHEN b."end" - :from - 1 < :count * :step THEN (b."end" - :from - 1) / :step'
         " ELSE :count - 1 END AS k"
         ' FROM nodes n JOIN bookings b ON b.node_id = n.name AND b."end" > :from'
-        ' AND b."end" < :bound AND b.start < :to'
+        # `+`: the pool's test must not steer SQLite off the nodes' index (bookings_node_window)
+        ' AND b."end" < :bound AND b.start < :to AND +b.pool_id = :pool'
         " WHERE n.pool_id = :pool ORDER BY n.name, b.atom, k"
     )
     args = {

@@ -25,6 +25,11 @@ SAMPLES: tuple[Any, ...] = (
     "",
     "x y",
     "é中",
+    "-0",
+    "\udcff",  # an undecodable byte of argv, as Python hands it over
+    "a\x00b",
+    "\u0660",  # ARABIC-INDIC DIGIT ZERO: a digit to int(), not to the plain path
+    "1\n",
     "9" * 18,
     "9" * 19,
     "-" + "9" * 30,
@@ -38,6 +43,7 @@ SAMPLES: tuple[Any, ...] = (
     ["a"],
     [],
     ("1", 2),
+    ["\udcff"],
 )
 
 

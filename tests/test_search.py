@@ -194,10 +194,15 @@ def pools(draw: st.DrawFn) -> tuple[Pool, int, int, int, int]:
         atoms = tuple(sorted(draw(st.sets(st.integers(0, gpus - 1), min_size=1))))
         start = draw(st.integers(0, 100))
         bookings.append((name, atoms, start * M, (start + draw(st.integers(1, 60))) * M))
+    maintenance = []
+    for _ in range(draw(st.integers(0, 1))):
+        start = draw(st.integers(0, 100))
+        name = draw(st.sampled_from(sorted(nodes)))
+        maintenance.append((name, start * M, (start + draw(st.integers(1, 40))) * M))
     gpus = draw(st.integers(1, 4))
     first = draw(st.integers(0, 60))
     last = first + draw(st.integers(0, 80))
-    return Pool(nodes, bookings), gpus, first, last, draw(st.integers(1, 50))
+    return Pool(nodes, bookings, maintenance), gpus, first, last, draw(st.integers(1, 50))
 
 
 def brute_first(
@@ -248,27 +253,19 @@ def test_a_duration_range_gives_the_longest_window_at_its_start(
 
 
 def free_nodes(pool: Pool, lo: int, hi: int, length: int, gang: bool) -> list[freetime.NodeFree]:
-    """What storage/calendar.py answers, worked out in Python: per node, GPUs never booked in
-    [lo, hi) and the long enough gaps of the others."""
+    """What storage/calendar.py answers, worked out in Python: per node, its bookings overlapping
+    [lo, hi) with their GPUs as a bit mask (those with the same start and end merged), by start,
+    and its maintenance windows."""
+    del length  # read whatever overlaps, as storage does
     nodes = []
     for name, (gpus, clique) in sorted(pool.nodes.items()):
-        held: dict[int, list[tuple[int, int]]] = {}
+        masks: dict[tuple[int, int], int] = {}
         for n, atoms, s, e in pool.bookings:
             if n == name and e > lo and s < hi:
-                for a in atoms:
-                    held.setdefault(a, []).append((s, e))
-        gaps = []
-        for atom, spans in held.items():
-            cursor = lo
-            for s, e in sorted(spans):
-                if s - cursor >= length:
-                    gaps.append((atom, cursor, s))
-                cursor = max(cursor, e)
-            if hi - cursor >= length:
-                gaps.append((atom, cursor, hi))
-        nodes.append(
-            freetime.NodeFree(name, f"c1.{clique}" if gang else "", gpus - len(held), tuple(gaps))
-        )
+                masks[(s, e)] = masks.get((s, e), 0) | sum(1 << a for a in set(atoms))
+        busy = tuple((s, e, m) for (s, e), m in sorted(masks.items()))
+        blocked = tuple((s, e) for n, s, e in pool.maintenance if n == name and e > lo and s < hi)
+        nodes.append(freetime.NodeFree(name, f"c1.{clique}" if gang else "", gpus, busy, blocked))
     return nodes
 
 

@@ -1,14 +1,17 @@
 """Which starts could possibly fit, from GPU counts alone: the search's cheap first test.
 
 Planning a window (the real planner) costs a query and a snapshot per node; on a busy fleet most
-candidate starts fail. This module answers, once per search, the starts at which enough nodes
-(`size` of them in one topology group for a gang) have at least `need` healthy GPUs free for the
-whole shortest window. It ignores what only the planner knows (NVLink groups), so it never
-refuses a start the planner would accept: a necessary condition, never a verdict.
+candidate starts fail. This module answers, once per stretch of the range, the starts at which
+enough nodes (`size` of them in one topology group for a gang) have at least `need` GPUs free
+for the whole shortest window. It ignores what only the planner knows (NVLink groups, GPU
+health), so it never refuses a start the planner would accept: a necessary condition, never a
+verdict.
 
-Input per node: the healthy GPUs free over the whole span, and for the others the gaps between
-their bookings that are long enough. An atom is free for [s, s + d) exactly when s lies in
-[gap start, gap end - d] of one of its gaps.
+Input per node: its bookings in the span read, one per (start, end) with the GPUs it holds as a
+bit mask (storage sums them in SQL, so Python walks one row per booking, not one per GPU). A
+booking [a, z) holds its GPUs for every window start in [a - d + 1, z - 1] (d the window's
+length): the starts where a node has `need` free are where fewer than `gpus - need + 1` of its
+GPUs are held, found by one sweep over those start intervals.
 """
 
 from __future__ import annotations
@@ -29,9 +32,14 @@ class NodeFree:
 
     name: str
     group: str | None  # its topology value; None: lacks the label (never joins a gang)
-    always: int  # healthy GPUs with no booking in the span
-    gaps: tuple[tuple[int, int, int], ...] = ()  # (atom, gap start, gap end) of the others
+    gpus: int  # its GPUs, numbered from 0 (bit i of a mask is GPU i)
+    #: (start, end, GPUs held as a bit mask) of its bookings in the span, by start.
+    busy: tuple[tuple[int, int, int], ...] = ()
     blocked: tuple[tuple[int, int], ...] = field(default=())  # maintenance windows [start, end)
+
+    @property
+    def full(self) -> int:
+        return (1 << self.gpus) - 1
 
 
 def _at_least(spans: Iterable[Span], k: int) -> list[Span]:
@@ -53,33 +61,64 @@ def _at_least(spans: Iterable[Span], k: int) -> list[Span]:
     return out
 
 
-def _minus(spans: list[Span], holes: Sequence[Span]) -> list[Span]:
-    """Closed spans with the open intervals `holes` (lo, hi) taken out."""
-    for lo, hi in holes:
-        cut: list[Span] = []
-        for a, b in spans:
-            if b <= lo or a >= hi:
-                cut.append((a, b))
-                continue
-            if a <= lo:
-                cut.append((a, lo))
-            if b >= hi:
-                cut.append((hi, b))
-        spans = cut
-    return spans
-
-
 def node_starts(node: NodeFree, need: int, first: int, last: int, length: int) -> list[Span]:
     """Starts in [first, last] at which the node has `need` GPUs free for `length`."""
-    if node.always >= need:
-        spans = [(first, last)]
-    else:
-        atom_spans = [
-            (max(a, first), min(z - length, last)) for _, a, z in node.gaps if z - length >= a
-        ]
-        spans = _at_least([s for s in atom_spans if s[0] <= s[1]], need - node.always)
-    holes = [(m_start - length, m_end) for m_start, m_end in node.blocked]
-    return _minus(spans, holes)
+    full = node.full
+    if node.gpus < need:
+        return []
+    held: list[tuple[int, int, int]] = []  # (first start, last start, mask) each one holds
+    union = 0
+    for a, z, mask in node.busy:
+        lo, hi = max(a - length + 1, first), min(z - 1, last)
+        if lo <= hi:
+            held.append((lo, hi, mask))
+            union |= mask
+    for m_start, m_end in node.blocked:  # maintenance holds every GPU
+        lo, hi = max(m_start - length + 1, first), min(m_end - 1, last)
+        if lo <= hi:
+            held.append((lo, hi, full))
+            union = full
+    if (full & ~union).bit_count() >= need:
+        return [(first, last)]  # never short, whatever overlaps
+    if need == node.gpus:  # the whole node: free exactly outside the union of what holds it
+        return _outside(held, first, last)
+    return _sweep(held, need, full, first, last)
+
+
+def _outside(held: list[tuple[int, int, int]], first: int, last: int) -> list[Span]:
+    """[first, last] minus the closed intervals of `held`."""
+    out: list[Span] = []
+    cursor = first
+    for lo, hi, _ in sorted(held):
+        if lo > cursor:
+            out.append((cursor, lo - 1))
+        cursor = max(cursor, hi + 1)
+    if cursor <= last:
+        out.append((cursor, last))
+    return out
+
+
+def _sweep(
+    held: list[tuple[int, int, int]], need: int, full: int, first: int, last: int
+) -> list[Span]:
+    """Where at least `need` of the node's GPUs are held by none of `held`."""
+    edges = sorted({first, *(lo for lo, _, _ in held), *(hi + 1 for _, hi, _ in held)})
+    out: list[Span] = []
+    for i, t in enumerate(edges):
+        if t > last:
+            break
+        busy = 0
+        for lo, hi, mask in held:
+            if lo <= t <= hi:
+                busy |= mask
+        if (full & ~busy).bit_count() < need:
+            continue
+        end = edges[i + 1] - 1 if i + 1 < len(edges) else last
+        if out and out[-1][1] == t - 1:
+            out[-1] = (out[-1][0], min(end, last))
+        else:
+            out.append((t, min(end, last)))
+    return out
 
 
 def possible_starts(
@@ -122,16 +161,24 @@ def covers(spans: Sequence[Span], t: int) -> bool:
 
 def free_until(node: NodeFree, need: int, start: int, horizon: int, cap: int) -> int | None:
     """The latest end (at most `cap`) up to which the node keeps `need` GPUs free from `start`,
-    or None if it has not `need` free at `start`. A gap reaching `horizon` (the span's end) runs
-    on past it, so it counts as reaching `cap`."""
+    or None if it has not `need` free at `start`. Bookings past `horizon` (the end of the span
+    read) are unknown, so free time reaching it counts as reaching `cap`."""
     if any(m_start <= start < m_end for m_start, m_end in node.blocked):
         return None
-    ends = [cap] * node.always + [
-        cap if z >= horizon else min(z, cap) for _, a, z in node.gaps if a <= start < z
-    ]
-    if len(ends) < need:
+    taken = 0
+    for a, z, mask in node.busy:
+        if a <= start < z:
+            taken |= mask
+    free = node.full & ~taken
+    if free.bit_count() < need:
         return None
-    until = sorted(ends, reverse=True)[need - 1]
+    until = cap
+    for a, _, mask in node.busy:  # by start: the first at which fewer than `need` stay free
+        if a > start and a < horizon:
+            free &= ~mask
+            if free.bit_count() < need:
+                until = min(until, a)
+                break
     for m_start, _ in node.blocked:
         if m_start > start:
             until = min(until, m_start)

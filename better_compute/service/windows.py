@@ -195,20 +195,13 @@ def prefilter(ctx: Ctx, draft: Reservation, ask: search.Ask) -> freetime.Chunked
 
     def chunk(first: int, last: int) -> freetime.Free:
         hi = last + stretch
-        booked, found = cal.gaps(conn, pool_id, first, hi, length)
-        free: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
-        for node, atom, a, z in found:
-            free[node].append((atom, a, z))
+        busy = cal.held(conn, pool_id, first, hi)
         blocked: dict[str, list[tuple[int, int]]] = defaultdict(list)
         for node, m_start, m_end in cal.maintenance_in(conn, pool_id, first, hi):
             blocked[node].append((m_start, m_end))
         nodes = [
             freetime.NodeFree(
-                name,
-                group,
-                total - booked.get(name, 0),
-                tuple(free[name]),
-                tuple(blocked[name]),
+                name, group, total, tuple(busy.get(name, ())), tuple(blocked.get(name, ()))
             )
             for name, group, total in eligible
         ]

@@ -136,33 +136,21 @@ def ids_in(conn: Conn, rsv_ids: Sequence[str]) -> list[Reservation]:
 
 # ---------------------------------------------------------------- free time, counted in SQL
 
-#: Per GPU of the pool with a booking in the span [:lo, :hi): its gaps of at least :length
-#: between bookings (each booking's start, after the latest end of the bookings before it, or
-#: :lo) and after its last booking (up to :hi). Window functions, portable to PostgreSQL.
-GAPS_SQL = """
-WITH b AS (
-  SELECT node_id, atom, start, "end" FROM bookings
-  WHERE pool_id = :pool AND "end" > :lo AND "end" < :bound AND start < :hi
-), o AS (
-  SELECT node_id, atom, start,
-         MAX("end") OVER (PARTITION BY node_id, atom ORDER BY start, "end"
-                          ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before
-  FROM b
-), t AS (
-  SELECT node_id, atom, MAX("end") AS last_end FROM b GROUP BY node_id, atom
-)
-SELECT node_id, atom, COALESCE(before, :lo), start FROM o
- WHERE start - COALESCE(before, :lo) >= :length
-UNION ALL
-SELECT node_id, atom, last_end, :hi FROM t WHERE :hi - last_end >= :length
+#: Every booking of the pool in the span [:lo, :hi), one row per node and (start, end) with the
+#: GPUs it holds summed into a bit mask (GPU i is bit i; DISTINCT, so a sum is an OR), ordered
+#: by node and start. The covering index bookings_window reads it; "end" < :bound (the span's end
+#: plus the pool's longest booking) keeps that read to the span. Portable to PostgreSQL (its SUM
+#: of BIGINT is NUMERIC, read back as an integer).
+HELD_SQL = """
+SELECT node_id, start, "end", SUM(DISTINCT CAST(1 AS BIGINT) << atom) FROM bookings
+WHERE pool_id = :pool AND "end" > :lo AND "end" < :bound AND start < :hi
+GROUP BY node_id, start, "end"
+ORDER BY node_id, start, "end"
 """
 
-#: Per node of the pool, how many of its GPUs have a booking in the span.
-BOOKED_SQL = """
-SELECT node_id, COUNT(DISTINCT atom) FROM bookings
-WHERE pool_id = :pool AND "end" > :lo AND "end" < :bound AND start < :hi
-GROUP BY node_id
-"""
+#: A mask read back: bit 63 comes back as a negative BIGINT.
+_MASK64 = (1 << 64) - 1
+
 
 #: Per eligible node (schedulable, reachable): its labels, GPUs and the fabric of its GPUs (for
 #: fabric.domain); and, separately, its unhealthy GPUs.
@@ -188,16 +176,14 @@ def eligible_nodes(conn: Conn, pool_id: str) -> list[tuple[str, str, int, str | 
     return out
 
 
-def gaps(
-    conn: Conn, pool_id: str, lo: int, hi: int, length: int
-) -> tuple[dict[str, int], list[tuple[str, int, int, int]]]:
-    """Over [lo, hi): per node, how many GPUs have a booking there; and (node, atom, gap start,
-    gap end) of every gap of at least `length` of those GPUs."""
-    bound = hi + repo.longest_booking(conn, pool_id)
-    params = {"pool": pool_id, "lo": lo, "hi": hi, "bound": bound, "length": length}
-    booked = {str(n): int(c) for n, c in conn.execute(BOOKED_SQL, params)}
-    found = [(str(n), int(a), int(x), int(z)) for n, a, x, z in conn.execute(GAPS_SQL, params)]
-    return booked, found
+def held(conn: Conn, pool_id: str, lo: int, hi: int) -> dict[str, list[tuple[int, int, int]]]:
+    """Per node, (start, end, GPUs as a bit mask) of its bookings overlapping [lo, hi), by start."""
+    bound = hi + repo.longest_booking(conn, pool_id) + 1
+    params = {"pool": pool_id, "lo": lo, "hi": hi, "bound": bound}
+    out: dict[str, list[tuple[int, int, int]]] = {}
+    for node, start, end, mask in conn.execute(HELD_SQL, params):
+        out.setdefault(node, []).append((start, end, int(mask) & _MASK64))
+    return out
 
 
 def node_models(conn: Conn, pool_id: str) -> list[tuple[str, str]]:

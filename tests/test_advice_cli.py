@@ -574,3 +574,18 @@ def test_update_keeps_to_the_calendar_policy_and_commit(run: Cli) -> None:
     assert "allowed durations (at least 2h)" in err["message"]
     err = run.fails(CONFLICT, "update", pending["id"], "--for", "30h")
     assert "--commit" in err["message"]
+
+
+def test_a_node_of_64_gpus_is_counted_to_its_last_gpu(run: Cli) -> None:
+    """The counted test reads a booking's GPUs as a 64-bit mask: GPU 63 is its sign bit."""
+    run.ok("pool", "create", "big")
+    run.ok("node", "add", "b1", "--pool", "big", "--gpus", "64", "--model", "h100")
+    run.ok("reserve", "--tenant", "acme", "--pool", "big", "--gpus", "64", "--for", "1h",
+           "--key", "all")  # fmt: skip
+    run.ok("reserve", "--tenant", "globex", "--pool", "big", "--gpus", "32", "--for", "1h",
+           "--start", "+1h", "--key", "half")  # fmt: skip
+    ask = ["--pool", "big", "--start-range", "now..+3h", "--duration", "30m", "--limit", "1"]
+    assert advise(run, "--gpus", "1", *ask)[0]["startTime"] == NOW_MS + HOUR
+    assert advise(run, "--gpus", "32", *ask)[0]["startTime"] == NOW_MS + HOUR
+    assert advise(run, "--gpus", "33", *ask)[0]["startTime"] == NOW_MS + 2 * HOUR
+    assert advise(run, "--gpus", "64", *ask)[0]["startTime"] == NOW_MS + 2 * HOUR

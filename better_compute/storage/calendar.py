@@ -142,7 +142,7 @@ def ids_in(conn: Conn, rsv_ids: Sequence[str]) -> list[Reservation]:
 #: plus the pool's longest booking) keeps that read to the span. Portable to PostgreSQL (its SUM
 #: of BIGINT is NUMERIC, read back as an integer).
 HELD_SQL = """
-SELECT node_id, start, "end", SUM(DISTINCT CAST(1 AS BIGINT) << atom) FROM bookings
+SELECT node_id, start, "end", SUM(DISTINCT CAST(1 AS BIGINT) << CAST(atom AS INTEGER)) FROM bookings
 WHERE pool_id = :pool AND "end" > :lo AND "end" < :bound AND start < :hi
 GROUP BY node_id, start, "end"
 ORDER BY node_id, start, "end"

@@ -19,6 +19,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from better_compute.model import Window
 
@@ -26,16 +27,15 @@ from better_compute.model import Window
 Span = tuple[int, int]
 
 
-@dataclass(frozen=True)
-class NodeFree:
-    """One eligible node over the searched span."""
+class NodeFree(NamedTuple):
+    """One eligible node over the searched span (a tuple: a pool has thousands)."""
 
     name: str
     group: str | None  # its topology value; None: lacks the label (never joins a gang)
     gpus: int  # its GPUs, numbered from 0 (bit i of a mask is GPU i)
     #: (start, end, GPUs held as a bit mask) of its bookings in the span, by start.
-    busy: tuple[tuple[int, int, int], ...] = ()
-    blocked: tuple[tuple[int, int], ...] = field(default=())  # maintenance windows [start, end)
+    busy: Sequence[tuple[int, int, int]] = ()
+    blocked: Sequence[tuple[int, int]] = ()  # maintenance windows [start, end)
 
     @property
     def full(self) -> int:
@@ -242,6 +242,7 @@ class Chunked:
         self._need, self._size, self._gang = need, size, gang
         self._upto: int | None = None
         self._free = Free((), (), 0)
+        self._able_at: tuple[int, list[NodeFree]] | None = None
 
     def __call__(self, window: Window) -> bool:
         """Could a window from this start fit? (Starts come in ascending order.)"""
@@ -251,25 +252,34 @@ class Chunked:
             return True
         if self._upto is None or t > self._upto:
             upto = min(self._last, t + self._step - 1)
-            self._free, self._upto = self._compute(t, upto), upto
+            self._free, self._upto, self._able_at = self._compute(t, upto), upto, None
             self._step *= 2
         return covers(self._free.spans, t)
+
+    def _able(self, start: int) -> list[NodeFree]:
+        """The nodes whose own possible starts cover `start` (kept for the last start asked:
+        the planner's candidates and the bound on the end ask about the same start)."""
+        if self._able_at is None or self._able_at[0] != start:
+            by_node = self._free.by_node
+            able = [
+                n for n in self._free.nodes if n.name in by_node and covers(by_node[n.name], start)
+            ]
+            self._able_at = (start, able)
+        return self._able_at[1]
 
     def candidates(self, start: int) -> list[str] | None:
         """The nodes that could take a share of a window from `start` (a superset of those the
         planner finds fitting, by name); None before any chunk is worked out."""
         if self._upto is None:
             return None
-        return sorted(n for n, spans in self._free.by_node.items() if covers(spans, start))
+        return sorted(n.name for n in self._able(start))
 
     def reach(self, start: int, cap: int) -> int | None:
         """See `reach`; `start` must have been asked about last (None before any chunk)."""
         if self._upto is None:
             return None
-        by_node = self._free.by_node
-        able = [n for n in self._free.nodes if n.name in by_node and covers(by_node[n.name], start)]
         return reach(
-            able,
+            self._able(start),
             need=self._need,
             size=self._size,
             gang=self._gang,

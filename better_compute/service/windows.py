@@ -151,17 +151,19 @@ def _tester(ctx: Ctx, draft: Reservation, maybe: freetime.Chunked | None) -> sea
 
 def find(ctx: Ctx, draft: Reservation, ask: search.Ask, limit: int) -> list[Window]:
     """Up to `limit` windows of the draft's pool, earliest start first (engine/search.py)."""
-    conn = ctx.db.conn
+    conn, pool_id = ctx.db.conn, draft.pool_id
     opening = ask.opening()
     if opening > ask.last:
         return []
-    ends = cal.change_ends(conn, draft.pool_id, opening, ask.last)
-    latest = ask.last + ask.max_ms if ask.end_to is None else min(ask.last + ask.max_ms, ask.end_to)
     maybe = prefilter(ctx, draft, ask)
     return search.windows(
         ask,
-        ends,
-        lambda: cal.change_starts(conn, draft.pool_id, opening, latest),
+        # Read as far as the walk goes: a window found early reads a day of the range.
+        search.in_chunks(
+            lambda a, b: cal.change_ends(conn, pool_id, a, b), opening, ask.last, CHUNK_MS
+        ),
+        # Only where a window's end is searched, between its shortest and longest end.
+        lambda a, b: cal.change_starts(conn, pool_id, a - 1, b),
         _tester(ctx, draft, maybe),
         limit=limit,
         maybe=maybe,
@@ -185,7 +187,9 @@ def prefilter(ctx: Ctx, draft: Reservation, ask: search.Ask) -> freetime.Chunked
     gang = draft.gang_size is not None
     eligible = [
         (name, _group(draft.topology_key, labels, domain) if gang else "", total)
-        for name, labels, total, domain in cal.eligible_nodes(conn, pool_id)
+        for name, labels, total, domain in cal.eligible_nodes(
+            conn, pool_id, topology=draft.topology_key is not None
+        )
         if name not in refused
     ]
 
@@ -200,9 +204,7 @@ def prefilter(ctx: Ctx, draft: Reservation, ask: search.Ask) -> freetime.Chunked
         for node, m_start, m_end in cal.maintenance_in(conn, pool_id, first, hi):
             blocked[node].append((m_start, m_end))
         nodes = [
-            freetime.NodeFree(
-                name, group, total, tuple(busy.get(name, ())), tuple(blocked.get(name, ()))
-            )
+            freetime.NodeFree(name, group, total, busy.get(name, ()), blocked.get(name, ()))
             for name, group, total in eligible
         ]
         by_node: dict[str, list[freetime.Span]] = {}

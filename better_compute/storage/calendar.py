@@ -164,8 +164,24 @@ GROUP BY n.name, n.labels
 """
 
 
-def eligible_nodes(conn: Conn, pool_id: str) -> list[tuple[str, str, int, str | None]]:
-    """(name, labels JSON, GPUs, fabric.domain or None) of each schedulable, reachable node."""
+#: Per eligible node, its GPUs only: what a request without a topology key needs (the fabric
+#: aggregates above sort every GPU of the pool; this reads the atoms' primary key alone).
+COUNTS_SQL = """
+SELECT n.name, COUNT(*) FROM nodes n JOIN atoms a ON a.node_id = n.name
+WHERE n.pool_id = ? AND n.schedulable != 0 AND n.reachable != 0
+GROUP BY n.name
+"""
+
+
+def eligible_nodes(
+    conn: Conn, pool_id: str, *, topology: bool = True
+) -> list[tuple[str, str, int, str | None]]:
+    """(name, labels JSON, GPUs, fabric.domain or None) of each schedulable, reachable node.
+    Without `topology`, labels read "{}" and the domain None (cheaper: GPU counts only)."""
+    if not topology:
+        return [
+            (str(n), "{}", int(total), None) for n, total in conn.execute(COUNTS_SQL, (pool_id,))
+        ]
     out = []
     for name, labels, total, c_lo, c_hi, q_lo, q_hi, n_c, n_q in conn.execute(
         NODES_SQL, (pool_id,)

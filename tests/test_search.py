@@ -263,7 +263,8 @@ def free_nodes(pool: Pool, lo: int, hi: int, length: int, gang: bool) -> list[fr
         for n, atoms, s, e in pool.bookings:
             if n == name and e > lo and s < hi:
                 masks[(s, e)] = masks.get((s, e), 0) | sum(1 << a for a in set(atoms))
-        busy = tuple((s, e, m) for (s, e), m in sorted(masks.items()))
+        # In no particular order, as SQL's GROUP BY gives them: here, latest first.
+        busy = tuple((s, e, m) for (s, e), m in sorted(masks.items(), reverse=True))
         blocked = tuple((s, e) for n, s, e in pool.maintenance if n == name and e > lo and s < hi)
         nodes.append(freetime.NodeFree(name, f"c1.{clique}" if gang else "", gpus, busy, blocked))
     return nodes
@@ -326,3 +327,51 @@ def test_the_counted_shortcuts_change_no_answer(
         ask, pool.ends(), pool.starts(), fits, limit=3, maybe=chunked, reach=chunked.reach
     )
     assert quick == plain
+
+
+@settings(max_examples=150, deadline=None)
+@given(pools(), st.integers(0, 60), st.integers(1, 3))
+def test_the_counted_candidates_hold_every_node_that_fits(
+    case: tuple[Pool, int, int, int, int], extra: int, enough: int
+) -> None:
+    """Planning only the counted candidates of a window is exact: every node on which the
+    planner alone fits the window is among them, and the bound on the end is never short."""
+    pool, gpus, first, last, minutes = case
+    ask = search.Ask(first * M, last * M, minutes * M, (minutes + extra) * M)
+
+    def compute(a: int, b: int) -> freetime.Free:
+        hi = b + ask.max_ms
+        nodes = free_nodes(pool, a, hi, ask.min_ms, False)
+        by_node: dict[str, list[freetime.Span]] = {}
+        spans = freetime.possible_starts(
+            nodes, need=gpus, size=1, gang=False, first=a, last=b, length=ask.min_ms,
+            by_node=by_node,
+        )  # fmt: skip
+        return freetime.Free(tuple(nodes), tuple(spans), hi, by_node)
+
+    chunked = freetime.Chunked(
+        compute, ask.last, 10 * M, need=gpus, size=1, gang=False, length=ask.min_ms, enough=enough
+    )
+    for m in range(first, last + 1):
+        start = m * M
+        if not chunked(Window(start, start + ask.min_ms)):
+            continue
+        cap = start + ask.max_ms
+        bound = chunked.reach(start, cap)
+        for d in range(minutes, minutes + extra + 1):
+            window = Window(start, start + d * M)
+            found = chunked.candidates(window)
+            assert found is not None
+            fitting = [
+                name
+                for name in pool.nodes
+                if Pool({name: pool.nodes[name]}, pool.bookings, pool.maintenance).fits(gpus)(
+                    window
+                )
+            ]
+            if fitting:
+                assert bound is not None and window.end <= bound, (window, bound)
+            if found.complete:
+                assert set(fitting) <= set(found.names), (window, fitting, found)
+            else:  # a few to try first: each stays free long enough, by the counts
+                assert len(found.names) == enough, found

@@ -33,7 +33,7 @@ class NodeFree(NamedTuple):
     name: str
     group: str | None  # its topology value; None: lacks the label (never joins a gang)
     gpus: int  # its GPUs, numbered from 0 (bit i of a mask is GPU i)
-    #: (start, end, GPUs held as a bit mask) of its bookings in the span, by start.
+    #: (start, end, GPUs held as a bit mask) of its bookings in the span, in any order.
     busy: Sequence[tuple[int, int, int]] = ()
     blocked: Sequence[tuple[int, int]] = ()  # maintenance windows [start, end)
 
@@ -166,19 +166,21 @@ def free_until(node: NodeFree, need: int, start: int, horizon: int, cap: int) ->
     if any(m_start <= start < m_end for m_start, m_end in node.blocked):
         return None
     taken = 0
+    later = []
     for a, z, mask in node.busy:
         if a <= start < z:
             taken |= mask
+        elif start < a < horizon:
+            later.append((a, mask))
     free = node.full & ~taken
     if free.bit_count() < need:
         return None
     until = cap
-    for a, _, mask in node.busy:  # by start: the first at which fewer than `need` stay free
-        if a > start and a < horizon:
-            free &= ~mask
-            if free.bit_count() < need:
-                until = min(until, a)
-                break
+    for a, mask in sorted(later):  # the first start at which fewer than `need` stay free
+        free &= ~mask
+        if free.bit_count() < need:
+            until = min(until, a)
+            break
     for m_start, _ in node.blocked:
         if m_start > start:
             until = min(until, m_start)
@@ -197,13 +199,16 @@ def reach(
 ) -> int | None:
     """An upper bound on the end of any window from `start` that fits (None: none does), from
     counts: the latest end up to which `size` nodes (of one group for a gang) stay free."""
+    untils = [(n, free_until(n, need, start, horizon, cap)) for n in nodes]
+    return best_reach([(n, u) for n, u in untils if u is not None], size=size, gang=gang)
+
+
+def best_reach(untils: Iterable[tuple[NodeFree, int]], *, size: int, gang: bool) -> int | None:
+    """The latest end up to which `size` of the nodes (of one group for a gang) stay free."""
     groups: dict[str, list[int]] = {}
-    for node in nodes:
+    for node, until in untils:
         key = node.group if gang else ""
-        if key is None:
-            continue
-        until = free_until(node, need, start, horizon, cap)
-        if until is not None:
+        if key is not None:
             groups.setdefault(key, []).append(until)
     best = [sorted(u, reverse=True)[size - 1] for u in groups.values() if len(u) >= size]
     return max(best, default=None)
@@ -220,9 +225,24 @@ class Free:
     by_node: dict[str, list[Span]] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Candidates:
+    """The nodes worth planning for a window, those with the most free time first. `complete`:
+    every node that could take a share is there (a superset of those the planner finds
+    fitting); else only some that could, enough to try first."""
+
+    names: list[str]
+    complete: bool
+
+
 class Chunked:
     """`possible_starts` worked out a stretch of the range at a time, as an ascending search
-    reaches it: a search that finds its window early reads only the start of the range."""
+    reaches it: a search that finds its window early reads only the start of the range.
+
+    For the start last asked about it also answers which nodes could take a share of a window
+    from there (`candidates`) and how long a window could be (`reach`). A single-node request
+    needs only `enough` nodes for either, so nodes are looked at one by one until that many
+    are found; a gang needs every node of its group."""
 
     def __init__(
         self,
@@ -233,6 +253,8 @@ class Chunked:
         need: int,
         size: int,
         gang: bool,
+        length: int = 1,
+        enough: int = 8,
         plan_first: bool = False,
     ) -> None:
         self._compute, self._last, self._step = compute, last, max(1, step)
@@ -240,9 +262,10 @@ class Chunked:
         #: a fleet with room), working out the free time first would cost more than it saves.
         self._plan_first = plan_first
         self._need, self._size, self._gang = need, size, gang
+        self._length, self._enough = length, max(1, enough)
         self._upto: int | None = None
         self._free = Free((), (), 0)
-        self._able_at: tuple[int, list[NodeFree]] | None = None
+        self._at: _AtStart | None = None
 
     def __call__(self, window: Window) -> bool:
         """Could a window from this start fit? (Starts come in ascending order.)"""
@@ -252,38 +275,79 @@ class Chunked:
             return True
         if self._upto is None or t > self._upto:
             upto = min(self._last, t + self._step - 1)
-            self._free, self._upto, self._able_at = self._compute(t, upto), upto, None
+            self._free, self._upto, self._at = self._compute(t, upto), upto, None
             self._step *= 2
         return covers(self._free.spans, t)
 
-    def _able(self, start: int) -> list[NodeFree]:
-        """The nodes whose own possible starts cover `start` (kept for the last start asked:
-        the planner's candidates and the bound on the end ask about the same start)."""
-        if self._able_at is None or self._able_at[0] != start:
-            by_node = self._free.by_node
-            able = [
-                n for n in self._free.nodes if n.name in by_node and covers(by_node[n.name], start)
-            ]
-            self._able_at = (start, able)
-        return self._able_at[1]
+    def _start(self, start: int) -> _AtStart:
+        if self._at is None or self._at.start != start:
+            self._at = _AtStart(self._free, start, self._need)
+        return self._at
 
-    def candidates(self, start: int) -> list[str] | None:
-        """The nodes that could take a share of a window from `start` (a superset of those the
-        planner finds fitting, by name); None before any chunk is worked out."""
+    def candidates(self, window: Window) -> Candidates | None:
+        """The nodes that could take a share of `window` (by name); None before any chunk."""
         if self._upto is None:
             return None
-        return sorted(n.name for n in self._able(start))
+        at = self._start(window.start)
+        if window.end <= window.start + self._length:  # the counted test's own window
+            return Candidates([n.name for n in at.able], True)
+        if not self._gang:
+            some = at.lasting(window.end, self._enough)
+            if len(some) >= self._enough:
+                return Candidates([n.name for n, _ in some], False)
+        ranked = sorted((-u, n.name) for n, u in at.all_untils() if u >= window.end)
+        return Candidates([name for _, name in ranked], True)
 
     def reach(self, start: int, cap: int) -> int | None:
         """See `reach`; `start` must have been asked about last (None before any chunk)."""
         if self._upto is None:
             return None
-        return reach(
-            self._able(start),
-            need=self._need,
-            size=self._size,
-            gang=self._gang,
-            start=start,
-            horizon=self._free.horizon,
-            cap=cap,
-        )
+        at = self._start(start)
+        if not self._gang and len(at.lasting(cap, self._enough)) >= self._enough:
+            return cap  # enough nodes stay free to the cap: no need to look at the others
+        best = best_reach(at.all_untils(), size=self._size, gang=self._gang)
+        return None if best is None else min(best, cap)
+
+
+class _AtStart:
+    """How long each node able to start at `start` stays free, worked out as far as asked."""
+
+    def __init__(self, free: Free, start: int, need: int) -> None:
+        self.start, self._free, self._need = start, free, need
+        by_node = free.by_node
+        self.able = [n for n in free.nodes if n.name in by_node and covers(by_node[n.name], start)]
+        self._untils: list[tuple[NodeFree, int]] = []
+        self._done = 0  # how many of `able` have been looked at
+
+    def _more(self) -> tuple[bool, tuple[NodeFree, int] | None]:
+        """Look at the next able node: (whether there was one, it and its until if it has
+        `need` free at the start)."""
+        if self._done >= len(self.able):
+            return False, None
+        node = self.able[self._done]
+        self._done += 1
+        until = free_until(node, self._need, self.start, self._free.horizon, UNCAPPED)
+        if until is None:
+            return True, None
+        self._untils.append((node, until))
+        return True, (node, until)
+
+    def lasting(self, end: int, enough: int) -> list[tuple[NodeFree, int]]:
+        """Up to `enough` nodes that stay free until `end` or later, looking no further."""
+        found = [(n, u) for n, u in self._untils if u >= end][:enough]
+        while len(found) < enough:
+            more, seen = self._more()
+            if not more:
+                break
+            if seen is not None and seen[1] >= end:
+                found.append(seen)
+        return found
+
+    def all_untils(self) -> list[tuple[NodeFree, int]]:
+        while self._more()[0]:
+            pass
+        return self._untils
+
+
+#: No cap on how long a node stays free (free_until's answer is capped by the caller).
+UNCAPPED = 2**62

@@ -137,14 +137,19 @@ def fits_among(ctx: Ctx, draft: Reservation, window: Window, names: list[str]) -
 
 
 def _tester(ctx: Ctx, draft: Reservation, maybe: freetime.Chunked | None) -> search.Fits:
-    """The planner's yes or no for a window: over the counted candidates when they are known and
-    few enough (or a gang), else through placing.plan."""
+    """The planner's yes or no for a window: over the counted candidates when they are known
+    (all of them for a gang; for a single node, the few with the most free time first, and
+    placing.plan's shortlist only if none of those fits), else through placing.plan."""
 
     def test(window: Window) -> bool:
-        names = None if maybe is None else maybe.candidates(window.start)
-        if names is None or (draft.gang_size is None and len(names) > FEW_NODES):
-            return fits(ctx, draft, window)  # the shortlist stops at the best few itself
-        return fits_among(ctx, draft, window, names)
+        found = None if maybe is None else maybe.candidates(window)
+        if found is None:
+            return fits(ctx, draft, window)
+        names = found.names
+        if found.complete and (draft.gang_size is not None or len(names) <= FIRST_TRY):
+            return fits_among(ctx, draft, window, names)
+        # A node of these that fits is a plan the planner over every node finds too.
+        return fits_among(ctx, draft, window, names[:FIRST_TRY]) or fits(ctx, draft, window)
 
     return test
 
@@ -228,6 +233,8 @@ def prefilter(ctx: Ctx, draft: Reservation, ask: search.Ask) -> freetime.Chunked
         need=need,
         size=size,
         gang=gang,
+        length=length,
+        enough=FIRST_TRY,
         # A window that may stretch wants the counted bound on its end from the first start on.
         plan_first=not gang and ask.min_ms == ask.max_ms and ask.end_from is None,
     )
@@ -235,10 +242,11 @@ def prefilter(ctx: Ctx, draft: Reservation, ask: search.Ask) -> freetime.Chunked
 
 #: The first stretch of starts the cheap test works out at once; each next one is twice as long.
 CHUNK_MS = 86_400_000
-#: A single-node request plans the counted candidates itself when there are at most this many;
-#: with more, placing.plan's shortlist (which stops at the best few) is cheaper. A gang plans
-#: every fitting node either way, so it always plans the candidates.
-FEW_NODES = 64
+#: A single-node request plans at most this many of the counted candidates itself (those with
+#: the most free time: the count is exact but for NVLink groups and health, so one of them
+#: nearly always fits); if none fits, placing.plan's shortlist decides. A gang plans every
+#: candidate (the gang planner needs them all).
+FIRST_TRY = 8
 #: How far past a start the cheap test reads to bound a window's end (longer: the planner alone).
 MAX_STRETCH_MS = 30 * 86_400_000
 

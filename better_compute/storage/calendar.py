@@ -137,15 +137,14 @@ def ids_in(conn: Conn, rsv_ids: Sequence[str]) -> list[Reservation]:
 # ---------------------------------------------------------------- free time, counted in SQL
 
 #: Every booking of the pool in the span [:lo, :hi), one row per node and (start, end) with the
-#: GPUs it holds summed into a bit mask (GPU i is bit i; DISTINCT, so a sum is an OR), ordered
-#: by node and start. The covering index bookings_window reads it; "end" < :bound (the span's end
-#: plus the pool's longest booking) keeps that read to the span. Portable to PostgreSQL (its SUM
-#: of BIGINT is NUMERIC, read back as an integer).
+#: GPUs it holds summed into a bit mask (GPU i is bit i; DISTINCT, so a sum is an OR), in no
+#: particular order (engine/freetime.py sorts what it needs). The covering index bookings_window
+#: reads it; "end" < :bound (the span's end plus the pool's longest booking) keeps that read to
+#: the span. Portable to PostgreSQL (its SUM of BIGINT is NUMERIC, read back as an integer).
 HELD_SQL = """
 SELECT node_id, start, "end", SUM(DISTINCT CAST(1 AS BIGINT) << CAST(atom AS INTEGER)) FROM bookings
 WHERE pool_id = :pool AND "end" > :lo AND "end" < :bound AND start < :hi
 GROUP BY node_id, start, "end"
-ORDER BY node_id, start, "end"
 """
 
 #: A mask read back: bit 63 comes back as a negative BIGINT.
@@ -193,7 +192,7 @@ def eligible_nodes(
 
 
 def held(conn: Conn, pool_id: str, lo: int, hi: int) -> dict[str, list[tuple[int, int, int]]]:
-    """Per node, (start, end, GPUs as a bit mask) of its bookings overlapping [lo, hi), by start."""
+    """Per node, (start, end, GPUs as a bit mask) of its bookings overlapping [lo, hi)."""
     bound = hi + repo.longest_booking(conn, pool_id) + 1
     params = {"pool": pool_id, "lo": lo, "hi": hi, "bound": bound}
     out: dict[str, list[tuple[int, int, int]]] = {}

@@ -270,6 +270,19 @@ def free_nodes(pool: Pool, lo: int, hi: int, length: int, gang: bool) -> list[fr
     return nodes
 
 
+def counted(
+    pool: Pool, gpus: int, gang: int | None, a: int, b: int, length: int, hi: int
+) -> freetime.Free:
+    """The cheap test over starts [a, b] as the service works it out: a gang's nodes read at
+    once; a single node's lazily, here one node per batch (the service reads hundreds)."""
+    nodes = free_nodes(pool, a, hi, length, gang is not None)
+    batches = [nodes] if gang else [[n] for n in nodes]
+    return freetime.Free(
+        batches, need=gpus, size=gang or 1, gang=gang is not None, first=a, last=b,
+        length=length, horizon=hi, lazy=gang is None,
+    )  # fmt: skip
+
+
 @settings(max_examples=150, deadline=None)
 @given(pools(), st.sampled_from([None, 2]))
 def test_the_cheap_test_never_refuses_a_start_the_planner_takes(
@@ -291,6 +304,10 @@ def test_the_cheap_test_never_refuses_a_start_the_planner_takes(
     for m in range(first, last + 1):
         window = Window(m * M, m * M + length)
         assert freetime.covers(spans, window.start) == fits(window), m
+    # Worked out lazily (a node at a time, asked latest first), it answers the same.
+    lazy = counted(pool, gpus, gang, first * M, last * M, length, last * M + length)
+    for m in range(last, first - 1, -1):
+        assert lazy.covers(m * M) == freetime.covers(spans, m * M), m
 
 
 @settings(max_examples=150, deadline=None)
@@ -306,13 +323,7 @@ def test_the_counted_shortcuts_change_no_answer(
     plain = search.windows(ask, pool.ends(), pool.starts(), fits, limit=3)
 
     def compute(a: int, b: int) -> freetime.Free:
-        hi = b + ask.max_ms
-        nodes = free_nodes(pool, a, hi, ask.min_ms, gang is not None)
-        spans = freetime.possible_starts(
-            nodes, need=gpus, size=gang or 1, gang=gang is not None, first=a, last=b,
-            length=ask.min_ms,
-        )  # fmt: skip
-        return freetime.Free(tuple(nodes), tuple(spans), hi)
+        return counted(pool, gpus, gang, a, b, ask.min_ms, b + ask.max_ms)
 
     chunked = freetime.Chunked(
         compute,
@@ -321,6 +332,7 @@ def test_the_counted_shortcuts_change_no_answer(
         need=gpus,
         size=gang or 1,
         gang=gang is not None,
+        length=ask.min_ms,
         plan_first=extra % 2 == 1,
     )
     quick = search.windows(
@@ -340,14 +352,7 @@ def test_the_counted_candidates_hold_every_node_that_fits(
     ask = search.Ask(first * M, last * M, minutes * M, (minutes + extra) * M)
 
     def compute(a: int, b: int) -> freetime.Free:
-        hi = b + ask.max_ms
-        nodes = free_nodes(pool, a, hi, ask.min_ms, False)
-        by_node: dict[str, list[freetime.Span]] = {}
-        spans = freetime.possible_starts(
-            nodes, need=gpus, size=1, gang=False, first=a, last=b, length=ask.min_ms,
-            by_node=by_node,
-        )  # fmt: skip
-        return freetime.Free(tuple(nodes), tuple(spans), hi, by_node)
+        return counted(pool, gpus, None, a, b, ask.min_ms, b + ask.max_ms)
 
     chunked = freetime.Chunked(
         compute, ask.last, 10 * M, need=gpus, size=1, gang=False, length=ask.min_ms, enough=enough

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from better_compute.model import Window
@@ -214,15 +214,81 @@ def best_reach(untils: Iterable[tuple[NodeFree, int]], *, size: int, gang: bool)
     return max(best, default=None)
 
 
-@dataclass(frozen=True)
 class Free:
-    """One stretch of the range worked out: the nodes' free time and the possible starts."""
+    """One stretch of starts [first, last] worked out: the nodes' free time and the possible
+    starts, a batch of nodes at a time. Eager (every batch read at once) unless `lazy`: then a
+    batch is read only when the ones before cannot answer (`covers`, or `more` from the caller),
+    so a start that fits on the first nodes read costs only those. Laziness is for single-node
+    requests: a gang's possible starts count nodes of one group, read whole."""
 
-    nodes: tuple[NodeFree, ...]
-    spans: tuple[Span, ...]
-    horizon: int  # the end of the span the gaps were read over
-    #: Each node's own possible starts (nodes with none are left out).
-    by_node: dict[str, list[Span]] = field(default_factory=dict)
+    def __init__(
+        self,
+        batches: Iterable[Sequence[NodeFree]],
+        *,
+        need: int,
+        size: int,
+        gang: bool,
+        first: int,
+        last: int,
+        length: int,
+        horizon: int,
+        lazy: bool = False,
+    ) -> None:
+        if lazy and (gang or size != 1):
+            raise ValueError("only a single-node request is worked out lazily")
+        self._batches = iter(batches)
+        self._need, self._size, self._gang = need, size, gang
+        self._first, self._last, self._length = first, last, length
+        self.horizon = horizon  # the end of the span the bookings were read over
+        self.nodes: list[NodeFree] = []  # the nodes read so far
+        #: Each node's own possible starts (nodes with none are left out).
+        self.by_node: dict[str, list[Span]] = {}
+        self.spans: list[Span] = []  # the possible starts, as far as the nodes read tell
+        self.complete = False
+        if not lazy:
+            batch = [node for b in self._batches for node in b]
+            self.spans = possible_starts(
+                batch, need=need, size=size, gang=gang, first=first, last=last, length=length,
+                by_node=self.by_node,
+            )  # fmt: skip
+            self.nodes, self.complete = batch, True
+
+    def more(self) -> bool:
+        """Read the next batch of nodes; False once every node is read."""
+        if self.complete:
+            return False
+        batch = next(self._batches, None)
+        if batch is None:
+            self.complete = True
+            return False
+        found: list[Span] = []
+        for node in batch:
+            mine = node_starts(node, self._need, self._first, self._last, self._length)
+            if mine:
+                self.by_node[node.name] = mine
+                found.extend(mine)
+        self.nodes.extend(batch)
+        self.spans = _union([*self.spans, *found])
+        return True
+
+    def covers(self, t: int) -> bool:
+        """Could a window from t fit? Reads batches until one of their nodes could take it, or
+        every node is read."""
+        while not covers(self.spans, t):
+            if not self.more():
+                return False
+        return True
+
+
+def _union(spans: list[Span]) -> list[Span]:
+    """Closed spans merged into sorted disjoint ones (adjacent integers merge too)."""
+    merged: list[Span] = []
+    for a, b in sorted(spans):
+        if merged and a <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
 
 
 @dataclass(frozen=True)
@@ -264,7 +330,7 @@ class Chunked:
         self._need, self._size, self._gang = need, size, gang
         self._length, self._enough = length, max(1, enough)
         self._upto: int | None = None
-        self._free = Free((), (), 0)
+        self._free = Free((), need=need, size=size, gang=gang, first=0, last=0, length=1, horizon=0)
         self._at: _AtStart | None = None
 
     def __call__(self, window: Window) -> bool:
@@ -277,7 +343,7 @@ class Chunked:
             upto = min(self._last, t + self._step - 1)
             self._free, self._upto, self._at = self._compute(t, upto), upto, None
             self._step *= 2
-        return covers(self._free.spans, t)
+        return self._free.covers(t)
 
     def _start(self, start: int) -> _AtStart:
         if self._at is None or self._at.start != start:
@@ -289,12 +355,12 @@ class Chunked:
         if self._upto is None:
             return None
         at = self._start(window.start)
-        if window.end <= window.start + self._length:  # the counted test's own window
-            return Candidates([n.name for n in at.able], True)
         if not self._gang:
             some = at.lasting(window.end, self._enough)
             if len(some) >= self._enough:
                 return Candidates([n.name for n, _ in some], False)
+        if window.end <= window.start + self._length:  # the counted test's own window
+            return Candidates([n.name for n in at.able()], True)
         ranked = sorted((-u, n.name) for n, u in at.all_untils() if u >= window.end)
         return Candidates([name for _, name in ranked], True)
 
@@ -310,27 +376,52 @@ class Chunked:
 
 
 class _AtStart:
-    """How long each node able to start at `start` stays free, worked out as far as asked."""
+    """How long each node able to start at `start` stays free, worked out node by node as far
+    as asked (reading more batches of nodes when those read run out)."""
 
     def __init__(self, free: Free, start: int, need: int) -> None:
         self.start, self._free, self._need = start, free, need
-        by_node = free.by_node
-        self.able = [n for n in free.nodes if n.name in by_node and covers(by_node[n.name], start)]
+        self._able: list[NodeFree] = []
         self._untils: list[tuple[NodeFree, int]] = []
-        self._done = 0  # how many of `able` have been looked at
+        self._seen = 0  # how many of free.nodes have been looked at
+        self._timed = 0  # how many of _able have their free time worked out
+
+    def _next(self) -> NodeFree | None:
+        """The next node that could start a window at `start`, or None after the last."""
+        free, start = self._free, self.start
+        while True:
+            while self._seen < len(free.nodes):
+                node = free.nodes[self._seen]
+                self._seen += 1
+                spans = free.by_node.get(node.name)
+                if spans is not None and covers(spans, start):
+                    self._able.append(node)
+                    return node
+            if not free.more():
+                return None
 
     def _more(self) -> tuple[bool, tuple[NodeFree, int] | None]:
-        """Look at the next able node: (whether there was one, it and its until if it has
-        `need` free at the start)."""
-        if self._done >= len(self.able):
+        """Work out the next able node's free time: (whether there was one, it and its until
+        if it has `need` free at the start)."""
+        if self._timed < len(self._able):
+            node: NodeFree | None = self._able[self._timed]
+        else:
+            node = self._next()
+        if node is None:
             return False, None
-        node = self.able[self._done]
-        self._done += 1
+        self._timed += 1
         until = free_until(node, self._need, self.start, self._free.horizon, UNCAPPED)
         if until is None:
             return True, None
         self._untils.append((node, until))
         return True, (node, until)
+
+    def able(self) -> list[NodeFree]:
+        """Every node that could start a window at `start` (their free time not worked out:
+        the caller needs only the counted test's window)."""
+        while self._next() is not None:
+            pass
+        return self._able
 
     def lasting(self, end: int, enough: int) -> list[tuple[NodeFree, int]]:
         """Up to `enough` nodes that stay free until `end` or later, looking no further."""

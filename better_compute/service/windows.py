@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import replace
 
 from better_compute.engine import calendar as policy_rules
@@ -139,12 +140,15 @@ def fits_among(ctx: Ctx, draft: Reservation, window: Window, names: list[str]) -
 def _tester(ctx: Ctx, draft: Reservation, maybe: freetime.Chunked | None) -> search.Fits:
     """The planner's yes or no for a window: over the counted candidates when they are known
     (all of them for a gang; for a single node, the few with the most free time first, and
-    placing.plan's shortlist only if none of those fits), else through placing.plan."""
+    placing.plan's shortlist only if none of those fits); before the free time is worked out,
+    over the nodes SQL counts enough free GPUs on (`probe`)."""
 
     def test(window: Window) -> bool:
         found = None if maybe is None else maybe.candidates(window)
         if found is None:
-            return fits(ctx, draft, window)
+            if maybe is None or draft.gang_size is not None:
+                return fits(ctx, draft, window)
+            found = probe(ctx, draft, window)
         names = found.names
         if found.complete and (draft.gang_size is not None or len(names) <= FIRST_TRY):
             return fits_among(ctx, draft, window, names)
@@ -152,6 +156,19 @@ def _tester(ctx: Ctx, draft: Reservation, maybe: freetime.Chunked | None) -> sea
         return fits_among(ctx, draft, window, names[:FIRST_TRY]) or fits(ctx, draft, window)
 
     return test
+
+
+def probe(ctx: Ctx, draft: Reservation, window: Window) -> freetime.Candidates:
+    """The nodes with at least the draft's GPUs free for the whole window, counted in SQL (a GPU
+    with any booking in the window is not free; quarantined GPUs and maintenance are left to the
+    planner): a superset of the nodes a single-node plan can use, whole, in one query."""
+    need = draft.gpus or 1
+    names = [
+        name
+        for name, total, booked in cal.free_counts(ctx.db.conn, draft.pool_id, window)
+        if total - booked >= need
+    ]
+    return freetime.Candidates(names, True)
 
 
 def find(ctx: Ctx, draft: Reservation, ask: search.Ask, limit: int) -> list[Window]:
@@ -198,34 +215,42 @@ def prefilter(ctx: Ctx, draft: Reservation, ask: search.Ask) -> freetime.Chunked
         if name not in refused
     ]
 
+    # Whole nodes wanted (no eligible node has more GPUs than asked): any booking is in the way.
+    whole = all(total <= need for _, _, total in eligible)
     # Read far enough to bound how long a window may stretch (engine/freetime.reach).
     stretch = ask.max_ms if ask.end_to is None else min(ask.max_ms, ask.end_to - ask.first)
     stretch = max(length, min(stretch, MAX_STRETCH_MS))
 
+    size = draft.gang_size or 1
+    lazy = not gang  # a single node: read a batch of nodes at a time, as the search asks
+
     def chunk(first: int, last: int) -> freetime.Free:
         hi = last + stretch
-        busy = cal.held(conn, pool_id, first, hi)
         blocked: dict[str, list[tuple[int, int]]] = defaultdict(list)
         for node, m_start, m_end in cal.maintenance_in(conn, pool_id, first, hi):
             blocked[node].append((m_start, m_end))
-        nodes = [
-            freetime.NodeFree(name, group, total, busy.get(name, ()), blocked.get(name, ()))
-            for name, group, total in eligible
-        ]
-        by_node: dict[str, list[freetime.Span]] = {}
-        spans = freetime.possible_starts(
-            nodes,
-            need=need,
-            size=size,
-            gang=gang,
-            first=first,
-            last=last,
-            length=length,
-            by_node=by_node,
-        )
-        return freetime.Free(tuple(nodes), tuple(spans), hi, by_node)
 
-    size = draft.gang_size or 1
+        def batches() -> Iterator[list[freetime.NodeFree]]:
+            # Lazily, a batch of nodes at a time through the per-node index; eagerly (a gang),
+            # the pool's span in one read.
+            parts = (
+                [eligible[i : i + n] for i, n in _batches(len(eligible))] if lazy else [eligible]
+            )
+            for part in parts:
+                if lazy:
+                    busy = cal.held_of(conn, [name for name, _, _ in part], first, hi, whole=whole)
+                else:
+                    busy = cal.held(conn, pool_id, first, hi, whole=whole)
+                yield [
+                    freetime.NodeFree(name, group, total, busy.get(name, ()), blocked.get(name, ()))
+                    for name, group, total in part
+                ]
+
+        return freetime.Free(
+            batches(), need=need, size=size, gang=gang, first=first, last=last, length=length,
+            horizon=hi, lazy=lazy,
+        )  # fmt: skip
+
     return freetime.Chunked(
         chunk,
         ask.last,
@@ -235,11 +260,22 @@ def prefilter(ctx: Ctx, draft: Reservation, ask: search.Ask) -> freetime.Chunked
         gang=gang,
         length=length,
         enough=FIRST_TRY,
-        # A window that may stretch wants the counted bound on its end from the first start on.
+        # A fixed length on one node: the first start is answered by counts in SQL (`probe`).
         plan_first=not gang and ask.min_ms == ask.max_ms and ask.end_from is None,
     )
 
 
+def _batches(count: int) -> Iterator[tuple[int, int]]:
+    """(offset, size) of the batches of nodes a single-node search reads: FIRST_BATCH first,
+    then twice as many each time, at most 1000 (one placeholder per node in the query)."""
+    offset, size = 0, FIRST_BATCH
+    while offset < count:
+        yield offset, size
+        offset, size = offset + size, min(2 * size, 1000)
+
+
+#: How many nodes a single-node search reads first (the rest only if none of these answers).
+FIRST_BATCH = 250
 #: The first stretch of starts the cheap test works out at once; each next one is twice as long.
 CHUNK_MS = 86_400_000
 #: A single-node request plans at most this many of the counted candidates itself (those with

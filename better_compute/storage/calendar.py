@@ -7,10 +7,11 @@ Written portably (`?` placeholders, `"end"` quoted) for the PostgreSQL backend t
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
-from better_compute.model import CalendarPolicy, Reservation
+from better_compute.model import CalendarPolicy, Reservation, Window
 from better_compute.storage import repo
+from better_compute.storage.conn import Row
 from better_compute.storage.repo import Conn
 
 # ---------------------------------------------------------------- policies
@@ -147,6 +148,30 @@ WHERE pool_id = :pool AND "end" > :lo AND "end" < :bound AND start < :hi
 GROUP BY node_id, start, "end"
 """
 
+#: HELD_SQL for some nodes only (`{marks}`: one placeholder per node): each node's bookings are
+#: read through the index bookings_node_window, so a batch costs its nodes, not the pool. No
+#: pool_id test: it would steer SQLite to bookings_window, the whole pool's span (a node's
+#: bookings hold its GPUs whatever pool they were made in, as the planner's snapshots count).
+HELD_OF_SQL = """
+SELECT node_id, start, "end", SUM(DISTINCT CAST(1 AS BIGINT) << CAST(atom AS INTEGER)) FROM bookings
+WHERE node_id IN ({marks}) AND "end" > ? AND "end" < ? AND start < ?
+GROUP BY node_id, start, "end"
+"""
+
+#: What a request for whole nodes reads instead (any booking holds the whole node, so which
+#: GPUs it holds does not matter): no sum to work out, about half the cost.
+WHOLE_SQL = """
+SELECT DISTINCT node_id, start, "end" FROM bookings
+WHERE pool_id = :pool AND "end" > :lo AND "end" < :bound AND start < :hi
+"""
+WHOLE_OF_SQL = """
+SELECT DISTINCT node_id, start, "end" FROM bookings
+WHERE node_id IN ({marks}) AND "end" > ? AND "end" < ? AND start < ?
+"""
+
+#: Every GPU: the mask of a booking read for whole nodes.
+ALL_GPUS = (1 << 64) - 1
+
 #: A mask read back: bit 63 comes back as a negative BIGINT.
 _MASK64 = (1 << 64) - 1
 
@@ -191,14 +216,57 @@ def eligible_nodes(
     return out
 
 
-def held(conn: Conn, pool_id: str, lo: int, hi: int) -> dict[str, list[tuple[int, int, int]]]:
-    """Per node, (start, end, GPUs as a bit mask) of its bookings overlapping [lo, hi)."""
+def held(
+    conn: Conn, pool_id: str, lo: int, hi: int, *, whole: bool = False
+) -> dict[str, list[tuple[int, int, int]]]:
+    """Per node, (start, end, GPUs as a bit mask) of its bookings overlapping [lo, hi). With
+    `whole` (a request for whole nodes), each booking holds ALL_GPUS."""
     bound = hi + repo.longest_booking(conn, pool_id) + 1
     params = {"pool": pool_id, "lo": lo, "hi": hi, "bound": bound}
+    return _by_node(conn.execute(WHOLE_SQL if whole else HELD_SQL, params), whole)
+
+
+def held_of(
+    conn: Conn, names: Sequence[str], lo: int, hi: int, *, whole: bool = False
+) -> dict[str, list[tuple[int, int, int]]]:
+    """`held`, for these nodes only (at most 1000 names). The bound on a booking's length is
+    taken over every pool (see HELD_OF_SQL)."""
+    if not names:
+        return {}
+    bound = hi + repo.longest_booking_anywhere(conn) + 1
+    sql = (WHOLE_OF_SQL if whole else HELD_OF_SQL).format(marks=",".join("?" * len(names)))
+    return _by_node(conn.execute(sql, (*names, lo, bound, hi)), whole)
+
+
+def _by_node(rows: Iterable[Row], whole: bool) -> dict[str, list[tuple[int, int, int]]]:
     out: dict[str, list[tuple[int, int, int]]] = {}
-    for node, start, end, mask in conn.execute(HELD_SQL, params):
-        out.setdefault(node, []).append((start, end, int(mask) & _MASK64))
+    if whole:
+        for node, start, end in rows:
+            out.setdefault(node, []).append((start, end, ALL_GPUS))
+    else:
+        for node, start, end, mask in rows:
+            out.setdefault(node, []).append((start, end, int(mask) & _MASK64))
     return out
+
+
+#: Per eligible node of the pool: its GPUs and how many of them have a booking in [:lo, :hi)
+#: (the rest are free for the whole window). One pass over the window's bookings.
+FREE_COUNTS_SQL = """
+SELECT n.name, (SELECT COUNT(*) FROM atoms a WHERE a.node_id = n.name), COALESCE(b.booked, 0)
+FROM nodes n LEFT JOIN (
+  SELECT node_id, COUNT(DISTINCT atom) AS booked FROM bookings
+  WHERE pool_id = :pool AND "end" > :lo AND "end" < :bound AND start < :hi
+  GROUP BY node_id
+) b ON b.node_id = n.name
+WHERE n.pool_id = :pool AND n.schedulable != 0 AND n.reachable != 0
+"""
+
+
+def free_counts(conn: Conn, pool_id: str, window: Window) -> list[tuple[str, int, int]]:
+    """(node, GPUs, GPUs with a booking in the window) of each eligible node of the pool."""
+    bound = window.end + repo.longest_booking(conn, pool_id) + 1
+    params = {"pool": pool_id, "lo": window.start, "hi": window.end, "bound": bound}
+    return [(str(n), int(t), int(b)) for n, t, b in conn.execute(FREE_COUNTS_SQL, params)]
 
 
 def node_models(conn: Conn, pool_id: str) -> list[tuple[str, str]]:

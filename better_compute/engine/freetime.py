@@ -63,36 +63,44 @@ def _at_least(spans: Iterable[Span], k: int) -> list[Span]:
 
 def node_starts(node: NodeFree, need: int, first: int, last: int, length: int) -> list[Span]:
     """Starts in [first, last] at which the node has `need` GPUs free for `length`."""
-    full = node.full
     if node.gpus < need:
         return []
+    shift = length - 1  # a booking from a holds its GPUs for starts from a - length + 1
+    if need == node.gpus:  # the whole node: free exactly outside what any booking holds
+        cuts = [(a - shift, z - 1) for a, z, _ in node.busy]
+        cuts += [(a - shift, z - 1) for a, z in node.blocked]
+        return _outside(cuts, first, last)
+    full = node.full
     held: list[tuple[int, int, int]] = []  # (first start, last start, mask) each one holds
     union = 0
     for a, z, mask in node.busy:
-        lo, hi = max(a - length + 1, first), min(z - 1, last)
-        if lo <= hi:
-            held.append((lo, hi, mask))
+        lo, hi = a - shift, z - 1
+        if lo <= last and hi >= first:
+            held.append((lo if lo > first else first, hi if hi < last else last, mask))
             union |= mask
     for m_start, m_end in node.blocked:  # maintenance holds every GPU
-        lo, hi = max(m_start - length + 1, first), min(m_end - 1, last)
-        if lo <= hi:
-            held.append((lo, hi, full))
+        lo, hi = m_start - shift, m_end - 1
+        if lo <= last and hi >= first:
+            held.append((lo if lo > first else first, hi if hi < last else last, full))
             union = full
     if (full & ~union).bit_count() >= need:
         return [(first, last)]  # never short, whatever overlaps
-    if need == node.gpus:  # the whole node: free exactly outside the union of what holds it
-        return _outside(held, first, last)
     return _sweep(held, need, full, first, last)
 
 
-def _outside(held: list[tuple[int, int, int]], first: int, last: int) -> list[Span]:
-    """[first, last] minus the closed intervals of `held`."""
+def _outside(cuts: list[tuple[int, int]], first: int, last: int) -> list[Span]:
+    """[first, last] minus the closed intervals `cuts`."""
     out: list[Span] = []
     cursor = first
-    for lo, hi, _ in sorted(held):
+    for lo, hi in sorted(cuts):
+        if lo > last:
+            break
         if lo > cursor:
             out.append((cursor, lo - 1))
-        cursor = max(cursor, hi + 1)
+        if hi >= cursor:
+            cursor = hi + 1
+            if cursor > last:
+                return out
     if cursor <= last:
         out.append((cursor, last))
     return out

@@ -7,6 +7,7 @@ Written portably (`?` placeholders, `"end"` quoted) for the PostgreSQL backend t
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 from better_compute.model import CalendarPolicy, Reservation, Window
@@ -239,13 +240,13 @@ def held_of(
 
 
 def _by_node(rows: Iterable[Row], whole: bool) -> dict[str, list[tuple[int, int, int]]]:
-    out: dict[str, list[tuple[int, int, int]]] = {}
+    out: defaultdict[str, list[tuple[int, int, int]]] = defaultdict(list)
     if whole:
         for node, start, end in rows:
-            out.setdefault(node, []).append((start, end, ALL_GPUS))
+            out[node].append((start, end, ALL_GPUS))
     else:
         for node, start, end, mask in rows:
-            out.setdefault(node, []).append((start, end, int(mask) & _MASK64))
+            out[node].append((start, end, int(mask) & _MASK64))
     return out
 
 

@@ -11,7 +11,10 @@ Input per node: its bookings in the span read, one per (start, end) with the GPU
 bit mask (storage sums them in SQL, so Python walks one row per booking, not one per GPU). A
 booking [a, z) holds its GPUs for every window start in [a - d + 1, z - 1] (d the window's
 length): the starts where a node has `need` free are where fewer than `gpus - need + 1` of its
-GPUs are held, found by one sweep over those start intervals.
+GPUs are held, found by one sweep over those start intervals (for whole nodes, the complement
+of their union). `Free` works a stretch of starts out a batch of nodes at a time; `Chunked`
+walks the range a stretch at a time and also names, for one start, the nodes worth planning and
+how long a window could last.
 """
 
 from __future__ import annotations
@@ -193,22 +196,6 @@ def free_until(node: NodeFree, need: int, start: int, horizon: int, cap: int) ->
         if m_start > start:
             until = min(until, m_start)
     return until
-
-
-def reach(
-    nodes: Sequence[NodeFree],
-    *,
-    need: int,
-    size: int,
-    gang: bool,
-    start: int,
-    horizon: int,
-    cap: int,
-) -> int | None:
-    """An upper bound on the end of any window from `start` that fits (None: none does), from
-    counts: the latest end up to which `size` nodes (of one group for a gang) stay free."""
-    untils = [(n, free_until(n, need, start, horizon, cap)) for n in nodes]
-    return best_reach([(n, u) for n, u in untils if u is not None], size=size, gang=gang)
 
 
 def best_reach(untils: Iterable[tuple[NodeFree, int]], *, size: int, gang: bool) -> int | None:

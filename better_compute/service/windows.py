@@ -217,7 +217,7 @@ def prefilter(ctx: Ctx, draft: Reservation, ask: search.Ask) -> freetime.Chunked
 
     # Whole nodes wanted (no eligible node has more GPUs than asked): any booking is in the way.
     whole = all(total <= need for _, _, total in eligible)
-    # Read far enough to bound how long a window may stretch (engine/freetime.reach).
+    # Read far enough to bound how long a window may stretch (freetime.Chunked.reach).
     stretch = ask.max_ms if ask.end_to is None else min(ask.max_ms, ask.end_to - ask.first)
     stretch = max(length, min(stretch, MAX_STRETCH_MS))
 

@@ -226,8 +226,10 @@ def preview(
     ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Would it fit, where, and if not, why? Books nothing. With --start-range, for the earliest
-    window that fits (the window reserve --start-range would book)."""
+    """Would it fit, where, and if not, why? Books nothing.
+
+    With --start-range: the earliest window that fits, the one reserve --start-range books.
+    """
     if every is not None or count is not None or until is not None:
         raise InvalidInput(series.NO_PREVIEW)
     args = _reserve_args(

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from better_compute.model import Event, JsonValue, LedgerCopy, Node, NodePlan, Policy, Reservation
 
 if TYPE_CHECKING:  # types only: rendering a reservation must not load every use case
+    from better_compute.engine.search import Ask
     from better_compute.service.accounting import UsageWindow
     from better_compute.service.booking import Preview
     from better_compute.service.views import Assignment, Bucket, Rollup, Timeline
@@ -170,6 +171,15 @@ def preview(p: Preview) -> dict[str, JsonValue]:
             else None
         ),
         "window": {"start": p.window.start, "end": p.window.end},
+        "search": None if p.searched is None else _searched(p.searched),
+    }
+
+
+def _searched(a: Ask) -> dict[str, JsonValue]:
+    """What a `--start-range` preview searched: starts and lengths, after now and the policy."""
+    return {
+        "startRange": {"from": a.first, "to": a.last},
+        "durationRange": {"min": a.min_ms, "max": a.max_ms},
     }
 
 

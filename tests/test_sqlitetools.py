@@ -6,11 +6,13 @@ the file as it was, and two processes upgrading one file run each migration once
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 
+import pgtest
 import pytest
-from conftest import Cli
+from conftest import ME, Cli
 
 from better_compute.storage import db as dbmod
 from better_compute.storage.db import Database, _migrate, migration_script, sqlite_tools
@@ -165,3 +167,45 @@ def test_a_migration_another_process_ran_meanwhile_is_not_run_again(
         first.close()
         second.close()
     assert _schema_and_version(path)[1] == SCHEMA_VERSION
+
+
+# ---------------------------------------------------------------- querying the ledger yourself
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _readme_queries() -> list[str]:
+    """The SQL of the README's `sqlite-utils tour.db "…"` report queries."""
+    found = re.findall(r"sqlite-utils tour\.db ([\"'])(.*?)\1", README.read_text(), flags=re.S)
+    return [" ".join(sql.split()) for _, sql in found]
+
+
+def _query(db: Path, sql: str) -> list[tuple[object, ...]]:
+    """Run `sql` as a person would with sqlite-utils or psql: straight on the database."""
+    if pgtest.active():
+        import psycopg
+
+        with psycopg.connect(pgtest.ledger(str(db))) as conn:
+            return [tuple(r) for r in conn.execute(sql.encode())]
+    conn = sqlite3.connect(str(db))
+    try:
+        return [tuple(r) for r in conn.execute(sql)]
+    finally:
+        conn.close()
+
+
+def test_the_readme_report_queries_run_on_both_backends(run: Cli) -> None:
+    """README and docs/postgres.md promise the same text on both: reservations per tenant and
+    state, GPU-hours of closed usage windows, events by type and actor."""
+    queries = _readme_queries()
+    assert len(queries) == 3, queries
+    done = run.ok("reserve", "--tenant", "acme", "--gpus", "4", "--for", "2h", "--key", "a")
+    run.ok("tick")  # placed -> binding -> active: its usage window opens
+    run.ok("release", done["id"], now="2026-09-28T09:30:00Z")
+    run.ok("reserve", "--tenant", "globex", "--gpus", "2", "--for", "1h", "--key", "b")
+    held, hours, events = (_query(run.db, sql) for sql in queries)
+    assert held == [("globex", "placed", 1, 2)], held
+    assert [(t, m, float(h)) for t, m, h in hours] == [("acme", "gpu.h100.hours", 6.0)], hours
+    by_type = {(e[0], e[1]): e[2] for e in events}
+    assert by_type[("reservation.created", ME)] == 2, events
+    assert by_type[("reservation.active", "system")] == 1, events

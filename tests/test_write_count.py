@@ -60,3 +60,26 @@ def test_only_another_connections_commits_change_it() -> None:
     finally:
         other.close()
         mine.close()
+
+
+def test_init_force_carries_the_count_on() -> None:
+    """`init --force` rebuilds the ledger in place, and a connection of the old one goes on
+    working: were the count to start again at 0, a few writes later it could equal what that
+    connection last knew, and the change would go unseen."""
+    url = pgtest.url_for(f"/pg-writes/{uuid.uuid4().hex}.db")
+    mine = setup.init(url, NOW_MS, False, manual=True, admin="admin", group=None)[0]
+    try:
+        for _ in range(3):
+            _write(mine)
+        seen = data_version(mine.conn)
+        setup.init(url, NOW_MS, True, manual=True, admin="admin", group=None)[0].close()
+        other = open_ledger(url)
+        try:
+            for _ in range(3):  # as many as mine made on the old ledger
+                _write(other)
+        finally:
+            other.close()
+        with mine.write() as conn:
+            assert data_version(conn) != seen
+    finally:
+        mine.close()

@@ -38,8 +38,9 @@ DEFAULT_LOCK_TIMEOUT_MS = 30_000
 #: when a write transaction commits, which is what PgConn.data_version reads.
 CLOCK_WRITE = "UPDATE meta SET writes = writes + 1 WHERE key = 'last_at' RETURNING writes"
 
-#: The same lock for `init --force`, which replaces the ledger (whatever its schema version).
-CLOCK_LOCK = "SELECT value FROM meta WHERE key = 'last_at' FOR UPDATE"
+#: The same lock for `init --force`, which replaces the ledger (whatever its schema version, so
+#: whatever columns the row has).
+CLOCK_LOCK = "SELECT * FROM meta WHERE key = 'last_at' FOR UPDATE"
 
 #: How often taking the write lock may lose a deadlock or serialization check before UNAVAILABLE.
 LOCK_ATTEMPTS = 5
@@ -445,8 +446,12 @@ def create_database(url: str, *, force: bool, db_id: str, fill: Any = None) -> P
                 raise Conflict(
                     f"{db.where} already holds a better-compute ledger; add --force to replace it"
                 )
+            writes = 0
             if version is not None:
-                raw.execute(CLOCK_LOCK)  # the lock order: writers finish or wait, never deadlock
+                # The lock order: writers finish or wait, never deadlock.
+                clock = raw.execute(CLOCK_LOCK).fetchone()
+                if clock is not None and "writes" in clock.keys():  # noqa: SIM118 (a Row's keys)
+                    writes = int(clock["writes"])  # a ledger from version 9 on
                 _drop_ledger(db)
             for script in MIGRATIONS:
                 raw.execute(migration_text(script, POSTGRES))
@@ -456,6 +461,8 @@ def create_database(url: str, *, force: bool, db_id: str, fill: Any = None) -> P
             )
             if fill is not None:
                 fill(db)
+            if writes:  # the count goes on: a connection that knew the old ledger sees a change
+                raw.execute("UPDATE meta SET writes = %s WHERE key = 'last_at'", (writes + 1,))
     except BaseException:
         db.close()
         raise

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 DEFAULT_BUSY_TIMEOUT_MS = 30_000
-#: Rows per multi-row INSERT in bulk writes (sqlite-utils lowers it to fit SQLite's bound-
-#: parameter limit: 999 parameters in older builds, so 166 GPU rows of 6 columns).
+#: Rows per multi-row INSERT in bulk writes; sqlite-utils lowers it to fit 999 bound parameters
+#: (the limit of older SQLite builds): 166 GPU rows of 6 columns, 333 node rows of 3.
 BULK_BATCH = 1000
 
 
@@ -157,8 +157,8 @@ class Database:
         self, table: str, columns: Sequence[str], rows: Iterable[Sequence[object]]
     ) -> None:
         """Many rows at once, inside the write transaction: sqlite-utils' insert_all, a few
-        hundred rows per INSERT (as many as SQLite's bound-parameter limit allows). The table
-        must exist: the migrations made it, never the rows' shape."""
+        hundred rows per INSERT (BULK_BATCH). The table must exist: the migrations made it,
+        never the rows' shape."""
         head: list[Sequence[object]] = [list(columns)]
         sqlite_tools(self.conn)[table].insert_all(  # type: ignore[union-attr]
             itertools.chain(head, rows), batch_size=BULK_BATCH

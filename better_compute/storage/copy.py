@@ -188,7 +188,7 @@ def _load_sqlite(conn: Any, data: dict[str, tuple[list[str], list[tuple[Any, ...
         if table not in db.table_names():
             raise Unavailable(f"the target has no table {table!r}: upgrade better-compute there")
         db.execute(f"DELETE FROM {table}")
-        db[table].insert_all(  # type: ignore[union-attr]
+        db.table(table).insert_all(
             (dict(zip(columns, row, strict=True)) for row in rows), batch_size=1000
         )
 

@@ -160,7 +160,7 @@ class Database:
         hundred rows per INSERT (BULK_BATCH). The table must exist: the migrations made it,
         never the rows' shape."""
         head: list[Sequence[object]] = [list(columns)]
-        sqlite_tools(self.conn)[table].insert_all(  # type: ignore[union-attr]
+        sqlite_tools(self.conn).table(table).insert_all(
             itertools.chain(head, rows), batch_size=BULK_BATCH
         )
 

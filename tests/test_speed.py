@@ -113,6 +113,26 @@ def test_json_reads_load_no_rich_no_dateutil_no_pydantic(
     assert heavy == [], f"`{' '.join(argv)}` loaded {heavy}"
 
 
+def test_the_hot_path_never_imports_sqlite_utils(small_ledger: Path, tmp_path: Path) -> None:
+    """sqlite-utils (about 70 ms to import) runs migrations and bulk writes only: opening an
+    up-to-date ledger, `get`, `reserve` and `tick` never load it."""
+    db = ["--db", str(small_ledger), "--now", "2026-09-28T08:00:00Z", "--json"]
+    rsv = _first_rsv(small_ledger)
+    reserve = ["reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h"]
+    for argv in (["get", rsv], reserve, ["tick"], ["pool", "list"]):
+        loaded = _loaded_after([*db, *argv], tmp_path)
+        assert "sqlite_utils" not in loaded, f"`{argv[0]}` imported sqlite_utils"
+        assert "better_compute.storage.db" in loaded  # it did open the ledger
+
+
+def test_inventory_import_writes_through_sqlite_utils(small_ledger: Path, tmp_path: Path) -> None:
+    """The other side of the check above: the import's bulk inserts are sqlite-utils'."""
+    (tmp_path / "nodes.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\nn-1,1,1,2,T4\n")
+    argv = ["--db", str(small_ledger), "--json", "inventory", "import", "--format"]
+    loaded = _loaded_after([*argv, "openb-nodes", str(tmp_path / "nodes.csv")], tmp_path)
+    assert "sqlite_utils" in loaded
+
+
 def test_version_loads_no_rich_and_no_ledger_code(tmp_path: Path) -> None:
     loaded = _loaded_after(["--version"], tmp_path)
     heavy = sorted(m for m in loaded if m.startswith((*HEAVY, "better_compute.service.")))

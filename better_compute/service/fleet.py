@@ -6,7 +6,9 @@ the pool could ever hold) comes from an engine/fleet.PoolIndex instead of SQL. T
 the ledger, exactly, whenever placement asks, so it is checked inside the write transaction,
 with the write lock held:
 
-- another process's commit changes `PRAGMA data_version`: everything is dropped and reloaded;
+- another process's commit changes the ledger's data_version (SQLite's `PRAGMA data_version`;
+  on PostgreSQL a count kept on the clock row, storage/simulation.data_version): everything is
+  dropped and reloaded;
 - this process's own commits name every reservation whose bookings or state they changed, in
   the events they write: those reservations' bookings are read again (one indexed query).
 

@@ -104,9 +104,9 @@ def bad_nodes(
     return sorted(set(bad))
 
 
-def can_bind(node: Node, auto_bind: bool) -> bool:
+def can_bind(reachable: bool, auto_bind: bool) -> bool:
     """Step 5: with autoBind, tick binds reachable nodes itself; otherwise agents report."""
-    return auto_bind and node.reachable
+    return auto_bind and reachable
 
 
 def other_groups(rsv: Reservation, nodes: dict[str, Node]) -> frozenset[str]:

@@ -22,7 +22,7 @@ from better_compute.model import Event, JsonValue, ReleaseReason, Reservation, S
 from better_compute.service import authz, booking, metering, notices, placing
 from better_compute.service.authz import require_admin
 from better_compute.service.context import NO_NOW_ON_REAL_CLOCK, Ctx
-from better_compute.storage import due, ledger, repo
+from better_compute.storage import due, ledger, repo, tickwork
 
 
 def tick(ctx: Ctx, *, shown: bool = True) -> list[Event]:
@@ -36,11 +36,14 @@ def tick(ctx: Ctx, *, shown: bool = True) -> list[Event]:
         first = _last_seq(ctx) if shown else 0
         _release_due(ctx)
         _retry_pending(ctx)
-        _repair_due(ctx)
-        _start_binding(ctx)
+        placed = _repair_due(ctx)
+        bound = _start_binding(ctx, placed)
         _bind(ctx)
-        notices.give_due(ctx)
-        return _shown(ctx, first) if shown else []
+        looked = notices.give_due(ctx, [r for r in placed if r.id not in bound])
+        changes = _shown(ctx, first) if shown else []
+    if ctx.fleet is not None:
+        ctx.fleet.looked = looked  # committed: the next tick of this replay may rely on it
+    return changes
 
 
 def _shown(ctx: Ctx, first: int) -> list[Event]:
@@ -112,13 +115,17 @@ def _pending_reason(rsv: Reservation) -> str:
     return rsv.conditions[0].reason if rsv.conditions else "NoCapacity"
 
 
-def _repair_due(ctx: Ctx) -> None:
-    """Step 3: BookingRepair at start - leadMs (once) and again at the start."""
+def _repair_due(ctx: Ctx) -> list[Reservation]:
+    """Step 3: BookingRepair at start - leadMs (once) and again at the start. Returns the placed
+    reservations that start by now + leadMs as this step leaves them (oldest first), which is
+    all that steps 4 and 6 read: nothing after this step places a reservation."""
     lead = ctx.settings.repair_lead_ms
     placed = repo.placed_starting_by(ctx.db.conn, ctx.now + lead)
+    after: list[Reservation] = []
     for rsv in placed:
         point = due_repair(rsv, ctx.now, lead)
         if point is None:
+            after.append(rsv)
             continue
         marked = replace(
             rsv,
@@ -126,7 +133,12 @@ def _repair_due(ctx: Ctx) -> None:
             start_checked=rsv.start_checked or point == RepairPoint.START,
         )
         repo.save_reservation(ctx.db.conn, marked)
-        repair_one(ctx, marked)
+        checked = repair_one(ctx, marked)
+        if checked is not marked:  # placed again or waiting: read back as stored
+            checked = repo.get_reservation(ctx.db.conn, rsv.id)
+        if checked.state == State.PLACED:
+            after.append(checked)
+    return after
 
 
 def repair_one(ctx: Ctx, rsv: Reservation) -> Reservation:
@@ -212,17 +224,21 @@ def repair(ctx: Ctx, rsv_id: str | None) -> list[Event]:
         return _shown(ctx, first)
 
 
-def _start_binding(ctx: Ctx) -> None:
-    """Step 4: placed reservations whose start has come; nodes' desired state lists them."""
-    for rsv in repo.placed_starting_by(ctx.db.conn, ctx.now):
+def _start_binding(ctx: Ctx, placed: list[Reservation]) -> set[str]:
+    """Step 4: placed reservations whose start has come; nodes' desired state lists them.
+    `placed` is what step 3 left (a superset, oldest first). Returns the ids moved."""
+    moved = set()
+    for rsv in placed:
         if due_binding(rsv, ctx.now):
             repo.save_reservation(ctx.db.conn, states.move(rsv, State.BINDING))
+            moved.add(rsv.id)
             ctx.event(
                 "reservation.binding",
                 rsv.tenant_id,
                 rsv.id,
                 {"nodeIds": [a.node_id for a in rsv.allocations]},
             )
+    return moved
 
 
 def _auto_bind(ctx: Ctx, pool_id: str) -> bool:
@@ -233,23 +249,30 @@ def _auto_bind(ctx: Ctx, pool_id: str) -> bool:
 def _bind(ctx: Ctx) -> None:
     """Step 5: autoBind reachable nodes; a reservation with every allocation bound is active."""
     conn = ctx.db.conn
+    auto: dict[str, bool] = {}
     for rsv in repo.reservations_in(conn, State.BINDING):
-        names = sorted({a.node_id for a in rsv.allocations})
-        nodes = {n.name: n for n in repo.load_nodes_named(conn, names)}
-        auto = _auto_bind(ctx, rsv.pool_id)
+        if rsv.pool_id not in auto:
+            auto[rsv.pool_id] = _auto_bind(ctx, rsv.pool_id)
+        reach = tickwork.reachable(conn, sorted({a.node_id for a in rsv.allocations}))
+        allocations = []
         for alloc in rsv.allocations:
-            if not alloc.bound and can_bind(nodes[alloc.node_id], auto):
+            if not alloc.bound and can_bind(reach[alloc.node_id], auto[rsv.pool_id]):
                 repo.set_bound(conn, alloc.id)
-        activate_if_bound(ctx, rsv.id)
+                alloc = replace(alloc, bound=True)
+            allocations.append(alloc)
+        _activate(ctx, replace(rsv, allocations=tuple(allocations)))
 
 
 def activate_if_bound(ctx: Ctx, rsv_id: str) -> None:
-    conn = ctx.db.conn
-    rsv = repo.get_reservation(conn, rsv_id)
+    _activate(ctx, repo.get_reservation(ctx.db.conn, rsv_id))
+
+
+def _activate(ctx: Ctx, rsv: Reservation) -> None:
+    """A binding reservation (as stored) whose every allocation is bound becomes active."""
     if rsv.state == State.BINDING and all(a.bound for a in rsv.allocations):
         active = states.move(rsv, State.ACTIVE)
-        repo.save_reservation(conn, active)
-        metering.open_windows(conn, active, ctx.now)
+        repo.save_reservation(ctx.db.conn, active)
+        metering.open_windows(ctx.db.conn, active, ctx.now)
         ctx.event(
             "reservation.active",
             rsv.tenant_id,

@@ -1,0 +1,66 @@
+"""What a tick reads about its own work, narrowed so that a tick costs what is due (issue 8).
+
+Kept apart from repo.py: `simulate` ticks at every due instant of a replay, so the reads here
+answer exactly what repo's plain queries answer, for fewer rows or fewer statements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from better_compute.storage.repo import Conn
+
+_NOT_NOTICED = (
+    "NOT EXISTS (SELECT 1 FROM notices n WHERE n.reservation_id = r.id"
+    " AND n.type = 'reservation.expiring')"
+)
+
+
+def expiring_since(
+    conn: Conn, now: int, by: int, through: int, seen: int, states: Sequence[str]
+) -> list[str]:
+    """What webhooks.ending_between(now, by) answers, when every reservation in `states` that
+    ends by `through` was looked at before event `seen` and none has changed since without an
+    event on it: those ending in (max(now, through), by], plus those named by an event after
+    `seen` that end in (now, by]. Ids with no expiring notice yet, oldest first.
+
+    Each read is a seek: a short range of the ends index, the few newest events by their
+    primary key, and those events' reservations by id (`|| ''` and `+ 0` keep SQLite off the
+    state and end indexes there, which would walk the whole range)."""
+    marks = ",".join("?" * len(states))
+    found = {
+        str(i): int(q)
+        for i, q in conn.execute(
+            f"SELECT r.id, r.seq FROM reservations r WHERE r.state IN ({marks})"
+            f" AND r.during_end > ? AND r.during_end <= ? AND {_NOT_NOTICED}",
+            (*states, max(now, through), by),
+        )
+    }
+    rows = conn.execute("SELECT reservation_id FROM events WHERE seq > ?", (seen,))
+    named = sorted({str(r[0]) for r in rows if r[0] is not None})
+    for first in range(0, len(named), 500):
+        chunk = named[first : first + 500]
+        found.update(
+            (str(i), int(q))
+            for i, q in conn.execute(
+                "SELECT r.id, r.seq FROM reservations r"
+                f" WHERE r.id IN ({','.join('?' * len(chunk))}) AND r.state || '' IN ({marks})"
+                f" AND r.during_end + 0 > ? AND r.during_end + 0 <= ? AND {_NOT_NOTICED}",
+                (*chunk, *states, now, by),
+            )
+        )
+    return sorted(found, key=found.__getitem__)
+
+
+def reachable(conn: Conn, names: Sequence[str]) -> dict[str, bool]:
+    """Whether each of these nodes is reachable (absent names are left out): all that tick's
+    binding step asks of a node, without building it."""
+    found: dict[str, bool] = {}
+    for first in range(0, len(names), 500):
+        chunk = list(names[first : first + 500])
+        rows = conn.execute(
+            f"SELECT name, reachable FROM nodes WHERE name IN ({','.join('?' * len(chunk))})",
+            chunk,
+        )
+        found.update((str(n), bool(r)) for n, r in rows)
+    return found

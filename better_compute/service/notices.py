@@ -28,8 +28,7 @@ def give_due(ctx: Ctx, placed: Sequence[Reservation] | None = None) -> Looked | 
             _once(ctx, rsv, STARTING, {"start": _start(rsv), "nodeIds": _nodes(rsv)})
     notice = ctx.settings.notice_expiring_ms
     by = ctx.now + notice
-    for rsv_id in _ending(ctx, by):
-        rsv = repo.get_reservation(conn, rsv_id)
+    for rsv in tickwork.reservations_named(conn, _ending(ctx, by)):
         if due_expiring(rsv, ctx.now, notice):
             _once(ctx, rsv, EXPIRING, {"end": _end(rsv), "nodeIds": _nodes(rsv)})
     if ctx.fleet is None:

@@ -8,6 +8,7 @@ from dataclasses import replace
 from better_compute.errors import Conflict, InvalidInput, NotFound
 from better_compute.lifecycle import states
 from better_compute.lifecycle.tick import (
+    NodeHealth,
     RepairPoint,
     bad_nodes,
     can_bind,
@@ -37,9 +38,9 @@ def tick(ctx: Ctx, *, shown: bool = True) -> list[Event]:
         _release_due(ctx)
         _retry_pending(ctx)
         placed = _repair_due(ctx)
-        bound = _start_binding(ctx, placed)
-        _bind(ctx)
-        looked = notices.give_due(ctx, [r for r in placed if r.id not in bound])
+        binding = _start_binding(ctx, placed)
+        _bind(ctx, binding)
+        looked = notices.give_due(ctx, [r for r in placed if r.id not in binding])
         changes = _shown(ctx, first) if shown else []
     if ctx.fleet is not None:
         ctx.fleet.looked = looked  # committed: the next tick of this replay may rely on it
@@ -148,9 +149,9 @@ def repair_one(ctx: Ctx, rsv: Reservation) -> Reservation:
         return rsv  # a spot reservation under notice ends at its deadline: nothing to repair
     # The check needs only the reservation's own nodes; the whole pool only when one went bad.
     names = sorted({a.node_id for a in rsv.allocations})
-    own = repo.load_nodes_named(conn, names)
     maintenance = due.maintenance_on(conn, names, rsv.during)
-    bad = bad_nodes(rsv, {n.name: n for n in own}, maintenance, ctx.now)
+    health = {n: NodeHealth(*h) for n, h in tickwork.node_health(conn, names).items()}
+    bad = bad_nodes(rsv, health, maintenance, ctx.now)
     if not bad:
         return rsv
     nodes = {n.name: n for n in repo.load_nodes(conn, rsv.pool_id)}
@@ -224,14 +225,14 @@ def repair(ctx: Ctx, rsv_id: str | None) -> list[Event]:
         return _shown(ctx, first)
 
 
-def _start_binding(ctx: Ctx, placed: list[Reservation]) -> set[str]:
+def _start_binding(ctx: Ctx, placed: list[Reservation]) -> dict[str, Reservation]:
     """Step 4: placed reservations whose start has come; nodes' desired state lists them.
-    `placed` is what step 3 left (a superset, oldest first). Returns the ids moved."""
-    moved = set()
+    `placed` is what step 3 left (a superset, oldest first). Returns those moved, as stored."""
+    moved = {}
     for rsv in placed:
         if due_binding(rsv, ctx.now):
-            repo.save_reservation(ctx.db.conn, states.move(rsv, State.BINDING))
-            moved.add(rsv.id)
+            moved[rsv.id] = states.move(rsv, State.BINDING)
+            repo.save_reservation(ctx.db.conn, moved[rsv.id])
             ctx.event(
                 "reservation.binding",
                 rsv.tenant_id,
@@ -246,11 +247,15 @@ def _auto_bind(ctx: Ctx, pool_id: str) -> bool:
     return ctx.settings.auto_bind if own is None else own
 
 
-def _bind(ctx: Ctx) -> None:
-    """Step 5: autoBind reachable nodes; a reservation with every allocation bound is active."""
+def _bind(ctx: Ctx, moved: dict[str, Reservation]) -> None:
+    """Step 5: autoBind reachable nodes; a reservation with every allocation bound is active.
+    `moved`: those step 4 has just moved to binding, as stored (only the others are read)."""
     conn = ctx.db.conn
+    ids = tickwork.ids_in_state(conn, State.BINDING.value)
+    unread = [i for i in ids if i not in moved]
+    others = {r.id: r for r in tickwork.reservations_named(conn, unread)}
     auto: dict[str, bool] = {}
-    for rsv in repo.reservations_in(conn, State.BINDING):
+    for rsv in (moved[i] if i in moved else others[i] for i in ids):
         if rsv.pool_id not in auto:
             auto[rsv.pool_id] = _auto_bind(ctx, rsv.pool_id)
         reach = tickwork.reachable(conn, sorted({a.node_id for a in rsv.allocations}))

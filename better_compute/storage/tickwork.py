@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from better_compute.model import Reservation
+from better_compute.storage import repo
 from better_compute.storage.repo import Conn
 
 _NOT_NOTICED = (
@@ -64,3 +66,48 @@ def reachable(conn: Conn, names: Sequence[str]) -> dict[str, bool]:
         )
         found.update((str(n), bool(r)) for n, r in rows)
     return found
+
+
+def node_health(conn: Conn, names: Sequence[str]) -> dict[str, tuple[bool, bool, frozenset[int]]]:
+    """(schedulable, reachable, indexes of unhealthy GPUs) of each of these nodes (absent names
+    are left out): what BookingRepair asks of a node, without building it with every GPU."""
+    found: dict[str, tuple[bool, bool, frozenset[int]]] = {}
+    for first in range(0, len(names), 500):
+        chunk = list(names[first : first + 500])
+        marks = ",".join("?" * len(chunk))
+        sick: dict[str, set[int]] = {}
+        for node, idx in conn.execute(
+            f"SELECT node_id, idx FROM atoms WHERE node_id IN ({marks}) AND healthy = 0", chunk
+        ):
+            sick.setdefault(str(node), set()).add(int(idx))
+        for name, schedulable, reachable in conn.execute(
+            f"SELECT name, schedulable, reachable FROM nodes WHERE name IN ({marks})", chunk
+        ):
+            found[str(name)] = (
+                bool(schedulable),
+                bool(reachable),
+                frozenset(sick.get(str(name), ())),
+            )
+    return found
+
+
+def ids_in_state(conn: Conn, state: str) -> list[str]:
+    """The ids of the reservations in `state`, oldest first (repo.reservations_in's rows, by id
+    alone: the caller may hold most of them already)."""
+    rows = conn.execute("SELECT id FROM reservations WHERE state = ? ORDER BY seq", (state,))
+    return [str(r[0]) for r in rows]
+
+
+def reservations_named(conn: Conn, ids: Sequence[str]) -> list[Reservation]:
+    """These reservations as repo.get_reservation reads them, oldest first (absent ids are left
+    out): one read per 500 instead of two reads each."""
+    found: list[Reservation] = []
+    for first in range(0, len(ids), 500):
+        chunk = list(ids[first : first + 500])
+        rows = list(
+            conn.execute(
+                f"SELECT * FROM reservations WHERE id IN ({','.join('?' * len(chunk))})", chunk
+            )
+        )
+        found.extend(repo.with_allocations(conn, rows))
+    return sorted(found, key=lambda r: r.seq)

@@ -133,7 +133,7 @@ def _repair_due(ctx: Ctx) -> list[Reservation]:
             lead_checked=True,
             start_checked=rsv.start_checked or point == RepairPoint.START,
         )
-        repo.save_reservation(ctx.db.conn, marked)
+        tickwork.mark_checked(ctx.db.conn, rsv.id, marked.lead_checked, marked.start_checked)
         checked = repair_one(ctx, marked)
         if checked is not marked:  # placed again or waiting: read back as stored
             checked = repo.get_reservation(ctx.db.conn, rsv.id)

@@ -111,3 +111,13 @@ def reservations_named(conn: Conn, ids: Sequence[str]) -> list[Reservation]:
         )
         found.extend(repo.with_allocations(conn, rows))
     return sorted(found, key=lambda r: r.seq)
+
+
+def mark_checked(conn: Conn, rsv_id: str, lead_checked: bool, start_checked: bool) -> None:
+    """BookingRepair's marks alone: repo.save_reservation of the same reservation with only
+    these two changed writes the same row, but rewrites every index on state and window and
+    runs the quota summary's triggers, since it sets those columns too."""
+    conn.execute(
+        "UPDATE reservations SET lead_checked = ?, start_checked = ? WHERE id = ?",
+        (int(lead_checked), int(start_checked), rsv_id),
+    )

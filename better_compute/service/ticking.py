@@ -35,8 +35,15 @@ def tick(ctx: Ctx, *, shown: bool = True) -> list[Event]:
     ctx.system = True
     with ctx.write():
         first = _last_seq(ctx) if shown else 0
-        _release_due(ctx)
-        _retry_pending(ctx)
+        ending, waited, retrying = tickwork.due_first(
+            ctx.db.conn, ctx.now, ctx.now - ctx.settings.pending_max_wait_ms
+        )
+        if ending:
+            _release_due(ctx)
+        if waited:
+            _time_out_pending(ctx)
+        if retrying:  # step 1 never makes a retry due: it only releases
+            _retry_pending(ctx)
         placed = _repair_due(ctx)
         binding = _start_binding(ctx, placed)
         _bind(ctx, binding)
@@ -91,12 +98,11 @@ def _release_due(ctx: Ctx) -> None:
         reason = due_release(rsv, ctx.now)
         if reason is not None and rsv.during is not None:
             booking.finish(ctx, rsv, reason, min(rsv.during.end, ctx.now))
-    _time_out_pending(ctx)
 
 
 def _time_out_pending(ctx: Ctx) -> None:
-    """Release, oldest first, pending reservations that waited pending.maxWaitMs; only those
-    created that long ago can have, so the event log is read for few of them."""
+    """Step 1 too: release, oldest first, pending reservations that waited pending.maxWaitMs;
+    only those created that long ago can have, so the event log is read for few of them."""
     limit = ctx.settings.pending_max_wait_ms
     for rsv in repo.pending_created_by(ctx.db.conn, ctx.now - limit):
         if timed_out(rsv, repo.pending_since(ctx.db.conn, rsv), ctx.now, limit):

@@ -12,6 +12,7 @@ from better_compute.model import Reservation
 from better_compute.storage import repo
 from better_compute.storage.repo import Conn
 
+_LIVE = "state IN ('placed', 'binding', 'active')"
 _NOT_NOTICED = (
     "NOT EXISTS (SELECT 1 FROM notices n WHERE n.reservation_id = r.id"
     " AND n.type = 'reservation.expiring')"
@@ -121,3 +122,19 @@ def mark_checked(conn: Conn, rsv_id: str, lead_checked: bool, start_checked: boo
         "UPDATE reservations SET lead_checked = ?, start_checked = ? WHERE id = ?",
         (int(lead_checked), int(start_checked), rsv_id),
     )
+
+
+def due_first(conn: Conn, now: int, created_by: int) -> tuple[bool, bool, bool]:
+    """Whether tick's first two steps have anything to look at, in one statement: (a live
+    reservation's end or preemption deadline has come, a pending one was created by
+    `created_by`, a pending one's next attempt is due). Each is an EXISTS on the same rows
+    that repo.reservations_ending, pending_created_by and pending_due read."""
+    row = conn.execute(
+        "SELECT"
+        f" EXISTS (SELECT 1 FROM reservations WHERE {_LIVE} AND during_end <= ?)"
+        f" OR EXISTS (SELECT 1 FROM reservations WHERE {_LIVE} AND preempt_deadline <= ?),"
+        " EXISTS (SELECT 1 FROM reservations WHERE state = 'pending' AND created_at <= ?),"
+        " EXISTS (SELECT 1 FROM reservations WHERE state = 'pending' AND next_attempt_at <= ?)",
+        (now, now, created_by, now),
+    ).fetchone()
+    return bool(row[0]), bool(row[1]), bool(row[2])

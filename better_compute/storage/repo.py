@@ -727,6 +727,8 @@ def _conditions(text: str) -> tuple[Condition, ...]:
 
 
 def conditions_json(conditions: Sequence[Condition]) -> str:
+    if not conditions:
+        return "[]"  # json.dumps([]): most saves carry no condition
     return json.dumps(
         [{"type": c.type, "reason": c.reason, "message": c.message} for c in conditions]
     )

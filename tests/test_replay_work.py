@@ -197,3 +197,25 @@ def test_the_tick_tells_notices_what_step_3_read(db_dir: Path) -> None:
     state = db.conn.execute("SELECT state FROM reservations").fetchone()[0]
     assert state == "active"
     db.close()
+
+
+@pytest.mark.sqlite_only(reason="EXPLAIN QUERY PLAN is SQLite's")
+def test_the_narrowed_notice_look_is_three_seeks(db_dir: Path) -> None:
+    """EXPLAIN QUERY PLAN of the look: a range of the ends index, the newest events by their
+    primary key, and those events' reservations by id (never the whole range of ends)."""
+    db = _ledger(db_dir / "plan.db")
+    statements: list[str] = []
+    db.conn.set_trace_callback(statements.append)
+    tickwork.expiring_since(db.conn, T0, T0 + HOUR, T0 + MIN, 0, ["binding", "active"])
+    db.conn.execute("INSERT INTO events(type, at, reservation_id) VALUES ('x', 1, 'r1')")
+    tickwork.expiring_since(db.conn, T0, T0 + HOUR, T0 + MIN, 0, ["binding", "active"])
+    db.conn.set_trace_callback(None)
+    plans = [
+        " | ".join(str(r[3]) for r in db.conn.execute("EXPLAIN QUERY PLAN " + sql))
+        for sql in statements[-3:]
+    ]
+    assert "reservations_ends (state=? AND during_end>? AND during_end<?)" in plans[0]
+    assert "USING INTEGER PRIMARY KEY (rowid>?)" in plans[1]
+    assert "sqlite_autoindex_reservations_1 (id=?)" in plans[2], plans[2]
+    assert "reservations_ends" not in plans[2]
+    db.close()

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from better_compute.lifecycle.notices import EXPIRING, RUNNING, STARTING, due_expiring, due_starting
 from better_compute.model import JsonValue, Reservation
@@ -13,12 +13,17 @@ from better_compute.storage import repo, tickwork, webhooks
 from better_compute.storage import simulation as store
 
 
-def give_due(ctx: Ctx, placed: Sequence[Reservation] | None = None) -> Looked | None:
+def give_due(
+    ctx: Ctx,
+    placed: Sequence[Reservation] | None = None,
+    held: Mapping[str, Reservation] | None = None,
+) -> Looked | None:
     """Inside the tick's transaction, after BookingRepair and binding (PRODUCT.md §5.4).
 
     `placed`: the placed reservations that start by now + repair.leadMs, as they stand (the tick
-    has them already); None reads them. Returns what a replay's next tick may skip looking at
-    again (None without a fleet): the caller keeps it once the transaction has committed."""
+    has them already); None reads them. `held`: other reservations the tick holds as stored
+    (those it made active), not read again. Returns what a replay's next tick may skip looking
+    at again (None without a fleet): the caller keeps it once the transaction has committed."""
     conn = ctx.db.conn
     lead = ctx.settings.repair_lead_ms
     if placed is None:
@@ -28,7 +33,7 @@ def give_due(ctx: Ctx, placed: Sequence[Reservation] | None = None) -> Looked | 
             _once(ctx, rsv, STARTING, {"start": _start(rsv), "nodeIds": _nodes(rsv)})
     notice = ctx.settings.notice_expiring_ms
     by = ctx.now + notice
-    for rsv in tickwork.reservations_named(conn, _ending(ctx, by)):
+    for rsv in _held_or_read(ctx, _ending(ctx, by), held or {}):
         if due_expiring(rsv, ctx.now, notice):
             _once(ctx, rsv, EXPIRING, {"end": _end(rsv), "nodeIds": _nodes(rsv)})
     if ctx.fleet is None:
@@ -53,6 +58,18 @@ def _ending(ctx: Ctx, by: int) -> list[str]:
     ):
         return tickwork.expiring_since(conn, ctx.now, by, last.through, last.seen, running)
     return webhooks.ending_between(conn, ctx.now, by, running)
+
+
+def _held_or_read(
+    ctx: Ctx, ids: Sequence[str], held: Mapping[str, Reservation]
+) -> list[Reservation]:
+    """These reservations as stored, oldest first: those held as they are, the others read."""
+    found = {i: held[i] for i in ids if i in held}
+    found.update(
+        (r.id, r)
+        for r in tickwork.reservations_named(ctx.db.conn, [i for i in ids if i not in held])
+    )
+    return sorted(found.values(), key=lambda r: r.seq)
 
 
 def _once(ctx: Ctx, rsv: Reservation, type_: str, data: dict[str, JsonValue]) -> None:

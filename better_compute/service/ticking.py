@@ -46,8 +46,8 @@ def tick(ctx: Ctx, *, shown: bool = True) -> list[Event]:
             _retry_pending(ctx)
         placed = _repair_due(ctx)
         binding = _start_binding(ctx, placed)
-        _bind(ctx, binding)
-        looked = notices.give_due(ctx, [r for r in placed if r.id not in binding])
+        active = _bind(ctx, binding)
+        looked = notices.give_due(ctx, [r for r in placed if r.id not in binding], active)
         changes = _shown(ctx, first) if shown else []
     if ctx.fleet is not None:
         ctx.fleet.looked = looked  # committed: the next tick of this replay may rely on it
@@ -253,14 +253,16 @@ def _auto_bind(ctx: Ctx, pool_id: str) -> bool:
     return ctx.settings.auto_bind if own is None else own
 
 
-def _bind(ctx: Ctx, moved: dict[str, Reservation]) -> None:
+def _bind(ctx: Ctx, moved: dict[str, Reservation]) -> dict[str, Reservation]:
     """Step 5: autoBind reachable nodes; a reservation with every allocation bound is active.
-    `moved`: those step 4 has just moved to binding, as stored (only the others are read)."""
+    `moved`: those step 4 has just moved to binding, as stored (only the others are read).
+    Returns those it made active, as stored."""
     conn = ctx.db.conn
     ids = tickwork.ids_in_state(conn, State.BINDING.value)
     unread = [i for i in ids if i not in moved]
     others = {r.id: r for r in tickwork.reservations_named(conn, unread)}
     auto: dict[str, bool] = {}
+    active: dict[str, Reservation] = {}
     for rsv in (moved[i] if i in moved else others[i] for i in ids):
         if rsv.pool_id not in auto:
             auto[rsv.pool_id] = _auto_bind(ctx, rsv.pool_id)
@@ -271,25 +273,31 @@ def _bind(ctx: Ctx, moved: dict[str, Reservation]) -> None:
                 repo.set_bound(conn, alloc.id)
                 alloc = replace(alloc, bound=True)
             allocations.append(alloc)
-        _activate(ctx, replace(rsv, allocations=tuple(allocations)))
+        done = _activate(ctx, replace(rsv, allocations=tuple(allocations)))
+        if done is not None:
+            active[rsv.id] = done
+    return active
 
 
 def activate_if_bound(ctx: Ctx, rsv_id: str) -> None:
     _activate(ctx, repo.get_reservation(ctx.db.conn, rsv_id))
 
 
-def _activate(ctx: Ctx, rsv: Reservation) -> None:
-    """A binding reservation (as stored) whose every allocation is bound becomes active."""
-    if rsv.state == State.BINDING and all(a.bound for a in rsv.allocations):
-        active = states.move(rsv, State.ACTIVE)
-        repo.save_reservation(ctx.db.conn, active)
-        metering.open_windows(ctx.db.conn, active, ctx.now)
-        ctx.event(
-            "reservation.active",
-            rsv.tenant_id,
-            rsv.id,
-            {"nodeIds": [a.node_id for a in rsv.allocations]},
-        )
+def _activate(ctx: Ctx, rsv: Reservation) -> Reservation | None:
+    """A binding reservation (as stored) whose every allocation is bound becomes active: the
+    active reservation as stored, or None when it stays as it is."""
+    if not (rsv.state == State.BINDING and all(a.bound for a in rsv.allocations)):
+        return None
+    active = states.move(rsv, State.ACTIVE)
+    repo.save_reservation(ctx.db.conn, active)
+    metering.open_windows(ctx.db.conn, active, ctx.now)
+    ctx.event(
+        "reservation.active",
+        rsv.tenant_id,
+        rsv.id,
+        {"nodeIds": [a.node_id for a in rsv.allocations]},
+    )
+    return active
 
 
 def report_bound(ctx: Ctx, node: str, rsv_id: str) -> Reservation:

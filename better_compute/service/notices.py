@@ -34,8 +34,8 @@ def give_due(
     notice = ctx.settings.notice_expiring_ms
     by = ctx.now + notice
     for rsv in _held_or_read(ctx, _ending(ctx, by), held or {}):
-        if due_expiring(rsv, ctx.now, notice):
-            _once(ctx, rsv, EXPIRING, {"end": _end(rsv), "nodeIds": _nodes(rsv)})
+        if due_expiring(rsv, ctx.now, notice):  # read as not noticed yet: no probe again
+            _give(ctx, rsv, EXPIRING, {"end": _end(rsv), "nodeIds": _nodes(rsv)})
     if ctx.fleet is None:
         return None
     return Looked(store.data_version(conn), notice, by, repo.last_event_seq(conn))
@@ -73,8 +73,11 @@ def _held_or_read(
 
 
 def _once(ctx: Ctx, rsv: Reservation, type_: str, data: dict[str, JsonValue]) -> None:
-    if webhooks.noticed(ctx.db.conn, rsv.id, type_):
-        return
+    if not webhooks.noticed(ctx.db.conn, rsv.id, type_):
+        _give(ctx, rsv, type_, data)
+
+
+def _give(ctx: Ctx, rsv: Reservation, type_: str, data: dict[str, JsonValue]) -> None:
     webhooks.mark_noticed(ctx.db.conn, rsv.id, type_)
     ctx.event(type_, rsv.tenant_id, rsv.id, data)
 

@@ -312,15 +312,18 @@ def _replay(ctx: Ctx, args: ReserveArgs) -> Reservation | None:
     return rsv
 
 
-def reserve(ctx: Ctx, args: ReserveArgs) -> Reservation:
+def reserve(ctx: Ctx, args: ReserveArgs, *, read_back: bool = True) -> Reservation:
     validate(args)
     check_horizon(ctx, args)
     with ctx.write():
-        return reserve_in(ctx, args)
+        return reserve_in(ctx, args, read_back=read_back)
 
 
-def reserve_in(ctx: Ctx, args: ReserveArgs) -> Reservation:
-    """reserve inside the caller's write transaction (a recurring series books several)."""
+def reserve_in(ctx: Ctx, args: ReserveArgs, *, read_back: bool = True) -> Reservation:
+    """reserve inside the caller's write transaction (a recurring series books several).
+
+    The answer is read back as stored (allocations in their stored order), unless `read_back`
+    is False (simulate, which needs only its id and seq): then it is the value just written."""
     conn = ctx.db.conn
     replay = _replay(ctx, args)
     if replay is not None:
@@ -351,7 +354,7 @@ def reserve_in(ctx: Ctx, args: ReserveArgs) -> Reservation:
     )
     rsv = place_or_pend(ctx, rsv)
     record_outcome(ctx, rsv)
-    return repo.get_reservation(conn, rsv.id)
+    return repo.get_reservation(conn, rsv.id) if read_back else rsv
 
 
 # ---------------------------------------------------------------- preview

@@ -468,7 +468,7 @@ def busy_west(draw: st.DrawFn) -> list[tuple[int, int, int]]:
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(busy_west(), st.integers(1, 12), st.sampled_from([8, 16, 32]))
+@given(busy_west(), st.integers(1, 12), st.sampled_from([4, 8, 16, 32]))
 def test_advice_windows_book_at_once_and_none_earlier_was_missed(
     db_dir: object, bookings: list[tuple[int, int, int]], steps: int, need: int
 ) -> None:
@@ -483,8 +483,9 @@ def test_advice_windows_book_at_once_and_none_earlier_was_missed(
         run("reserve", "--tenant", "acme", "--gpus", gpus, "--for", f"{length * 10}m",
             "--start", str(NOW_MS + start * step), "--key", f"b{i}")  # fmt: skip
     gang = ["--gang", str(need // 8)] if need > 8 else []
+    per_node = str(min(need, 8))  # 4: GPUs counted one by one; 8: whole nodes
     minutes = steps * 10
-    recs = advise(run, "--gpus", "8", *gang, "--start-range", "now..+4h",
+    recs = advise(run, "--gpus", per_node, *gang, "--start-range", "now..+4h",
                   "--duration", f"{minutes}m", "--limit", "3")  # fmt: skip
     first = recs[0]["startTime"] if recs else None
     # Brute force: preview every 10-minute start before the first window (bookings lie on it).
@@ -492,11 +493,11 @@ def test_advice_windows_book_at_once_and_none_earlier_was_missed(
         start = NOW_MS + k * step
         if first is not None and start >= first:
             break
-        doc = run.ok("preview", "--tenant", "globex", "--gpus", "8", *gang, "--for",
+        doc = run.ok("preview", "--tenant", "globex", "--gpus", per_node, *gang, "--for",
                      f"{minutes}m", "--start", str(start))  # fmt: skip
         assert not doc["fits"], (start, recs)
     for i, rec in enumerate(recs):
-        rsv = run.ok("reserve", "--tenant", "globex", "--gpus", "8", *gang, "--for",
+        rsv = run.ok("reserve", "--tenant", "globex", "--gpus", per_node, *gang, "--for",
                      f"{minutes}m", "--start", rec["startTime"], "--key", f"r{i}")  # fmt: skip
         assert rsv["state"] == "placed", (rec, rsv)
         run.ok("cancel", rsv["id"])
@@ -574,3 +575,18 @@ def test_update_keeps_to_the_calendar_policy_and_commit(run: Cli) -> None:
     assert "allowed durations (at least 2h)" in err["message"]
     err = run.fails(CONFLICT, "update", pending["id"], "--for", "30h")
     assert "--commit" in err["message"]
+
+
+def test_a_node_of_64_gpus_is_counted_to_its_last_gpu(run: Cli) -> None:
+    """The counted test reads a booking's GPUs as a 64-bit mask: GPU 63 is its sign bit."""
+    run.ok("pool", "create", "big")
+    run.ok("node", "add", "b1", "--pool", "big", "--gpus", "64", "--model", "h100")
+    run.ok("reserve", "--tenant", "acme", "--pool", "big", "--gpus", "64", "--for", "1h",
+           "--key", "all")  # fmt: skip
+    run.ok("reserve", "--tenant", "globex", "--pool", "big", "--gpus", "32", "--for", "1h",
+           "--start", "+1h", "--key", "half")  # fmt: skip
+    ask = ["--pool", "big", "--start-range", "now..+3h", "--duration", "30m", "--limit", "1"]
+    assert advise(run, "--gpus", "1", *ask)[0]["startTime"] == NOW_MS + HOUR
+    assert advise(run, "--gpus", "32", *ask)[0]["startTime"] == NOW_MS + HOUR
+    assert advise(run, "--gpus", "33", *ask)[0]["startTime"] == NOW_MS + 2 * HOUR
+    assert advise(run, "--gpus", "64", *ask)[0]["startTime"] == NOW_MS + 2 * HOUR

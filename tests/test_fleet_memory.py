@@ -18,6 +18,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import pgtest
 import pytest
 from conftest import ME
 from hypothesis import HealthCheck, given, settings
@@ -46,7 +47,8 @@ from better_compute.service.booking import ReserveArgs
 from better_compute.service.context import Ctx
 from better_compute.service.fleet import Fleet
 from better_compute.storage import repo
-from better_compute.storage.db import Database, open_database
+from better_compute.storage.conn import Ledger
+from better_compute.storage.db import open_ledger
 
 
 def _accepts(models: tuple[str, ...], node_models: set[str]) -> bool:
@@ -253,21 +255,30 @@ def _node(name: str) -> dict[str, Any]:
     return {"name": name, "gpus": gpus}
 
 
-@pytest.fixture
-def two_nodes(db_dir: Path) -> Iterator[Database]:
+def _two_nodes(where: str) -> Ledger:
     """Pool p of two empty 8-GPU nodes n1 and n2 (topN 1: the best plan is the pick), tenant
-    acme."""
-    db = setup.init(str(db_dir / "fleet.db"), T0, force=True, manual=True, admin="admin",
-                    group=None)[0]  # fmt: skip
+    acme, in a new ledger at `where` (a file, or on the PostgreSQL run a schema of its own)."""
+    db = setup.init(where, T0, force=True, manual=True, admin="admin", group=None)[0]
     doc = {"pools": [{"name": "p", "nodes": [_node("n1"), _node("n2")]}],
            "tenants": [{"id": "acme", "quota": {"gpus": 1000}}]}  # fmt: skip
     setup.inventory_import(Ctx(db, T0), parse_inventory(doc))
     setup.config_set(Ctx(db, T0), "placement.topN", "1")
+    return db
+
+
+@pytest.fixture
+def fleet_ledger(db_dir: Path) -> str:
+    return pgtest.ledger(str(db_dir / "fleet.db"))
+
+
+@pytest.fixture
+def two_nodes(fleet_ledger: str) -> Iterator[Ledger]:
+    db = _two_nodes(fleet_ledger)
     yield db
     db.close()
 
 
-def _reserve(db: Database, gpus: int, fleet: Fleet | None = None) -> Reservation:
+def _reserve(db: Ledger, gpus: int, fleet: Fleet | None = None) -> Reservation:
     ctx = Ctx(db, T0, fleet=fleet)
     return booking.reserve(ctx, ReserveArgs("acme", None, gpus, HOUR))
 
@@ -277,7 +288,7 @@ def _nodes(rsv: Reservation) -> list[str]:
 
 
 def test_its_own_commits_are_followed_without_reading_the_pool_again(
-    two_nodes: Database,
+    two_nodes: Ledger,
 ) -> None:
     fleet = Fleet()
     first = _reserve(two_nodes, 6, fleet)
@@ -294,11 +305,11 @@ def test_its_own_commits_are_followed_without_reading_the_pool_again(
 
 
 def test_another_connections_commit_is_noticed_inside_the_next_write(
-    two_nodes: Database,
+    two_nodes: Ledger, fleet_ledger: str
 ) -> None:
     fleet = Fleet()
     assert _nodes(_reserve(two_nodes, 4, fleet)) == ["n1"]
-    other = open_database(str(two_nodes.path))  # another process, as far as SQLite can tell
+    other = open_ledger(fleet_ledger)  # another process, as far as the database can tell
     try:
         setup.node_flag(Ctx(other, T0), "n2", "node.cordoned", "bios", schedulable=0)
         booked = _reserve(other, 4)
@@ -315,16 +326,11 @@ def test_another_connections_commit_is_noticed_inside_the_next_write(
     assert fleet.reloads == 1
 
 
-@pytest.mark.sqlite_only(
-    reason=(
-        "about SQLite's PRAGMA data_version; on PostgreSQL the fleet is reloaded for every request"
-    )
-)
 def test_simulate_notices_a_commit_by_another_process_between_requests(db_dir: Path) -> None:
     """A real second process cordons the node the replay would pick next, between two of
     simulate's requests (from its progress hook, so at a known point)."""
-    path = db_dir / "sim.db"
-    db = setup.init(str(path), T0, force=True, manual=True, admin=ME, group=None)[0]
+    path = pgtest.ledger(str(db_dir / "sim.db"))
+    db = setup.init(path, T0, force=True, manual=True, admin=ME, group=None)[0]
     doc = {"pools": [{"name": "p", "nodes": [_node("n1"), _node("n2")]}]}
     setup.inventory_import(Ctx(db, T0), parse_inventory(doc))
     setup.config_set(Ctx(db, T0), "placement.topN", "1")
@@ -340,7 +346,7 @@ def test_simulate_notices_a_commit_by_another_process_between_requests(db_dir: P
 
     def between(done: int, total: int) -> None:
         if done == 1:  # after the first request (on n1): cordon n1 from another process
-            cordon = ["--db", str(path), "node", "cordon", "n1", "--reason", "x"]
+            cordon = ["--db", path, "node", "cordon", "n1", "--reason", "x"]
             done_ = subprocess.run([*ENTRY, *cordon], capture_output=True, text=True)
             assert done_.returncode == 0, done_.stderr
 
@@ -364,7 +370,7 @@ def test_simulate_notices_a_commit_by_another_process_between_requests(db_dir: P
     db.close()
 
 
-def _story(db: Database, fleet: Fleet | None) -> list[tuple[object, ...]]:
+def _story(db: Ledger, fleet: Fleet | None) -> list[tuple[object, ...]]:
     """Blockers on both nodes, a request that waits behind them (regular, so each retry also
     looks for spot work to preempt), a spot one that waits too, then ticks every 30 s for four
     hours."""
@@ -388,13 +394,12 @@ def _story(db: Database, fleet: Fleet | None) -> list[tuple[object, ...]]:
 
 
 def test_retries_from_memory_write_what_retries_from_sql_write(
-    two_nodes: Database, db_dir: Path
+    two_nodes: Ledger, db_dir: Path
 ) -> None:
-    """The same story on two copies of one ledger, with and without the fleet: the same events,
-    word for word (no-fit reasons included), while most retries plan nothing again."""
-    copy = db_dir / "copy.db"
-    two_nodes.conn.execute("VACUUM INTO ?", (str(copy),))
-    plain = open_database(str(copy))
+    """The same story on two ledgers built alike (so their ids are alike too), with and without
+    the fleet: the same events, word for word (no-fit reasons included), while most retries
+    plan nothing again."""
+    plain = _two_nodes(pgtest.ledger(str(db_dir / "copy.db")))
     try:
         expected = _story(plain, None)
     finally:
@@ -417,8 +422,8 @@ def test_retries_from_memory_write_what_retries_from_sql_write(
 def test_a_replay_places_from_memory_not_from_sql(db_dir: Path) -> None:
     """Placement's SQL readers (candidates, snapshots, the name-order scan for perfect fits)
     are never called while simulate has its fleet: each would cost a query per request."""
-    path = db_dir / "mem.db"
-    db = setup.init(str(path), T0, force=True, manual=True, admin=ME, group=None)[0]
+    path = pgtest.ledger(str(db_dir / "mem.db"))
+    db = setup.init(path, T0, force=True, manual=True, admin=ME, group=None)[0]
     doc = {"pools": [{"name": "p", "nodes": [_node(f"n{i}") for i in range(4)]}]}
     setup.inventory_import(Ctx(db, T0), parse_inventory(doc))
     workload = db_dir / "w.jsonl"

@@ -212,8 +212,8 @@ OPENB_ROWS = 8152
 @needs_data
 @pytest.mark.slow
 @pytest.mark.sqlite_only(
-    reason="a 7,000-request soak of the fleet kept in memory, which PostgreSQL reloads per"
-    " request (no data_version there); test_simulate replays on both backends"
+    reason="a 7,000-request soak: about 6 minutes on PostgreSQL, a round trip per statement"
+    " (docs/postgres.md); test_simulate and test_fleet_memory replay on both backends"
 )
 def test_replay_of_the_openb_default_list_at_compress_100(empty: Cli, db_dir: Path) -> None:
     empty.ok("inventory", "import", "--format", "openb-nodes", NODES)

@@ -194,10 +194,15 @@ def pools(draw: st.DrawFn) -> tuple[Pool, int, int, int, int]:
         atoms = tuple(sorted(draw(st.sets(st.integers(0, gpus - 1), min_size=1))))
         start = draw(st.integers(0, 100))
         bookings.append((name, atoms, start * M, (start + draw(st.integers(1, 60))) * M))
+    maintenance = []
+    for _ in range(draw(st.integers(0, 1))):
+        start = draw(st.integers(0, 100))
+        name = draw(st.sampled_from(sorted(nodes)))
+        maintenance.append((name, start * M, (start + draw(st.integers(1, 40))) * M))
     gpus = draw(st.integers(1, 4))
     first = draw(st.integers(0, 60))
     last = first + draw(st.integers(0, 80))
-    return Pool(nodes, bookings), gpus, first, last, draw(st.integers(1, 50))
+    return Pool(nodes, bookings, maintenance), gpus, first, last, draw(st.integers(1, 50))
 
 
 def brute_first(
@@ -248,28 +253,34 @@ def test_a_duration_range_gives_the_longest_window_at_its_start(
 
 
 def free_nodes(pool: Pool, lo: int, hi: int, length: int, gang: bool) -> list[freetime.NodeFree]:
-    """What storage/calendar.py answers, worked out in Python: per node, GPUs never booked in
-    [lo, hi) and the long enough gaps of the others."""
+    """What storage/calendar.py answers, worked out in Python: per node, its bookings overlapping
+    [lo, hi) with their GPUs as a bit mask (those with the same start and end merged), by start,
+    and its maintenance windows."""
+    del length  # read whatever overlaps, as storage does
     nodes = []
     for name, (gpus, clique) in sorted(pool.nodes.items()):
-        held: dict[int, list[tuple[int, int]]] = {}
+        masks: dict[tuple[int, int], int] = {}
         for n, atoms, s, e in pool.bookings:
             if n == name and e > lo and s < hi:
-                for a in atoms:
-                    held.setdefault(a, []).append((s, e))
-        gaps = []
-        for atom, spans in held.items():
-            cursor = lo
-            for s, e in sorted(spans):
-                if s - cursor >= length:
-                    gaps.append((atom, cursor, s))
-                cursor = max(cursor, e)
-            if hi - cursor >= length:
-                gaps.append((atom, cursor, hi))
-        nodes.append(
-            freetime.NodeFree(name, f"c1.{clique}" if gang else "", gpus - len(held), tuple(gaps))
-        )
+                masks[(s, e)] = masks.get((s, e), 0) | sum(1 << a for a in set(atoms))
+        # In no particular order, as SQL's GROUP BY gives them: here, latest first.
+        busy = tuple((s, e, m) for (s, e), m in sorted(masks.items(), reverse=True))
+        blocked = tuple((s, e) for n, s, e in pool.maintenance if n == name and e > lo and s < hi)
+        nodes.append(freetime.NodeFree(name, f"c1.{clique}" if gang else "", gpus, busy, blocked))
     return nodes
+
+
+def counted(
+    pool: Pool, gpus: int, gang: int | None, a: int, b: int, length: int, hi: int
+) -> freetime.Free:
+    """The cheap test over starts [a, b] as the service works it out: a gang's nodes read at
+    once; a single node's lazily, here one node per batch (the service reads hundreds)."""
+    nodes = free_nodes(pool, a, hi, length, gang is not None)
+    batches = [nodes] if gang else [[n] for n in nodes]
+    return freetime.Free(
+        batches, need=gpus, size=gang or 1, gang=gang is not None, first=a, last=b,
+        length=length, horizon=hi, lazy=gang is None,
+    )  # fmt: skip
 
 
 @settings(max_examples=150, deadline=None)
@@ -293,6 +304,10 @@ def test_the_cheap_test_never_refuses_a_start_the_planner_takes(
     for m in range(first, last + 1):
         window = Window(m * M, m * M + length)
         assert freetime.covers(spans, window.start) == fits(window), m
+    # Worked out lazily (a node at a time, asked latest first), it answers the same.
+    lazy = counted(pool, gpus, gang, first * M, last * M, length, last * M + length)
+    for m in range(last, first - 1, -1):
+        assert lazy.covers(m * M) == freetime.covers(spans, m * M), m
 
 
 @settings(max_examples=150, deadline=None)
@@ -308,13 +323,7 @@ def test_the_counted_shortcuts_change_no_answer(
     plain = search.windows(ask, pool.ends(), pool.starts(), fits, limit=3)
 
     def compute(a: int, b: int) -> freetime.Free:
-        hi = b + ask.max_ms
-        nodes = free_nodes(pool, a, hi, ask.min_ms, gang is not None)
-        spans = freetime.possible_starts(
-            nodes, need=gpus, size=gang or 1, gang=gang is not None, first=a, last=b,
-            length=ask.min_ms,
-        )  # fmt: skip
-        return freetime.Free(tuple(nodes), tuple(spans), hi)
+        return counted(pool, gpus, gang, a, b, ask.min_ms, b + ask.max_ms)
 
     chunked = freetime.Chunked(
         compute,
@@ -323,9 +332,51 @@ def test_the_counted_shortcuts_change_no_answer(
         need=gpus,
         size=gang or 1,
         gang=gang is not None,
+        length=ask.min_ms,
         plan_first=extra % 2 == 1,
     )
     quick = search.windows(
         ask, pool.ends(), pool.starts(), fits, limit=3, maybe=chunked, reach=chunked.reach
     )
     assert quick == plain
+
+
+@settings(max_examples=150, deadline=None)
+@given(pools(), st.integers(0, 60), st.integers(1, 3))
+def test_the_counted_candidates_hold_every_node_that_fits(
+    case: tuple[Pool, int, int, int, int], extra: int, enough: int
+) -> None:
+    """Planning only the counted candidates of a window is exact: every node on which the
+    planner alone fits the window is among them, and the bound on the end is never short."""
+    pool, gpus, first, last, minutes = case
+    ask = search.Ask(first * M, last * M, minutes * M, (minutes + extra) * M)
+
+    def compute(a: int, b: int) -> freetime.Free:
+        return counted(pool, gpus, None, a, b, ask.min_ms, b + ask.max_ms)
+
+    chunked = freetime.Chunked(
+        compute, ask.last, 10 * M, need=gpus, size=1, gang=False, length=ask.min_ms, enough=enough
+    )
+    for m in range(first, last + 1):
+        start = m * M
+        if not chunked(Window(start, start + ask.min_ms)):
+            continue
+        cap = start + ask.max_ms
+        bound = chunked.reach(start, cap)
+        for d in range(minutes, minutes + extra + 1):
+            window = Window(start, start + d * M)
+            found = chunked.candidates(window)
+            assert found is not None
+            fitting = [
+                name
+                for name in pool.nodes
+                if Pool({name: pool.nodes[name]}, pool.bookings, pool.maintenance).fits(gpus)(
+                    window
+                )
+            ]
+            if fitting:
+                assert bound is not None and window.end <= bound, (window, bound)
+            if found.complete:
+                assert set(fitting) <= set(found.names), (window, fitting, found)
+            else:  # a few to try first: each stays free long enough, by the counts
+                assert len(found.names) == enough, found

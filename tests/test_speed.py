@@ -19,14 +19,18 @@ from conftest import DAY, HOUR, NOW_MS
 
 from better_compute.demo import DEMO_INVENTORY
 from better_compute.identity import os_user
-from better_compute.service import booking, setup, views
+from better_compute.service import booking, listing, setup, views
 from better_compute.service.booking import ReserveArgs
 from better_compute.service.context import Ctx
 from better_compute.storage import repo
 from better_compute.storage.db import Database, expected_schema, schema_digest
 from better_compute.storage.schema import SCHEMA_DIGEST
 
-HEAVY = ("rich", "dateutil", "better_compute.engine", "better_compute.service.setup")
+HEAVY = ("rich", "dateutil", "pydantic", "better_compute.engine", "better_compute.service.setup")
+#: What no read of the six fleet-scale commands with --json loads: rich (only people's views),
+#: dateutil (only unusual TIME forms) and pydantic (Typer's coercion, for values that are not
+#: plain: cli/plain_params.py).
+NOT_FOR_JSON = ("rich", "dateutil", "pydantic")
 
 
 def _loaded_after(argv: list[str], tmp_path: Path) -> set[str]:
@@ -85,6 +89,50 @@ def test_get_json_loads_no_rich_no_dateutil_no_engine(small_ledger: Path, tmp_pa
     assert heavy == [], f"`get --json` loaded {heavy}: import them where they are needed"
 
 
+@pytest.mark.parametrize(
+    "argv, also",
+    [
+        (["list", "--state", "active", "--json"], ("better_compute.engine",)),
+        (["list", "--json"], ("better_compute.engine", "better_compute.service.booking")),
+        (["timeline", "--step", "30", "--json"], ("better_compute.engine",)),
+        (["pool", "show", "west", "--json"], ("better_compute.engine",)),
+        (["reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--json"], ()),
+        (["preview", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--json"], ()),
+    ],
+)
+def test_json_reads_load_no_rich_no_dateutil_no_pydantic(
+    small_ledger: Path, tmp_path: Path, argv: list[str], also: tuple[str, ...]
+) -> None:
+    """Issue 8 item 2: the fleet-scale commands pay for none of these on their --json path (and
+    `list`, `timeline`, `pool show` for no placement code)."""
+    _first_rsv(small_ledger)
+    loaded = _loaded_after(
+        ["--db", str(small_ledger), "--now", "2026-09-28T08:00:00Z", *argv], tmp_path
+    )
+    heavy = sorted(m for m in loaded if m.startswith((*NOT_FOR_JSON, *also)))
+    assert heavy == [], f"`{' '.join(argv)}` loaded {heavy}"
+
+
+def test_the_hot_path_never_imports_sqlite_utils(small_ledger: Path, tmp_path: Path) -> None:
+    """sqlite-utils (about 70 ms to import) runs migrations and bulk writes only: opening an
+    up-to-date ledger, `get`, `reserve` and `tick` never load it."""
+    db = ["--db", str(small_ledger), "--now", "2026-09-28T08:00:00Z", "--json"]
+    rsv = _first_rsv(small_ledger)
+    reserve = ["reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h"]
+    for argv in (["get", rsv], reserve, ["tick"], ["pool", "list"]):
+        loaded = _loaded_after([*db, *argv], tmp_path)
+        assert "sqlite_utils" not in loaded, f"`{argv[0]}` imported sqlite_utils"
+        assert "better_compute.storage.db" in loaded  # it did open the ledger
+
+
+def test_inventory_import_writes_through_sqlite_utils(small_ledger: Path, tmp_path: Path) -> None:
+    """The other side of the check above: the import's bulk inserts are sqlite-utils'."""
+    (tmp_path / "nodes.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\nn-1,1,1,2,T4\n")
+    argv = ["--db", str(small_ledger), "--json", "inventory", "import", "--format"]
+    loaded = _loaded_after([*argv, "openb-nodes", str(tmp_path / "nodes.csv")], tmp_path)
+    assert "sqlite_utils" in loaded
+
+
 def test_version_loads_no_rich_and_no_ledger_code(tmp_path: Path) -> None:
     loaded = _loaded_after(["--version"], tmp_path)
     heavy = sorted(m for m in loaded if m.startswith((*HEAVY, "better_compute.service.")))
@@ -126,6 +174,7 @@ def _hot_statements(path: Path) -> list[str]:
         )
         booking.get(ctx, rsv.id)
         booking.list_reservations(ctx, None, None, ["active"])
+        list(listing.listed_pages(ctx, None, None, ["active"]))  # list --json (storage/listing.py)
         pool_id = repo.pool_rows(db.conn)[0]["name"]
         views.pool(ctx, pool_id)
         views.timeline(ctx, None, None, NOW_MS, NOW_MS + 7 * DAY, 30)
@@ -215,3 +264,39 @@ def test_each_mapped_command_lives_wholly_in_its_module() -> None:
                 assert everything.count(word) == 1, word
         # Loading the module alone registers nothing it would not register with the others.
         assert set(alone) <= set(everything)
+
+
+def test_main_builds_only_the_command_word_asked_for() -> None:
+    """cli/app.py `only`: a mapped word builds its own command or group, and `app` stays whole."""
+    import better_compute.cli as cli
+
+    app_module = cli._app_module
+
+    whole = cli.app
+    before = (list(whole.registered_commands), list(whole.registered_groups))
+    pool = app_module.only("pool")
+    assert [g.name for g in pool.registered_groups] == ["pool"] and pool.registered_commands == []
+    listing = app_module.only("list")
+    assert [app_module._word_of(c) for c in listing.registered_commands] == ["list"]
+    assert listing.registered_groups == []
+    assert app_module.only("no-such-word") is whole
+    assert (whole.registered_commands, whole.registered_groups) == before
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["list", "--bogus"], "No such option: --bogus (see `better-compute list --help`)"),
+        (["pool", "bogus"], "No such command 'bogus'. (see `better-compute pool --help`)"),
+        (["timeline", "--step", "x"], "Invalid value for '--step'"),
+    ],
+)
+def test_usage_errors_of_a_command_built_alone(tmp_path: Path, argv: list[str], words: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", "from better_compute.cli import main; main()", *argv],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2 and proc.stdout == "", proc
+    assert proc.stderr.startswith("error: INVALID_INPUT: ") and words in proc.stderr, proc.stderr

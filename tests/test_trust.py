@@ -429,16 +429,15 @@ def test_a_version_1_ledger_with_rows_migrates_to_actors_admins_and_a_real_clock
     db_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A ledger from before issue 7: actors come from the log, its file's owner is its admin."""
-    from better_compute.storage.db import _statements
-    from better_compute.storage.schema import APPLICATION_ID, MIGRATIONS, migration_text
+    from better_compute.storage.db import migration_script, sqlite_tools
+    from better_compute.storage.schema import APPLICATION_ID
 
     path = db_dir / "v1.db"
     conn = sqlite3.connect(str(path), isolation_level=None)
     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("BEGIN")
-    for statement in _statements(migration_text(MIGRATIONS[0], "sqlite")):
-        conn.execute(statement)
+    sqlite_tools(conn).executescript(migration_script(0))
     conn.execute("PRAGMA user_version = 1")
     conn.execute("INSERT INTO meta(key, value) VALUES ('db_id', 'abc')")
     conn.execute("INSERT INTO tenants(id, seq) VALUES ('acme', 1)")

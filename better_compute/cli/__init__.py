@@ -104,8 +104,8 @@ def main() -> None:
         from better_compute.cli import completion_commands
 
         _app_module.main(prepare=completion_commands.prepare)
-    else:
-        _app_module.main()
+    else:  # a mapped word builds only its own command (cli/app.py `only`)
+        _app_module.main(word=word if word in COMMANDS and "--help" not in argv else None)
 
 
 def __getattr__(name: str) -> Any:

@@ -51,8 +51,10 @@ def advice_(
     limit: Annotated[int, typer.Option("--limit", help="At most this many windows (1-100).")] = 5,
     as_json: JsonFlag = False,
 ) -> None:
-    """When and where would it fit? Windows that fit now, earliest first; every pool when
-    --pool is left out. Books nothing."""
+    """When and where would it fit? Books nothing.
+
+    Windows that fit now, earliest first; every pool when --pool is left out.
+    """
     models = tuple(m.strip().lower() for m in (model or "").split(",") if m.strip())
     args = advice.AdviceArgs(
         gpus=gpus,

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 import typer
 
 from better_compute import identity
+from better_compute.cli import plain_params
 from better_compute.errors import BetterComputeError, InvalidInput, Unavailable
 from better_compute.lazy import lazy
 from better_compute.model import JsonValue, Window
@@ -33,6 +34,8 @@ else:
     js = lazy("better_compute.render.json")
     context = lazy("better_compute.service.context")
     storage_db = lazy("better_compute.storage.db")
+
+plain_params.install()  # plain values need no pydantic (issue 8: start-up)
 
 app = typer.Typer(
     name="better-compute",
@@ -215,11 +218,31 @@ def window_of(start: str, until: str, at: int) -> Window:
     return Window(parse_time(start, at), parse_time(until, at))
 
 
-def main(prepare: Callable[[Any], None] | None = None) -> None:
+def only(word: str) -> typer.Typer:
+    """The app with just the command or group named `word` (issue 8: start-up).
+
+    Typer builds every registered command's parameters from its signature before it parses
+    anything: `pool show` would first build setup's 25 commands. The copy shares everything
+    else with `app`, which stays whole."""
+    import copy
+
+    sub = copy.copy(app)
+    sub.registered_commands = [c for c in app.registered_commands if _word_of(c) == word]
+    sub.registered_groups = [g for g in app.registered_groups if g.name == word]
+    return sub if sub.registered_commands or sub.registered_groups else app
+
+
+def _word_of(command: Any) -> str:
+    """The word a registered command answers to (Typer's rule for an unnamed one)."""
+    return str(command.name or command.callback.__name__.lower().replace("_", "-"))
+
+
+def main(prepare: Callable[[Any], None] | None = None, word: str | None = None) -> None:
     """Entry point: Typer's own usage errors are reported in our format too (exit 2).
-    `prepare` adjusts the built command first (shell completion's value lookups)."""
+    `prepare` adjusts the built command first (shell completion's value lookups); with `word`,
+    only that command or group is built (see `only`)."""
     argv = sys.argv[1:]
-    command = typer.main.get_command(app)
+    command = typer.main.get_command(app if word is None else only(word))
     if prepare is not None:
         prepare(command)
     try:

@@ -59,7 +59,10 @@ EXAMPLES: dict[str, str] = {
     "pool policy show": "better-compute pool policy show west --json",
     "pool set": "better-compute pool set west --auto-bind off",
     "pool show": "better-compute pool show west --json",
-    "preview": "better-compute preview --tenant acme --gpus 8 --gang 4 --for 12h --explain",
+    "preview": (
+        "better-compute preview --tenant acme --gpus 8 --gang 4 --start-range now..+7d"
+        " --duration-range 12h..2d --explain"
+    ),
     "quota set": "better-compute quota set --tenant acme --gpus 64 --gpu-hours 20000 --period 30d",
     "quota show": "better-compute quota show --tenant acme",
     "release": "better-compute release rsv_0123456789ab",

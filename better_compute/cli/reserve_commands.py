@@ -124,7 +124,10 @@ def _for_text(duration: str | None, duration_range: str | None) -> str:
     if duration is not None and duration_range is not None:
         raise InvalidInput("give --for or --duration-range, not both")
     if duration_range is not None:
-        return human_duration(parse_range(duration_range, parse_duration)[0])
+        try:
+            return human_duration(parse_range(duration_range, parse_duration)[0])
+        except InvalidInput as exc:
+            raise InvalidInput(f"--duration-range: {exc.message}") from None
     if duration is None:
         raise InvalidInput("--for is required: a DURATION such as 90m or 3d")
     return duration
@@ -198,7 +201,7 @@ def reserve(
 @handled
 def preview(
     tenant: TenantOpt,
-    duration: ForOpt,
+    duration: Annotated[str | None, typer.Option("--for", help="DURATION, e.g. 3d.")] = None,
     pool: PoolOpt = None,
     gpus: GpusOpt = None,
     model: ModelOpt = None,
@@ -208,19 +211,34 @@ def preview(
     gang: GangOpt = None,
     topology_key: KeyOpt = None,
     node_lease: LeaseOpt = False,
+    start_range: Annotated[
+        str | None,
+        typer.Option("--start-range", help="FROM..TO: preview the earliest window that fits."),
+    ] = None,
+    duration_range: DurRangeOpt = None,
+    every: Annotated[
+        str | None, typer.Option("--every", help="Refused: reserve --every is all or nothing.")
+    ] = None,
+    count: CountOpt = None,
+    until: UntilOpt = None,
     explain: Annotated[
         bool, typer.Option("--explain", help="Say why each node or group was taken or refused.")
     ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Would it fit, where, and if not, why? Books nothing."""
+    """Would it fit, where, and if not, why? Books nothing.
+
+    With --start-range: the earliest window that fits, the one reserve --start-range books.
+    """
+    if every is not None or count is not None or until is not None:
+        raise InvalidInput(series.NO_PREVIEW)
     args = _reserve_args(
         tenant,
         pool,
         gpus,
         model,
         topology,
-        duration,
+        _for_text(duration, duration_range),
         start,
         spot,
         gang,
@@ -228,12 +246,14 @@ def preview(
         node_lease,
         None,
     )
+    args = replace(args, start_range=start_range, duration_range=duration_range)
     c = ctx()
     args = _with_start(args, start, c.now)
     p = booking.preview(c, args)
     doc = js.preview(p)
-    lines = booking.explain(c, args) if explain else []
-    if explain:
+    lines: list[tuple[str, str]] = []
+    if explain:  # the window previewed (for a start range, the one found)
+        lines = booking.explain(c, booking.previewed(args, p))
         doc["explain"] = [{"subject": s, "verdict": v} for s, v in lines]
     emit(as_json, doc, lambda: human.preview(p))
     if explain and not (as_json or G.json):
@@ -286,8 +306,7 @@ def list_(
     """Reservations, oldest first; filters narrow them (a window filter: those overlapping it)."""
     filters = finding.Filters(tenant, pool, state or [], key, name, label or [], since, until, sort)
     if as_json or G.json:  # encoded page by page (issue 8), written once every page is read
-        pages = finding.pages(ctx(), filters)
-        sys.stdout.write(js.array(js.reservation(r) for page in pages for r in page) + "\n")
+        sys.stdout.writelines([*js.reservations(finding.json_pages(ctx(), filters)), "\n"])
         return
     rows = [r for page in finding.pages(ctx(), filters) for r in page]
     if ids:

@@ -19,13 +19,15 @@ included), so every window found can be booked at once; tests pass a brute force
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from better_compute.model import Window
 
 #: Does a request fit in this window right now? (the real planner, in the service)
 Fits = Callable[[Window], bool]
+#: The instants (booking or maintenance starts or ends) in [a, b], ascending.
+Between = Callable[[int, int], Sequence[int]]
 
 
 @dataclass(frozen=True)
@@ -54,28 +56,39 @@ class Ask:
         return max(self.first, self.end_from - self.max_ms)
 
 
-def candidate_starts(ask: Ask, change_ends: Sequence[int]) -> Iterator[int]:
+def candidate_starts(ask: Ask, change_ends: Iterable[int]) -> Iterator[int]:
     """The instants worth trying, ascending: the range's opening and every change in range.
-    `change_ends` must be sorted (booking and maintenance ends)."""
+    `change_ends` (booking and maintenance ends) must ascend; it is read only as far as the
+    walk goes (see `in_chunks`)."""
     opening = ask.opening()
     if opening > ask.last:
         return
     yield opening
-    i = bisect_right(change_ends, opening)
     previous = opening
-    while i < len(change_ends) and change_ends[i] <= ask.last:
-        if change_ends[i] != previous:
-            previous = change_ends[i]
-            yield previous
-        i += 1
+    for t in change_ends:
+        if t > ask.last:
+            return
+        if t > previous:
+            previous = t
+            yield t
 
 
-def longest_end(lo: int, hi: int, change_starts: Sequence[int], start: int, fits: Fits) -> int:
+def in_chunks(read: Between, first: int, last: int, step: int) -> Iterator[int]:
+    """read(lo, hi) over [first, last], a day at first and twice as long each time: a walk that
+    stops early (a window found at the range's start) reads only the start of the range."""
+    lo, step = first, max(1, step)
+    while lo <= last:
+        hi = min(last, lo + step - 1)
+        yield from read(lo, hi)
+        lo, step = hi + 1, step * 2
+
+
+def longest_end(lo: int, hi: int, change_starts: Between, start: int, fits: Fits) -> int:
     """The latest end in [lo, hi] at which [start, end) fits, knowing [start, lo) fits.
-    `change_starts` (booking and maintenance starts) must be sorted."""
+    `change_starts(a, b)` gives the booking and maintenance starts in [a, b], ascending."""
     if hi == lo:
         return lo
-    inner = change_starts[bisect_right(change_starts, lo) : bisect_left(change_starts, hi)]
+    inner = [t for t in change_starts(lo + 1, hi - 1) if lo < t < hi]
     ends = [*dict.fromkeys(inner), hi]  # ascending; fitting ones form a prefix (see the top)
     best, low, high = lo, 0, len(ends) - 1
     while low <= high:
@@ -87,10 +100,15 @@ def longest_end(lo: int, hi: int, change_starts: Sequence[int], start: int, fits
     return best
 
 
+def _between(instants: Sequence[int]) -> Between:
+    """A sorted list of instants as a reader of those in [a, b]."""
+    return lambda a, b: instants[bisect_left(instants, a) : bisect_right(instants, b)]
+
+
 def windows(
     ask: Ask,
-    change_ends: Sequence[int],
-    change_starts: Sequence[int] | Callable[[], Sequence[int]],
+    change_ends: Iterable[int],
+    change_starts: Sequence[int] | Between,
     fits: Fits,
     *,
     limit: int,
@@ -99,11 +117,13 @@ def windows(
 ) -> list[Window]:
     """Up to `limit` fitting windows, earliest start first, each the longest allowed at its start.
 
-    `change_starts` may be given as a function, called only if a window has room to stretch.
+    `change_ends` ascends and is read only as far as the walk goes; `change_starts` may be
+    given as a reader of the starts in [a, b], called only when a window's end must be searched.
     `maybe`, if given, is a cheaper test that never says no to a window `fits` accepts; a window
     it refuses is not planned. `reach(start, cap)`, if given, bounds from above the end of any
     window from `start` that fits (at most cap): the planner first tries the latest candidate
     end within it, and one plan usually settles the window."""
+    starts = change_starts if callable(change_starts) else _between(change_starts)
     found: list[Window] = []
     for start in candidate_starts(ask, change_ends):
         span = ask.ends(start)
@@ -113,9 +133,6 @@ def windows(
         shortest = Window(start, lo)
         if maybe is not None and not maybe(shortest):
             continue
-        if hi > lo and callable(change_starts):  # read once a window can stretch
-            change_starts = change_starts()
-        starts = () if callable(change_starts) else change_starts
         bound = reach(start, hi) if reach is not None and hi > lo else None
         if bound is not None:
             hi = max(lo, min(hi, bound))  # no longer window fits

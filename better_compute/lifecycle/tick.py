@@ -6,7 +6,8 @@ transaction. All of them are idempotent at a fixed T: once applied, the same T s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 
 from better_compute.model import (
@@ -76,9 +77,18 @@ def due_binding(rsv: Reservation, now: int) -> bool:
     return rsv.state == State.PLACED and rsv.during is not None and rsv.during.start <= now
 
 
+@dataclass(frozen=True)
+class NodeHealth:
+    """All BookingRepair asks of a node: may it take work, and which of its GPUs are unhealthy."""
+
+    schedulable: bool
+    reachable: bool
+    sick: frozenset[int]
+
+
 def bad_nodes(
     rsv: Reservation,
-    nodes: dict[str, Node],
+    nodes: Mapping[str, NodeHealth],
     maintenance: Sequence[Maintenance],
     now: int,
 ) -> list[str]:
@@ -95,18 +105,18 @@ def bad_nodes(
     bad = []
     for alloc in rsv.allocations:
         node = nodes.get(alloc.node_id)
-        if node is None or not node.schedulable or not node.reachable or node.name in blocked:
+        if node is None or not node.schedulable or not node.reachable or alloc.node_id in blocked:
             bad.append(alloc.node_id)
             continue
-        watched = {a.index for a in node.atoms} if rsv.node_lease else set(alloc.atoms)
-        if any(not a.healthy for a in node.atoms if a.index in watched):
+        # A node lease watches every GPU of the node; a device booking only its own.
+        if node.sick if rsv.node_lease else node.sick.intersection(alloc.atoms):
             bad.append(alloc.node_id)
     return sorted(set(bad))
 
 
-def can_bind(node: Node, auto_bind: bool) -> bool:
+def can_bind(reachable: bool, auto_bind: bool) -> bool:
     """Step 5: with autoBind, tick binds reachable nodes itself; otherwise agents report."""
-    return auto_bind and node.reachable
+    return auto_bind and reachable
 
 
 def other_groups(rsv: Reservation, nodes: dict[str, Node]) -> frozenset[str]:

@@ -122,6 +122,9 @@ def reservations(rows: Sequence[Reservation]) -> RenderableType:
 def preview(p: Preview) -> RenderableType:
     lines: list[RenderableType] = []
     window = f"{iso(p.window.start)} → {iso(p.window.end)}"
+    if p.searched is not None and p.fits:  # --start-range: the window it found, and where
+        a = p.searched
+        lines.append(Text(f"earliest window with a start from {iso(a.first)} to {iso(a.last)}:"))
     if p.fits:
         lines.append(Text(f"fits for {window}", style="green"))
         table = table_of("node", "score", "gpus")
@@ -129,7 +132,8 @@ def preview(p: Preview) -> RenderableType:
             table.add_row(c.node_id, str(c.score), ",".join(map(str, c.atoms)))
         lines.append(table)
     else:
-        lines.append(Text(f"does not fit for {window}: {p.reason}", style="yellow"))
+        what = "" if p.searched is not None else f" for {window}"  # the reason says the range
+        lines.append(Text(f"does not fit{what}: {p.reason}", style="yellow"))
         if p.preemptible is not None:
             count, at = p.preemptible
             lines.append(

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from json.encoder import encode_basestring
 from typing import TYPE_CHECKING
 
 from better_compute.model import Event, JsonValue, LedgerCopy, Node, NodePlan, Policy, Reservation
 
 if TYPE_CHECKING:  # types only: rendering a reservation must not load every use case
+    from better_compute.engine.search import Ask
     from better_compute.service.accounting import UsageWindow
     from better_compute.service.booking import Preview
     from better_compute.service.views import Assignment, Bucket, Rollup, Timeline
+
+if TYPE_CHECKING:  # types only: the listing's rows
+    from better_compute.storage.listing import ListedReservation
 
 if TYPE_CHECKING:  # simulate's modules are imported only by the command that runs it
     from better_compute.service.simulate import Report
@@ -25,6 +30,75 @@ def array(docs: Iterable[JsonValue]) -> str:
     """dumps(list(docs)), byte for byte, encoding each document as it comes (a long listing
     then never holds every document at once)."""
     return "[" + ", ".join(map(dumps, docs)) + "]"
+
+
+def reservations(pages: Iterable[Sequence[Reservation | ListedReservation]]) -> list[str]:
+    """`list --json`: dumps([reservation(r) for every r]) cut into one piece per page, to be
+    written in order (byte for byte the whole document; joining them would hold it twice). Each
+    reservation is encoded as it comes; a listed row (storage/listing.py) straight to its text."""
+    pieces, sep = ["["], ""
+    for page in pages:
+        if page:
+            pieces.append(sep + ", ".join(map(_text, page)))
+            sep = ", "
+    pieces.append("]")
+    return pieces
+
+
+def _text(r: Reservation | ListedReservation) -> str:
+    return dumps(reservation(r)) if isinstance(r, Reservation) else listed(r)
+
+
+_str = encode_basestring  # json.dumps of a str with ensure_ascii=False, in C
+
+
+def _opt_str(v: str | None) -> str:
+    return "null" if v is None else _str(v)
+
+
+def _opt_int(v: int | None) -> str:
+    return "null" if v is None else str(v)
+
+
+def listed(r: ListedReservation) -> str:
+    """dumps(reservation(rsv)) of the reservation a listed row is, byte for byte, written
+    straight from the row's values (a listing has thousands; tests compare the two)."""
+    models = r.models
+    model = "null" if not models else _str(models[0]) if len(models) == 1 else dumps(list(models))
+    gang = (
+        f'{{"size": {r.gang_size}, "topologyKey": {_opt_str(r.topology_key)}}}'
+        if r.gang_size
+        else "null"
+    )
+    during = (
+        "null"
+        if r.during_start is None
+        else f'{{"start": {r.during_start}, "end": {r.during_end}}}'
+    )
+    conditions = (
+        dumps([{"type": c.type, "reason": c.reason, "message": c.message} for c in r.conditions])
+        if r.conditions
+        else "[]"
+    )
+    allocations = ", ".join(
+        f'{{"id": {_str(i)}, "nodeId": {_str(n)}, "atoms": {atoms},'
+        f' "bound": {"true" if bound else "false"}}}'
+        for i, n, atoms, bound in r.allocations
+    )
+    labels = dumps(dict(r.labels)) if r.labels else "{}"
+    series = "" if r.series_id is None else f', "seriesId": {_str(r.series_id)}'
+    return (
+        f'{{"id": {_str(r.id)}, "tenantId": {_str(r.tenant_id)}, "poolId": {_str(r.pool_id)},'
+        f' "state": {_str(r.state)}, "devices": [{{"class": "gpu", "count": {_opt_int(r.gpus)},'
+        f' "model": {model}, "topology": {_opt_str(r.topology)}}}], "gang": {gang},'
+        f' "spot": {"true" if r.spot else "false"}, "binding": {_str(r.binding)},'
+        f' "durationMs": {r.duration_ms}, "start": {_opt_int(r.start)}, "during": {during},'
+        f' "conditions": {conditions}, "allocations": [{allocations}],'
+        f' "quotaCharge": {r.quota_charge}, "idempotencyKey": {_opt_str(r.idempotency_key)},'
+        f' "releaseReason": {_opt_str(r.release_reason)}, "createdAt": {r.created_at},'
+        f' "nextAttemptAt": {_opt_int(r.next_attempt_at)}, "name": {_opt_str(r.name)},'
+        f' "labels": {labels}{series}}}'
+    )
 
 
 def reservation(rsv: Reservation) -> dict[str, JsonValue]:
@@ -97,6 +171,15 @@ def preview(p: Preview) -> dict[str, JsonValue]:
             else None
         ),
         "window": {"start": p.window.start, "end": p.window.end},
+        "search": None if p.searched is None else _searched(p.searched),
+    }
+
+
+def _searched(a: Ask) -> dict[str, JsonValue]:
+    """What a `--start-range` preview searched: starts and lengths, after now and the policy."""
+    return {
+        "startRange": {"from": a.first, "to": a.last},
+        "durationRange": {"min": a.min_ms, "max": a.max_ms},
     }
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from better_compute.engine.explain import explain as explain_plan
 from better_compute.engine.gang import rank_gangs
 from better_compute.engine.preempt import plan_preemption
+from better_compute.engine.search import Ask
 from better_compute.errors import Conflict, InvalidInput
 from better_compute.inventory import MODEL_RE, normal_model
 from better_compute.lifecycle import states
@@ -311,15 +312,18 @@ def _replay(ctx: Ctx, args: ReserveArgs) -> Reservation | None:
     return rsv
 
 
-def reserve(ctx: Ctx, args: ReserveArgs) -> Reservation:
+def reserve(ctx: Ctx, args: ReserveArgs, *, read_back: bool = True) -> Reservation:
     validate(args)
     check_horizon(ctx, args)
     with ctx.write():
-        return reserve_in(ctx, args)
+        return reserve_in(ctx, args, read_back=read_back)
 
 
-def reserve_in(ctx: Ctx, args: ReserveArgs) -> Reservation:
-    """reserve inside the caller's write transaction (a recurring series books several)."""
+def reserve_in(ctx: Ctx, args: ReserveArgs, *, read_back: bool = True) -> Reservation:
+    """reserve inside the caller's write transaction (a recurring series books several).
+
+    The answer is read back as stored (allocations in their stored order), unless `read_back`
+    is False (simulate, which needs only its id and seq): then it is the value just written."""
     conn = ctx.db.conn
     replay = _replay(ctx, args)
     if replay is not None:
@@ -350,7 +354,7 @@ def reserve_in(ctx: Ctx, args: ReserveArgs) -> Reservation:
     )
     rsv = place_or_pend(ctx, rsv)
     record_outcome(ctx, rsv)
-    return repo.get_reservation(conn, rsv.id)
+    return repo.get_reservation(conn, rsv.id) if read_back else rsv
 
 
 # ---------------------------------------------------------------- preview
@@ -363,6 +367,9 @@ class Preview:
     reason: str | None
     preemptible: tuple[int, int] | None  # (reservations, startsAt)
     window: Window
+    #: With --start-range: the ranges searched (after now and the pool's policy); `window` is
+    #: the earliest window found, or, when none fits, the first one asked for.
+    searched: Ask | None = None
 
 
 def preview(ctx: Ctx, args: ReserveArgs) -> Preview:
@@ -374,9 +381,13 @@ def preview(ctx: Ctx, args: ReserveArgs) -> Preview:
         check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
         # Preview takes no id: a draft named "preview" plans exactly as the real request would.
         draft = _new_reservation(ctx, args, pool["id"], charge, "preview", 0)
-        draft = calendar.admit(ctx, draft, pool["name"])  # a calendar policy judges it too
-        budgets.check_reservation(conn, draft, ctx.now)
+        # A start range settles the window as reserve would; a calendar policy judges it too.
+        settled = calendar.settle(ctx, draft, pool["name"], args.start_range, args.duration_range)
+        draft, searched = settled.rsv, settled.searched
         window = retry_window(draft, ctx.now)
+        if not settled.found:  # reserve refuses (CONFLICT): it never waits or preempts for one
+            return Preview(False, (), settled.no_window(pool["name"]), None, window, searched)
+        budgets.check_reservation(conn, draft, ctx.now)
         request = draft.request(window)
         outcome: Plan | NoFit
         if request.gang_size is None:
@@ -386,12 +397,12 @@ def preview(ctx: Ctx, args: ReserveArgs) -> Preview:
             fits = placing.shortlisted_fits(ctx, draft.pool_id, request, None, enough=top)
             if fits:
                 plans = sorted((plan for _, plan in fits), key=lambda p: (-p.score, p.node_id))
-                return Preview(True, tuple(plans[:top]), None, None, window)
+                return Preview(True, tuple(plans[:top]), None, None, window, searched)
             outcome = placing.full_plan(ctx, draft, window)
         else:
             outcome = placing.plan(ctx, draft, window)
         if isinstance(outcome, Plan):
-            return Preview(True, _candidates(ctx, draft, window), None, None, window)
+            return Preview(True, _candidates(ctx, draft, window), None, None, window, searched)
         preemptible = None
         if not args.spot and not args.node_lease:
             deadline = max(args.start or ctx.now, ctx.now + ctx.settings.spot_notice_ms)
@@ -400,7 +411,20 @@ def preview(ctx: Ctx, args: ReserveArgs) -> Preview:
             option = plan_preemption(draft.request(late), snaps)
             if isinstance(option, Plan) and option.victims:
                 preemptible = (len(option.victims), deadline)
-        return Preview(False, (), outcome.reason, preemptible, window)
+        return Preview(False, (), outcome.reason, preemptible, window, searched)
+
+
+def previewed(args: ReserveArgs, p: Preview) -> ReserveArgs:
+    """The request for the window a preview answered (a start range's window found)."""
+    if args.start_range is None:
+        return args
+    return replace(
+        args,
+        start=p.window.start,
+        duration_ms=p.window.duration,
+        start_range=None,
+        duration_range=None,
+    )
 
 
 def _candidates(ctx: Ctx, draft: Reservation, window: Window) -> tuple[NodePlan, ...]:

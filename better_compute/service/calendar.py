@@ -9,9 +9,10 @@ extend or release.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from better_compute.engine import calendar as rules
+from better_compute.engine import search
 from better_compute.errors import Conflict, InvalidInput
 from better_compute.model import LIVE_STATES, CalendarPolicy, Reservation, Window
 from better_compute.service import windows
@@ -79,6 +80,54 @@ def policy_clear(ctx: Ctx, pool_ref: str) -> tuple[bool, str]:
 # ---------------------------------------------------------------- admission of calendar requests
 
 
+@dataclass(frozen=True)
+class Settled:
+    """A calendar request with its window settled: for a start range, the ask searched and
+    whether a window was found (if not, `rsv` keeps the range's first start and shortest length,
+    the window it asked for first)."""
+
+    rsv: Reservation
+    searched: search.Ask | None = None
+    found: bool = True
+
+    def no_window(self, pool_name: str) -> str:
+        assert self.searched is not None
+        return (
+            f"no window fits in pool {pool_name} with a start from {iso(self.searched.first)} to"
+            f" {iso(self.searched.last)}"
+        )
+
+
+def settle(
+    ctx: Ctx,
+    rsv: Reservation,
+    pool_name: str,
+    start_range: str | None = None,
+    duration_range: str | None = None,
+) -> Settled:
+    """The request with its window settled and judged: a start range becomes the earliest window
+    that fits now (the longest at that start for a duration range); a calendar request outside
+    the pool's policy is INVALID_INPUT naming the limit and what is allowed. What reserve and
+    preview share (preview answers "no window" where reserve refuses)."""
+    policy = cal.policy(ctx.db.conn, rsv.pool_id)
+    if start_range is not None:
+        ask = _range_ask(ctx, rsv, pool_name, policy, start_range, duration_range)
+        found = windows.find(ctx, rsv, ask, 1)
+        if not found:
+            return Settled(replace(rsv, start=ask.first, duration_ms=ask.min_ms), ask, False)
+        rsv = replace(rsv, start=found[0].start, duration_ms=found[0].duration)
+        settled = Settled(rsv, ask)
+    else:
+        settled = Settled(rsv)
+    if rsv.start is None or policy is None:
+        return settled
+    window = Window(rsv.start, rsv.start + rsv.duration_ms)
+    refused = rules.refusal(policy, window, rsv.quota_charge, ctx.now)
+    if refused is not None:
+        raise InvalidInput(f"pool {pool_name}'s calendar policy: {refused}")
+    return settled
+
+
 def admit(
     ctx: Ctx,
     rsv: Reservation,
@@ -86,19 +135,14 @@ def admit(
     start_range: str | None = None,
     duration_range: str | None = None,
 ) -> Reservation:
-    """The new reservation with its window settled and judged: a start range becomes the earliest
-    window that fits now (the longest at that start for a duration range); a calendar request
-    outside the pool's policy is INVALID_INPUT naming the limit and what is allowed."""
-    policy = cal.policy(ctx.db.conn, rsv.pool_id)
-    if start_range is not None:
-        rsv = _earliest(ctx, rsv, pool_name, policy, start_range, duration_range)
-    if rsv.start is None or policy is None:
-        return rsv
-    window = Window(rsv.start, rsv.start + rsv.duration_ms)
-    refused = rules.refusal(policy, window, rsv.quota_charge, ctx.now)
-    if refused is not None:
-        raise InvalidInput(f"pool {pool_name}'s calendar policy: {refused}")
-    return rsv
+    """`settle` for reserve: no window in the range is a CONFLICT, and nothing is written (a
+    pending reservation with no start would have nothing to retry)."""
+    settled = settle(ctx, rsv, pool_name, start_range, duration_range)
+    if not settled.found:
+        raise Conflict(
+            f"{settled.no_window(pool_name)}; nothing was booked (`advice` shows near misses)"
+        )
+    return settled.rsv
 
 
 def record(ctx: Ctx, rsv: Reservation) -> None:
@@ -111,14 +155,15 @@ def record(ctx: Ctx, rsv: Reservation) -> None:
         cal.commit_reservation(ctx.db.conn, rsv.id, rsv.pool_id)
 
 
-def _earliest(
+def _range_ask(
     ctx: Ctx,
     rsv: Reservation,
     pool_name: str,
     policy: CalendarPolicy | None,
     start_range: str,
     duration_range: str | None,
-) -> Reservation:
+) -> search.Ask:
+    """The ranges read and narrowed to the pool's policy (INVALID_INPUT if it allows none)."""
     want = windows.wanted(
         ctx.now,
         start_range,
@@ -128,13 +173,7 @@ def _earliest(
     ask = windows.bounded(want, policy, ctx.now, rsv.quota_charge)
     if isinstance(ask, str):
         raise InvalidInput(f"pool {pool_name}'s calendar policy: {ask}")
-    found = windows.find(ctx, rsv, ask, 1)
-    if not found:
-        raise Conflict(
-            f"no window fits in pool {pool_name} with a start from {iso(ask.first)} to"
-            f" {iso(ask.last)}; nothing was booked (`advice` shows near misses)"
-        )
-    return replace(rsv, start=found[0].start, duration_ms=found[0].duration)
+    return ask
 
 
 def require_changeable(ctx: Ctx, rsv: Reservation, verb: str) -> None:

@@ -6,7 +6,9 @@ the pool could ever hold) comes from an engine/fleet.PoolIndex instead of SQL. T
 the ledger, exactly, whenever placement asks, so it is checked inside the write transaction,
 with the write lock held:
 
-- another process's commit changes `PRAGMA data_version`: everything is dropped and reloaded;
+- another process's commit changes the ledger's data_version (SQLite's `PRAGMA data_version`;
+  on PostgreSQL a count kept on the clock row, storage/simulation.data_version): everything is
+  dropped and reloaded;
 - this process's own commits name every reservation whose bookings or state they changed, in
   the events they write: those reservations' bookings are read again (one indexed query).
 
@@ -15,6 +17,8 @@ transaction that the atoms are free (a lost race excludes the node and plans aga
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from better_compute.engine.fleet import BookingRow, PoolIndex
 from better_compute.lifecycle.notices import EXPIRING, STARTING
@@ -29,11 +33,26 @@ from better_compute.storage.repo import Conn
 UNCHANGED = ("reservation.created", "reservation.binding", "reservation.active", STARTING, EXPIRING)
 
 
+@dataclass(frozen=True)
+class Looked:
+    """The last lookup for expiring notices by a tick of this process (service/notices.py):
+    every running reservation ending by `through` was looked at, as the ledger stood at event
+    `seen`. Void once another process has committed (`version`, PRAGMA data_version) or the
+    notice period changed."""
+
+    version: int
+    notice_ms: int
+    through: int
+    seen: int
+
+
 class Fleet:
     """Pool indexes, kept equal to the ledger this connection sees (module docstring)."""
 
     def __init__(self) -> None:
         self.pools: dict[str, PoolIndex] = {}
+        #: Set by a tick once its transaction has committed, never before (service/ticking.py).
+        self.looked: Looked | None = None
         self.version: int | None = None
         self.seen = 0  # the last event seq whose changes the indexes hold
         self.reloads = 0  # full reloads after another process's commit (for tests and docs)

@@ -3,30 +3,81 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from better_compute.lifecycle.notices import EXPIRING, RUNNING, STARTING, due_expiring, due_starting
 from better_compute.model import JsonValue, Reservation
 from better_compute.service.context import Ctx
-from better_compute.storage import repo, webhooks
+from better_compute.service.fleet import Looked
+from better_compute.storage import repo, tickwork, webhooks
+from better_compute.storage import simulation as store
 
 
-def give_due(ctx: Ctx) -> None:
-    """Inside the tick's transaction, after BookingRepair and binding (PRODUCT.md §5.4)."""
+def give_due(
+    ctx: Ctx,
+    placed: Sequence[Reservation] | None = None,
+    held: Mapping[str, Reservation] | None = None,
+) -> Looked | None:
+    """Inside the tick's transaction, after BookingRepair and binding (PRODUCT.md §5.4).
+
+    `placed`: the placed reservations that start by now + repair.leadMs, as they stand (the tick
+    has them already); None reads them. `held`: other reservations the tick holds as stored
+    (those it made active), not read again. Returns what a replay's next tick may skip looking
+    at again (None without a fleet): the caller keeps it once the transaction has committed."""
     conn = ctx.db.conn
     lead = ctx.settings.repair_lead_ms
-    for rsv in repo.placed_starting_by(conn, ctx.now + lead):
+    if placed is None:
+        placed = repo.placed_starting_by(conn, ctx.now + lead)
+    for rsv in placed:
         if due_starting(rsv, ctx.now, lead):
             _once(ctx, rsv, STARTING, {"start": _start(rsv), "nodeIds": _nodes(rsv)})
     notice = ctx.settings.notice_expiring_ms
+    by = ctx.now + notice
+    for rsv in _held_or_read(ctx, _ending(ctx, by), held or {}):
+        if due_expiring(rsv, ctx.now, notice):  # read as not noticed yet: no probe again
+            _give(ctx, rsv, EXPIRING, {"end": _end(rsv), "nodeIds": _nodes(rsv)})
+    if ctx.fleet is None:
+        return None
+    return Looked(store.data_version(conn), notice, by, repo.last_event_seq(conn))
+
+
+def _ending(ctx: Ctx, by: int) -> list[str]:
+    """Running reservations ending in (now, by] with no expiring notice yet, oldest first.
+
+    A replay's ticks (a fleet in memory) look again only at what can have changed since their
+    last look: ends past what it covered, and reservations named by an event since. Every
+    change to a reservation's state or window is written with an event on it, and a notice is
+    never taken back; another process's commit voids the last look (PRAGMA data_version)."""
+    conn = ctx.db.conn
     running = [s.value for s in RUNNING]
-    for rsv_id in webhooks.ending_between(conn, ctx.now, ctx.now + notice, running):
-        rsv = repo.get_reservation(conn, rsv_id)
-        if due_expiring(rsv, ctx.now, notice):
-            _once(ctx, rsv, EXPIRING, {"end": _end(rsv), "nodeIds": _nodes(rsv)})
+    last = ctx.fleet.looked if ctx.fleet is not None else None
+    if (
+        last is not None
+        and last.notice_ms == ctx.settings.notice_expiring_ms
+        and last.version == store.data_version(conn)
+    ):
+        return tickwork.expiring_since(conn, ctx.now, by, last.through, last.seen, running)
+    return webhooks.ending_between(conn, ctx.now, by, running)
+
+
+def _held_or_read(
+    ctx: Ctx, ids: Sequence[str], held: Mapping[str, Reservation]
+) -> list[Reservation]:
+    """These reservations as stored, oldest first: those held as they are, the others read."""
+    found = {i: held[i] for i in ids if i in held}
+    found.update(
+        (r.id, r)
+        for r in tickwork.reservations_named(ctx.db.conn, [i for i in ids if i not in held])
+    )
+    return sorted(found.values(), key=lambda r: r.seq)
 
 
 def _once(ctx: Ctx, rsv: Reservation, type_: str, data: dict[str, JsonValue]) -> None:
-    if webhooks.noticed(ctx.db.conn, rsv.id, type_):
-        return
+    if not webhooks.noticed(ctx.db.conn, rsv.id, type_):
+        _give(ctx, rsv, type_, data)
+
+
+def _give(ctx: Ctx, rsv: Reservation, type_: str, data: dict[str, JsonValue]) -> None:
     webhooks.mark_noticed(ctx.db.conn, rsv.id, type_)
     ctx.event(type_, rsv.tenant_id, rsv.id, data)
 

@@ -23,6 +23,14 @@ from better_compute.timeparse import MAX_MS, human_duration, iso
 
 #: The most occurrences one series may have.
 MAX_OCCURRENCES = 366
+#: Why `preview` refuses --every (docs/advice.md): each occurrence's own preview would not count
+#: what the earlier ones hold (quota, GPU-hour budgets), and `reserve --every` books nothing
+#: unless every occurrence fits, naming the first that does not.
+NO_PREVIEW = (
+    "preview takes no --every, --count or --until: a series is judged whole (quota and budgets"
+    " count every occurrence), so preview one occurrence with --start, or run reserve --every:"
+    " it books nothing unless every occurrence fits, and names the first that does not"
+)
 
 
 @dataclass(frozen=True)

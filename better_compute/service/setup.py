@@ -37,7 +37,7 @@ from better_compute.model import (
 from better_compute.service import authz, backups, ticking
 from better_compute.service.authz import require_admin
 from better_compute.service.context import Ctx
-from better_compute.storage import fleet, ledger, repo
+from better_compute.storage import bulk, fleet, ledger, repo
 from better_compute.storage.conn import Ledger
 from better_compute.storage.create import create_ledger
 from better_compute.storage.db import is_postgres_url, principal_at
@@ -514,12 +514,18 @@ def _read_regular(file: str, most: int, what: str) -> bytes:
             raise InvalidInput(f"cannot read {file!r}: {exc.strerror}") from None
 
 
+#: Nodes looked up, and the new ones inserted, per step of an import (and per progress report).
+IMPORT_STEP = 500
+
+
 def inventory_import(
     ctx: Ctx, inv: Inventory, progress: Callable[[int, int], None] | None = None
 ) -> dict[str, int]:
     """Upsert the whole file in one transaction; never remove an atom that holds a live booking.
 
-    `progress(done, total)` is told after each node, for a progress bar on large files.
+    Nodes go in steps of IMPORT_STEP: one query finds which exist, those are updated one by one
+    (their live bookings are checked), the new ones are inserted in bulk (storage/bulk.py).
+    `progress(done, total)` is told after each step, for a progress bar on large files.
     """
     require_admin(ctx.who, "import an inventory")
     counts = {"pools": 0, "nodes": 0, "tenants": 0}
@@ -534,10 +540,10 @@ def inventory_import(
                 pool_id = found
                 repo.set_pool_labels(conn, pool_id, pool.labels)
             counts["pools"] += 1
-            for node in pool.nodes:
-                # Parsed inventories are sorted, so the path names the pool and node, not indexes.
-                _upsert_node(ctx, conn, pool_id, node, f"pools[{pool.name}].nodes[{node.name}]")
-                counts["nodes"] += 1
+            for first in range(0, len(pool.nodes), IMPORT_STEP):
+                step = pool.nodes[first : first + IMPORT_STEP]
+                _import_nodes(ctx, conn, pool_id, pool.name, step)
+                counts["nodes"] += len(step)
                 if progress is not None:
                     progress(counts["nodes"], total)
         for tenant in inv.tenants:
@@ -548,6 +554,21 @@ def inventory_import(
             counts["tenants"] += 1
         ctx.event("inventory.imported", None, None, {k: v for k, v in counts.items()})
     return counts
+
+
+def _import_nodes(
+    ctx: Ctx, conn: Conn, pool_id: str, pool_name: str, nodes: Sequence[InventoryNode]
+) -> None:
+    """Update the nodes that exist, then add the others in bulk (node names are unique in a
+    parsed inventory, so none of them is added twice)."""
+    known = bulk.node_pools(conn, [n.name for n in nodes])
+    for node in nodes:
+        if node.name in known:
+            # Parsed inventories are sorted, so the path names the pool and node, not indexes.
+            path = f"pools[{pool_name}].nodes[{node.name}]"
+            _update_node(ctx, conn, pool_id, known[node.name], node, path)
+    fresh = [(n.name, n.labels, _atoms(n)) for n in nodes if n.name not in known]
+    bulk.insert_nodes(ctx.db, pool_id, fresh)
 
 
 def _keep_what_bookings_rely_on(conn: Conn, node: InventoryNode, path: str) -> None:
@@ -581,13 +602,13 @@ def gang_split(conn: Conn, node: Node, labels: dict[str, str]) -> tuple[str, str
     return None
 
 
-def _upsert_node(ctx: Ctx, conn: Conn, pool_id: str, node: InventoryNode, path: str) -> None:
-    existing = repo.node_pool_id(conn, node.name)
-    if existing is None:
-        repo.insert_node(conn, node.name, pool_id, node.labels, _atoms(node))
-        return
+def _update_node(
+    ctx: Ctx, conn: Conn, pool_id: str, was_in: str, node: InventoryNode, path: str
+) -> None:
+    """An existing node takes the inventory's pool, labels and GPUs, unless live bookings rely
+    on what would change."""
     live = repo.live_atoms(conn, node.name, ctx.now)
-    if existing != pool_id and live:
+    if was_in != pool_id and live:
         raise InvalidInput(
             f"{path}.name: node {node.name} holds live bookings; it cannot change pool"
         )

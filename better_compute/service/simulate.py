@@ -237,7 +237,7 @@ def _replay(
 def _reserve(ctx: Ctx, args: ReserveArgs, run: _Run, fleet: Fleet) -> None:
     ctx.fleet = fleet
     try:
-        rsv = booking.reserve(ctx, args)
+        rsv = booking.reserve(ctx, args, read_back=False)
     except REFUSALS:
         with ctx.db.read() as conn:
             fleet.after_rollback(conn)

@@ -8,6 +8,7 @@ from dataclasses import replace
 from better_compute.errors import Conflict, InvalidInput, NotFound
 from better_compute.lifecycle import states
 from better_compute.lifecycle.tick import (
+    NodeHealth,
     RepairPoint,
     bad_nodes,
     can_bind,
@@ -22,7 +23,7 @@ from better_compute.model import Event, JsonValue, ReleaseReason, Reservation, S
 from better_compute.service import authz, booking, metering, notices, placing
 from better_compute.service.authz import require_admin
 from better_compute.service.context import NO_NOW_ON_REAL_CLOCK, Ctx
-from better_compute.storage import due, ledger, repo
+from better_compute.storage import due, ledger, repo, tickwork
 
 
 def tick(ctx: Ctx, *, shown: bool = True) -> list[Event]:
@@ -34,13 +35,23 @@ def tick(ctx: Ctx, *, shown: bool = True) -> list[Event]:
     ctx.system = True
     with ctx.write():
         first = _last_seq(ctx) if shown else 0
-        _release_due(ctx)
-        _retry_pending(ctx)
-        _repair_due(ctx)
-        _start_binding(ctx)
-        _bind(ctx)
-        notices.give_due(ctx)
-        return _shown(ctx, first) if shown else []
+        ending, waited, retrying = tickwork.due_first(
+            ctx.db.conn, ctx.now, ctx.now - ctx.settings.pending_max_wait_ms
+        )
+        if ending:
+            _release_due(ctx)
+        if waited:
+            _time_out_pending(ctx)
+        if retrying:  # step 1 never makes a retry due: it only releases
+            _retry_pending(ctx)
+        placed = _repair_due(ctx)
+        binding = _start_binding(ctx, placed)
+        active = _bind(ctx, binding)
+        looked = notices.give_due(ctx, [r for r in placed if r.id not in binding], active)
+        changes = _shown(ctx, first) if shown else []
+    if ctx.fleet is not None:
+        ctx.fleet.looked = looked  # committed: the next tick of this replay may rely on it
+    return changes
 
 
 def _shown(ctx: Ctx, first: int) -> list[Event]:
@@ -87,12 +98,11 @@ def _release_due(ctx: Ctx) -> None:
         reason = due_release(rsv, ctx.now)
         if reason is not None and rsv.during is not None:
             booking.finish(ctx, rsv, reason, min(rsv.during.end, ctx.now))
-    _time_out_pending(ctx)
 
 
 def _time_out_pending(ctx: Ctx) -> None:
-    """Release, oldest first, pending reservations that waited pending.maxWaitMs; only those
-    created that long ago can have, so the event log is read for few of them."""
+    """Step 1 too: release, oldest first, pending reservations that waited pending.maxWaitMs;
+    only those created that long ago can have, so the event log is read for few of them."""
     limit = ctx.settings.pending_max_wait_ms
     for rsv in repo.pending_created_by(ctx.db.conn, ctx.now - limit):
         if timed_out(rsv, repo.pending_since(ctx.db.conn, rsv), ctx.now, limit):
@@ -112,21 +122,30 @@ def _pending_reason(rsv: Reservation) -> str:
     return rsv.conditions[0].reason if rsv.conditions else "NoCapacity"
 
 
-def _repair_due(ctx: Ctx) -> None:
-    """Step 3: BookingRepair at start - leadMs (once) and again at the start."""
+def _repair_due(ctx: Ctx) -> list[Reservation]:
+    """Step 3: BookingRepair at start - leadMs (once) and again at the start. Returns the placed
+    reservations that start by now + leadMs as this step leaves them (oldest first), which is
+    all that steps 4 and 6 read: nothing after this step places a reservation."""
     lead = ctx.settings.repair_lead_ms
     placed = repo.placed_starting_by(ctx.db.conn, ctx.now + lead)
+    after: list[Reservation] = []
     for rsv in placed:
         point = due_repair(rsv, ctx.now, lead)
         if point is None:
+            after.append(rsv)
             continue
         marked = replace(
             rsv,
             lead_checked=True,
             start_checked=rsv.start_checked or point == RepairPoint.START,
         )
-        repo.save_reservation(ctx.db.conn, marked)
-        repair_one(ctx, marked)
+        tickwork.mark_checked(ctx.db.conn, rsv.id, marked.lead_checked, marked.start_checked)
+        checked = repair_one(ctx, marked)
+        if checked is not marked:  # placed again or waiting: read back as stored
+            checked = repo.get_reservation(ctx.db.conn, rsv.id)
+        if checked.state == State.PLACED:
+            after.append(checked)
+    return after
 
 
 def repair_one(ctx: Ctx, rsv: Reservation) -> Reservation:
@@ -136,9 +155,9 @@ def repair_one(ctx: Ctx, rsv: Reservation) -> Reservation:
         return rsv  # a spot reservation under notice ends at its deadline: nothing to repair
     # The check needs only the reservation's own nodes; the whole pool only when one went bad.
     names = sorted({a.node_id for a in rsv.allocations})
-    own = repo.load_nodes_named(conn, names)
     maintenance = due.maintenance_on(conn, names, rsv.during)
-    bad = bad_nodes(rsv, {n.name: n for n in own}, maintenance, ctx.now)
+    health = {n: NodeHealth(*h) for n, h in tickwork.node_health(conn, names).items()}
+    bad = bad_nodes(rsv, health, maintenance, ctx.now)
     if not bad:
         return rsv
     nodes = {n.name: n for n in repo.load_nodes(conn, rsv.pool_id)}
@@ -212,17 +231,21 @@ def repair(ctx: Ctx, rsv_id: str | None) -> list[Event]:
         return _shown(ctx, first)
 
 
-def _start_binding(ctx: Ctx) -> None:
-    """Step 4: placed reservations whose start has come; nodes' desired state lists them."""
-    for rsv in repo.placed_starting_by(ctx.db.conn, ctx.now):
+def _start_binding(ctx: Ctx, placed: list[Reservation]) -> dict[str, Reservation]:
+    """Step 4: placed reservations whose start has come; nodes' desired state lists them.
+    `placed` is what step 3 left (a superset, oldest first). Returns those moved, as stored."""
+    moved = {}
+    for rsv in placed:
         if due_binding(rsv, ctx.now):
-            repo.save_reservation(ctx.db.conn, states.move(rsv, State.BINDING))
+            moved[rsv.id] = states.move(rsv, State.BINDING)
+            repo.save_reservation(ctx.db.conn, moved[rsv.id])
             ctx.event(
                 "reservation.binding",
                 rsv.tenant_id,
                 rsv.id,
                 {"nodeIds": [a.node_id for a in rsv.allocations]},
             )
+    return moved
 
 
 def _auto_bind(ctx: Ctx, pool_id: str) -> bool:
@@ -230,32 +253,51 @@ def _auto_bind(ctx: Ctx, pool_id: str) -> bool:
     return ctx.settings.auto_bind if own is None else own
 
 
-def _bind(ctx: Ctx) -> None:
-    """Step 5: autoBind reachable nodes; a reservation with every allocation bound is active."""
+def _bind(ctx: Ctx, moved: dict[str, Reservation]) -> dict[str, Reservation]:
+    """Step 5: autoBind reachable nodes; a reservation with every allocation bound is active.
+    `moved`: those step 4 has just moved to binding, as stored (only the others are read).
+    Returns those it made active, as stored."""
     conn = ctx.db.conn
-    for rsv in repo.reservations_in(conn, State.BINDING):
-        names = sorted({a.node_id for a in rsv.allocations})
-        nodes = {n.name: n for n in repo.load_nodes_named(conn, names)}
-        auto = _auto_bind(ctx, rsv.pool_id)
+    ids = tickwork.ids_in_state(conn, State.BINDING.value)
+    unread = [i for i in ids if i not in moved]
+    others = {r.id: r for r in tickwork.reservations_named(conn, unread)}
+    auto: dict[str, bool] = {}
+    active: dict[str, Reservation] = {}
+    for rsv in (moved[i] if i in moved else others[i] for i in ids):
+        if rsv.pool_id not in auto:
+            auto[rsv.pool_id] = _auto_bind(ctx, rsv.pool_id)
+        reach = tickwork.reachable(conn, sorted({a.node_id for a in rsv.allocations}))
+        allocations = []
         for alloc in rsv.allocations:
-            if not alloc.bound and can_bind(nodes[alloc.node_id], auto):
+            if not alloc.bound and can_bind(reach[alloc.node_id], auto[rsv.pool_id]):
                 repo.set_bound(conn, alloc.id)
-        activate_if_bound(ctx, rsv.id)
+                alloc = replace(alloc, bound=True)
+            allocations.append(alloc)
+        done = _activate(ctx, replace(rsv, allocations=tuple(allocations)))
+        if done is not None:
+            active[rsv.id] = done
+    return active
 
 
 def activate_if_bound(ctx: Ctx, rsv_id: str) -> None:
-    conn = ctx.db.conn
-    rsv = repo.get_reservation(conn, rsv_id)
-    if rsv.state == State.BINDING and all(a.bound for a in rsv.allocations):
-        active = states.move(rsv, State.ACTIVE)
-        repo.save_reservation(conn, active)
-        metering.open_windows(conn, active, ctx.now)
-        ctx.event(
-            "reservation.active",
-            rsv.tenant_id,
-            rsv.id,
-            {"nodeIds": [a.node_id for a in rsv.allocations]},
-        )
+    _activate(ctx, repo.get_reservation(ctx.db.conn, rsv_id))
+
+
+def _activate(ctx: Ctx, rsv: Reservation) -> Reservation | None:
+    """A binding reservation (as stored) whose every allocation is bound becomes active: the
+    active reservation as stored, or None when it stays as it is."""
+    if not (rsv.state == State.BINDING and all(a.bound for a in rsv.allocations)):
+        return None
+    active = states.move(rsv, State.ACTIVE)
+    repo.save_reservation(ctx.db.conn, active)
+    metering.open_windows(ctx.db.conn, active, ctx.now)
+    ctx.event(
+        "reservation.active",
+        rsv.tenant_id,
+        rsv.id,
+        {"nodeIds": [a.node_id for a in rsv.allocations]},
+    )
+    return active
 
 
 def report_bound(ctx: Ctx, node: str, rsv_id: str) -> Reservation:

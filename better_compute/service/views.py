@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -11,7 +11,7 @@ from better_compute.errors import InvalidInput
 from better_compute.model import Event, Window
 from better_compute.service import authz
 from better_compute.service.context import Ctx
-from better_compute.storage import fleet, repo
+from better_compute.storage import buckets, fleet, repo
 from better_compute.storage.conn import Conn, Row
 from better_compute.timeparse import MAX_MS, iso
 
@@ -150,47 +150,18 @@ def timeline(
         allocatable = repo.pool_inventory_counts(conn, row["id"], ctx.now)[2]
         # Free is always the pool's: another tenant's booking is just as taken (issue 7).
         window = Window(first, last)
-        booked = _distinct_per_bucket(repo.booking_buckets(conn, row["id"], window, step), count)
+        booked = buckets.booked_per_bucket(conn, row["id"], window, step)
         own = (
             None
             if tenant is None
-            else _distinct_per_bucket(
-                repo.booking_buckets(conn, row["id"], window, step, tenant), count
-            )
+            else buckets.fold(repo.booking_buckets(conn, row["id"], window, step, tenant), count)
         )
-    buckets = []
+    made = []
     for i in range(count):
         b = Window(first + i * step, min(first + (i + 1) * step, last))
         mine = None if own is None else own[i]
-        buckets.append(Bucket(b.start, b.end, booked[i], max(0, allocatable - booked[i]), mine))
-    return Timeline(row["id"], row["name"], allocatable, step_minutes, tuple(buckets), tenant)
-
-
-def _distinct_per_bucket(ranges: Iterable[tuple[str, int, int, int]], count: int) -> list[int]:
-    """Per bucket, the GPUs with any booking overlapping it, each counted once (§5.7).
-
-    `ranges` are (node, atom, first bucket, last bucket) by node, atom, first: one GPU's ranges
-    that share a bucket are merged first, so a GPU counts once per bucket however many of its
-    bookings touch it; then a difference array counts the merged ranges."""
-    delta = [0] * (count + 1)
-    gpu: tuple[str, int] | None = None
-    lo = hi = -1
-    for node, atom, first, last in ranges:
-        if (node, atom) == gpu and first <= hi:
-            hi = max(hi, last)
-            continue
-        if gpu is not None:
-            delta[lo] += 1
-            delta[hi + 1] -= 1
-        gpu, lo, hi = (node, atom), first, last
-    if gpu is not None:
-        delta[lo] += 1
-        delta[hi + 1] -= 1
-    out, running = [], 0
-    for i in range(count):
-        running += delta[i]
-        out.append(running)
-    return out
+        made.append(Bucket(b.start, b.end, booked[i], max(0, allocatable - booked[i]), mine))
+    return Timeline(row["id"], row["name"], allocatable, step_minutes, tuple(made), tenant)
 
 
 def follow_events(

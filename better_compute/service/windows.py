@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import replace
 
 from better_compute.engine import calendar as policy_rules
@@ -137,31 +138,54 @@ def fits_among(ctx: Ctx, draft: Reservation, window: Window, names: list[str]) -
 
 
 def _tester(ctx: Ctx, draft: Reservation, maybe: freetime.Chunked | None) -> search.Fits:
-    """The planner's yes or no for a window: over the counted candidates when they are known and
-    few enough (or a gang), else through placing.plan."""
+    """The planner's yes or no for a window: over the counted candidates when they are known
+    (all of them for a gang; for a single node, the few with the most free time first, and
+    placing.plan's shortlist only if none of those fits); before the free time is worked out,
+    over the nodes SQL counts enough free GPUs on (`probe`)."""
 
     def test(window: Window) -> bool:
-        names = None if maybe is None else maybe.candidates(window.start)
-        if names is None or (draft.gang_size is None and len(names) > FEW_NODES):
-            return fits(ctx, draft, window)  # the shortlist stops at the best few itself
-        return fits_among(ctx, draft, window, names)
+        found = None if maybe is None else maybe.candidates(window)
+        if found is None:
+            if maybe is None or draft.gang_size is not None:
+                return fits(ctx, draft, window)
+            found = probe(ctx, draft, window)
+        names = found.names
+        if found.complete and (draft.gang_size is not None or len(names) <= FIRST_TRY):
+            return fits_among(ctx, draft, window, names)
+        # A node of these that fits is a plan the planner over every node finds too.
+        return fits_among(ctx, draft, window, names[:FIRST_TRY]) or fits(ctx, draft, window)
 
     return test
 
 
+def probe(ctx: Ctx, draft: Reservation, window: Window) -> freetime.Candidates:
+    """The nodes with at least the draft's GPUs free for the whole window, counted in SQL (a GPU
+    with any booking in the window is not free; quarantined GPUs and maintenance are left to the
+    planner): a superset of the nodes a single-node plan can use, whole, in one query."""
+    need = draft.gpus or 1
+    names = [
+        name
+        for name, total, booked in cal.free_counts(ctx.db.conn, draft.pool_id, window)
+        if total - booked >= need
+    ]
+    return freetime.Candidates(names, True)
+
+
 def find(ctx: Ctx, draft: Reservation, ask: search.Ask, limit: int) -> list[Window]:
     """Up to `limit` windows of the draft's pool, earliest start first (engine/search.py)."""
-    conn = ctx.db.conn
+    conn, pool_id = ctx.db.conn, draft.pool_id
     opening = ask.opening()
     if opening > ask.last:
         return []
-    ends = cal.change_ends(conn, draft.pool_id, opening, ask.last)
-    latest = ask.last + ask.max_ms if ask.end_to is None else min(ask.last + ask.max_ms, ask.end_to)
     maybe = prefilter(ctx, draft, ask)
     return search.windows(
         ask,
-        ends,
-        lambda: cal.change_starts(conn, draft.pool_id, opening, latest),
+        # Read as far as the walk goes: a window found early reads a day of the range.
+        search.in_chunks(
+            lambda a, b: cal.change_ends(conn, pool_id, a, b), opening, ask.last, CHUNK_MS
+        ),
+        # Only where a window's end is searched, between its shortest and longest end.
+        lambda a, b: cal.change_starts(conn, pool_id, a - 1, b),
         _tester(ctx, draft, maybe),
         limit=limit,
         maybe=maybe,
@@ -185,47 +209,48 @@ def prefilter(ctx: Ctx, draft: Reservation, ask: search.Ask) -> freetime.Chunked
     gang = draft.gang_size is not None
     eligible = [
         (name, _group(draft.topology_key, labels, domain) if gang else "", total)
-        for name, labels, total, domain in cal.eligible_nodes(conn, pool_id)
+        for name, labels, total, domain in cal.eligible_nodes(
+            conn, pool_id, topology=draft.topology_key is not None
+        )
         if name not in refused
     ]
 
-    # Read far enough to bound how long a window may stretch (engine/freetime.reach).
+    # Whole nodes wanted (no eligible node has more GPUs than asked): any booking is in the way.
+    whole = all(total <= need for _, _, total in eligible)
+    # Read far enough to bound how long a window may stretch (freetime.Chunked.reach).
     stretch = ask.max_ms if ask.end_to is None else min(ask.max_ms, ask.end_to - ask.first)
     stretch = max(length, min(stretch, MAX_STRETCH_MS))
 
+    size = draft.gang_size or 1
+    lazy = not gang  # a single node: read a batch of nodes at a time, as the search asks
+
     def chunk(first: int, last: int) -> freetime.Free:
         hi = last + stretch
-        booked, found = cal.gaps(conn, pool_id, first, hi, length)
-        free: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
-        for node, atom, a, z in found:
-            free[node].append((atom, a, z))
         blocked: dict[str, list[tuple[int, int]]] = defaultdict(list)
         for node, m_start, m_end in cal.maintenance_in(conn, pool_id, first, hi):
             blocked[node].append((m_start, m_end))
-        nodes = [
-            freetime.NodeFree(
-                name,
-                group,
-                total - booked.get(name, 0),
-                tuple(free[name]),
-                tuple(blocked[name]),
-            )
-            for name, group, total in eligible
-        ]
-        by_node: dict[str, list[freetime.Span]] = {}
-        spans = freetime.possible_starts(
-            nodes,
-            need=need,
-            size=size,
-            gang=gang,
-            first=first,
-            last=last,
-            length=length,
-            by_node=by_node,
-        )
-        return freetime.Free(tuple(nodes), tuple(spans), hi, by_node)
 
-    size = draft.gang_size or 1
+        def batches() -> Iterator[list[freetime.NodeFree]]:
+            # Lazily, a batch of nodes at a time through the per-node index; eagerly (a gang),
+            # the pool's span in one read.
+            parts = (
+                [eligible[i : i + n] for i, n in _batches(len(eligible))] if lazy else [eligible]
+            )
+            for part in parts:
+                if lazy:
+                    busy = cal.held_of(conn, [name for name, _, _ in part], first, hi, whole=whole)
+                else:
+                    busy = cal.held(conn, pool_id, first, hi, whole=whole)
+                yield [
+                    freetime.NodeFree(name, group, total, busy.get(name, ()), blocked.get(name, ()))
+                    for name, group, total in part
+                ]
+
+        return freetime.Free(
+            batches(), need=need, size=size, gang=gang, first=first, last=last, length=length,
+            horizon=hi, lazy=lazy,
+        )  # fmt: skip
+
     return freetime.Chunked(
         chunk,
         ask.last,
@@ -233,17 +258,31 @@ def prefilter(ctx: Ctx, draft: Reservation, ask: search.Ask) -> freetime.Chunked
         need=need,
         size=size,
         gang=gang,
-        # A window that may stretch wants the counted bound on its end from the first start on.
+        length=length,
+        enough=FIRST_TRY,
+        # A fixed length on one node: the first start is answered by counts in SQL (`probe`).
         plan_first=not gang and ask.min_ms == ask.max_ms and ask.end_from is None,
     )
 
 
+def _batches(count: int) -> Iterator[tuple[int, int]]:
+    """(offset, size) of the batches of nodes a single-node search reads: FIRST_BATCH first,
+    then twice as many each time, at most 1000 (one placeholder per node in the query)."""
+    offset, size = 0, FIRST_BATCH
+    while offset < count:
+        yield offset, size
+        offset, size = offset + size, min(2 * size, 1000)
+
+
+#: How many nodes a single-node search reads first (the rest only if none of these answers).
+FIRST_BATCH = 250
 #: The first stretch of starts the cheap test works out at once; each next one is twice as long.
 CHUNK_MS = 86_400_000
-#: A single-node request plans the counted candidates itself when there are at most this many;
-#: with more, placing.plan's shortlist (which stops at the best few) is cheaper. A gang plans
-#: every fitting node either way, so it always plans the candidates.
-FEW_NODES = 64
+#: A single-node request plans at most this many of the counted candidates itself (those with
+#: the most free time: the count is exact but for NVLink groups and health, so one of them
+#: nearly always fits); if none fits, placing.plan's shortlist decides. A gang plans every
+#: candidate (the gang planner needs them all).
+FIRST_TRY = 8
 #: How far past a start the cheap test reads to bound a window's end (longer: the planner alone).
 MAX_STRETCH_MS = 30 * 86_400_000
 

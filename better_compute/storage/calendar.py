@@ -7,10 +7,12 @@ Written portably (`?` placeholders, `"end"` quoted) for the PostgreSQL backend t
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 
-from better_compute.model import CalendarPolicy, Reservation
+from better_compute.model import CalendarPolicy, Reservation, Window
 from better_compute.storage import repo
+from better_compute.storage.conn import Row
 from better_compute.storage.repo import Conn
 
 # ---------------------------------------------------------------- policies
@@ -136,33 +138,44 @@ def ids_in(conn: Conn, rsv_ids: Sequence[str]) -> list[Reservation]:
 
 # ---------------------------------------------------------------- free time, counted in SQL
 
-#: Per GPU of the pool with a booking in the span [:lo, :hi): its gaps of at least :length
-#: between bookings (each booking's start, after the latest end of the bookings before it, or
-#: :lo) and after its last booking (up to :hi). Window functions, portable to PostgreSQL.
-GAPS_SQL = """
-WITH b AS (
-  SELECT node_id, atom, start, "end" FROM bookings
-  WHERE pool_id = :pool AND "end" > :lo AND "end" < :bound AND start < :hi
-), o AS (
-  SELECT node_id, atom, start,
-         MAX("end") OVER (PARTITION BY node_id, atom ORDER BY start, "end"
-                          ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before
-  FROM b
-), t AS (
-  SELECT node_id, atom, MAX("end") AS last_end FROM b GROUP BY node_id, atom
-)
-SELECT node_id, atom, COALESCE(before, :lo), start FROM o
- WHERE start - COALESCE(before, :lo) >= :length
-UNION ALL
-SELECT node_id, atom, last_end, :hi FROM t WHERE :hi - last_end >= :length
+#: Every booking of the pool in the span [:lo, :hi), one row per node and (start, end) with the
+#: GPUs it holds summed into a bit mask (GPU i is bit i; DISTINCT, so a sum is an OR), in no
+#: particular order (engine/freetime.py sorts what it needs). The covering index bookings_window
+#: reads it; "end" < :bound (the span's end plus the pool's longest booking) keeps that read to
+#: the span. Portable to PostgreSQL (its SUM of BIGINT is NUMERIC, read back as an integer).
+HELD_SQL = """
+SELECT node_id, start, "end", SUM(DISTINCT CAST(1 AS BIGINT) << CAST(atom AS INTEGER)) FROM bookings
+WHERE pool_id = :pool AND "end" > :lo AND "end" < :bound AND start < :hi
+GROUP BY node_id, start, "end"
 """
 
-#: Per node of the pool, how many of its GPUs have a booking in the span.
-BOOKED_SQL = """
-SELECT node_id, COUNT(DISTINCT atom) FROM bookings
-WHERE pool_id = :pool AND "end" > :lo AND "end" < :bound AND start < :hi
-GROUP BY node_id
+#: HELD_SQL for some nodes only (`{marks}`: one placeholder per node): each node's bookings are
+#: read through the index bookings_node_window, so a batch costs its nodes, not the pool. No
+#: pool_id test: it would steer SQLite to bookings_window, the whole pool's span (a node's
+#: bookings hold its GPUs whatever pool they were made in, as the planner's snapshots count).
+HELD_OF_SQL = """
+SELECT node_id, start, "end", SUM(DISTINCT CAST(1 AS BIGINT) << CAST(atom AS INTEGER)) FROM bookings
+WHERE node_id IN ({marks}) AND "end" > ? AND "end" < ? AND start < ?
+GROUP BY node_id, start, "end"
 """
+
+#: What a request for whole nodes reads instead (any booking holds the whole node, so which
+#: GPUs it holds does not matter): no sum to work out, about half the cost.
+WHOLE_SQL = """
+SELECT DISTINCT node_id, start, "end" FROM bookings
+WHERE pool_id = :pool AND "end" > :lo AND "end" < :bound AND start < :hi
+"""
+WHOLE_OF_SQL = """
+SELECT DISTINCT node_id, start, "end" FROM bookings
+WHERE node_id IN ({marks}) AND "end" > ? AND "end" < ? AND start < ?
+"""
+
+#: Every GPU: the mask of a booking read for whole nodes.
+ALL_GPUS = (1 << 64) - 1
+
+#: A mask read back: bit 63 comes back as a negative BIGINT.
+_MASK64 = (1 << 64) - 1
+
 
 #: Per eligible node (schedulable, reachable): its labels, GPUs and the fabric of its GPUs (for
 #: fabric.domain); and, separately, its unhealthy GPUs.
@@ -176,8 +189,24 @@ GROUP BY n.name, n.labels
 """
 
 
-def eligible_nodes(conn: Conn, pool_id: str) -> list[tuple[str, str, int, str | None]]:
-    """(name, labels JSON, GPUs, fabric.domain or None) of each schedulable, reachable node."""
+#: Per eligible node, its GPUs only: what a request without a topology key needs (the fabric
+#: aggregates above sort every GPU of the pool; this reads the atoms' primary key alone).
+COUNTS_SQL = """
+SELECT n.name, COUNT(*) FROM nodes n JOIN atoms a ON a.node_id = n.name
+WHERE n.pool_id = ? AND n.schedulable != 0 AND n.reachable != 0
+GROUP BY n.name
+"""
+
+
+def eligible_nodes(
+    conn: Conn, pool_id: str, *, topology: bool = True
+) -> list[tuple[str, str, int, str | None]]:
+    """(name, labels JSON, GPUs, fabric.domain or None) of each schedulable, reachable node.
+    Without `topology`, labels read "{}" and the domain None (cheaper: GPU counts only)."""
+    if not topology:
+        return [
+            (str(n), "{}", int(total), None) for n, total in conn.execute(COUNTS_SQL, (pool_id,))
+        ]
     out = []
     for name, labels, total, c_lo, c_hi, q_lo, q_hi, n_c, n_q in conn.execute(
         NODES_SQL, (pool_id,)
@@ -188,16 +217,57 @@ def eligible_nodes(conn: Conn, pool_id: str) -> list[tuple[str, str, int, str | 
     return out
 
 
-def gaps(
-    conn: Conn, pool_id: str, lo: int, hi: int, length: int
-) -> tuple[dict[str, int], list[tuple[str, int, int, int]]]:
-    """Over [lo, hi): per node, how many GPUs have a booking there; and (node, atom, gap start,
-    gap end) of every gap of at least `length` of those GPUs."""
-    bound = hi + repo.longest_booking(conn, pool_id)
-    params = {"pool": pool_id, "lo": lo, "hi": hi, "bound": bound, "length": length}
-    booked = {str(n): int(c) for n, c in conn.execute(BOOKED_SQL, params)}
-    found = [(str(n), int(a), int(x), int(z)) for n, a, x, z in conn.execute(GAPS_SQL, params)]
-    return booked, found
+def held(
+    conn: Conn, pool_id: str, lo: int, hi: int, *, whole: bool = False
+) -> dict[str, list[tuple[int, int, int]]]:
+    """Per node, (start, end, GPUs as a bit mask) of its bookings overlapping [lo, hi). With
+    `whole` (a request for whole nodes), each booking holds ALL_GPUS."""
+    bound = hi + repo.longest_booking(conn, pool_id) + 1
+    params = {"pool": pool_id, "lo": lo, "hi": hi, "bound": bound}
+    return _by_node(conn.execute(WHOLE_SQL if whole else HELD_SQL, params), whole)
+
+
+def held_of(
+    conn: Conn, names: Sequence[str], lo: int, hi: int, *, whole: bool = False
+) -> dict[str, list[tuple[int, int, int]]]:
+    """`held`, for these nodes only (at most 1000 names). The bound on a booking's length is
+    taken over every pool (see HELD_OF_SQL)."""
+    if not names:
+        return {}
+    bound = hi + repo.longest_booking_anywhere(conn) + 1
+    sql = (WHOLE_OF_SQL if whole else HELD_OF_SQL).format(marks=",".join("?" * len(names)))
+    return _by_node(conn.execute(sql, (*names, lo, bound, hi)), whole)
+
+
+def _by_node(rows: Iterable[Row], whole: bool) -> dict[str, list[tuple[int, int, int]]]:
+    out: defaultdict[str, list[tuple[int, int, int]]] = defaultdict(list)
+    if whole:
+        for node, start, end in rows:
+            out[node].append((start, end, ALL_GPUS))
+    else:
+        for node, start, end, mask in rows:
+            out[node].append((start, end, int(mask) & _MASK64))
+    return out
+
+
+#: Per eligible node of the pool: its GPUs and how many of them have a booking in [:lo, :hi)
+#: (the rest are free for the whole window). One pass over the window's bookings.
+FREE_COUNTS_SQL = """
+SELECT n.name, (SELECT COUNT(*) FROM atoms a WHERE a.node_id = n.name), COALESCE(b.booked, 0)
+FROM nodes n LEFT JOIN (
+  SELECT node_id, COUNT(DISTINCT atom) AS booked FROM bookings
+  WHERE pool_id = :pool AND "end" > :lo AND "end" < :bound AND start < :hi
+  GROUP BY node_id
+) b ON b.node_id = n.name
+WHERE n.pool_id = :pool AND n.schedulable != 0 AND n.reachable != 0
+"""
+
+
+def free_counts(conn: Conn, pool_id: str, window: Window) -> list[tuple[str, int, int]]:
+    """(node, GPUs, GPUs with a booking in the window) of each eligible node of the pool."""
+    bound = window.end + repo.longest_booking(conn, pool_id) + 1
+    params = {"pool": pool_id, "lo": window.start, "hi": window.end, "bound": bound}
+    return [(str(n), int(t), int(b)) for n, t, b in conn.execute(FREE_COUNTS_SQL, params)]
 
 
 def node_models(conn: Conn, pool_id: str) -> list[tuple[str, str]]:

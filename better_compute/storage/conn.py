@@ -74,6 +74,10 @@ class Ledger(Protocol):
 
     def principal(self, os_user: str) -> str: ...
 
+    def insert_rows(
+        self, table: str, columns: Sequence[str], rows: Iterable[Sequence[object]]
+    ) -> None: ...
+
 
 def dialect(conn: object) -> str:
     """'sqlite' or 'postgresql': the one place a connection is asked which it is."""

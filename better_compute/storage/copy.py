@@ -7,8 +7,8 @@ table is read back and compared with the source: its row count and a checksum of
 over the sorted rows' values), so a value the other backend could not hold exactly is caught
 rather than copied wrong. The source is only read, in one snapshot.
 
-sqlite-utils writes the SQLite side (bulk inserts into the new file); it is imported here only, so
-`get` and `reserve` never pay for it.
+sqlite-utils writes the SQLite side (bulk inserts into the new file); it is imported on first use
+only (storage/db.sqlite_tools), so `get` and `reserve` never pay for it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from better_compute.errors import Conflict, Unavailable
 from better_compute.storage import ledger
 from better_compute.storage.conn import SQLITE, Conn, Ledger, dialect
 from better_compute.storage.create import create_ledger
-from better_compute.storage.db import ledger_exists, principal_at
+from better_compute.storage.db import ledger_exists, principal_at, sqlite_tools
 
 #: Parents before children (foreign keys); a table not named here (a newer migration's) follows.
 ORDER = (
@@ -182,15 +182,13 @@ def _load(conn: Any, data: dict[str, tuple[list[str], list[tuple[Any, ...]]]]) -
 
 def _load_sqlite(conn: Any, data: dict[str, tuple[list[str], list[tuple[Any, ...]]]]) -> None:
     """sqlite-utils' bulk insert into the new file (not yet the ledger: nobody else sees it)."""
-    import sqlite_utils
-
-    db = sqlite_utils.Database(conn)
+    db = sqlite_tools(conn)
     db.execute("PRAGMA defer_foreign_keys = ON")
     for table, (columns, rows) in data.items():
         if table not in db.table_names():
             raise Unavailable(f"the target has no table {table!r}: upgrade better-compute there")
         db.execute(f"DELETE FROM {table}")
-        db[table].insert_all(  # type: ignore[union-attr]
+        db.table(table).insert_all(
             (dict(zip(columns, row, strict=True)) for row in rows), batch_size=1000
         )
 

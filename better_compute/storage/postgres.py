@@ -33,8 +33,14 @@ from better_compute.storage.schema import MIGRATIONS, SCHEMA_VERSION, migration_
 
 DEFAULT_LOCK_TIMEOUT_MS = 30_000
 
-#: The lock order's first lock: every write holds the ledger clock row (PRODUCT.md §2).
-CLOCK_LOCK = "SELECT value FROM meta WHERE key = 'last_at' FOR UPDATE"
+#: The lock order's first lock: every write holds the ledger clock row (PRODUCT.md §2). Taking
+#: it counts the write (meta.writes, migration 9), in the same statement: the count moves exactly
+#: when a write transaction commits, which is what PgConn.data_version reads.
+CLOCK_WRITE = "UPDATE meta SET writes = writes + 1 WHERE key = 'last_at' RETURNING writes"
+
+#: The same lock for `init --force`, which replaces the ledger (whatever its schema version, so
+#: whatever columns the row has).
+CLOCK_LOCK = "SELECT * FROM meta WHERE key = 'last_at' FOR UPDATE"
 
 #: How often taking the write lock may lose a deadlock or serialization check before UNAVAILABLE.
 LOCK_ATTEMPTS = 5
@@ -99,6 +105,38 @@ class PgConn:
     def __init__(self, raw: psycopg.Connection[Any], where: str) -> None:
         self.raw = raw
         self.where = where
+        self._version = 0  # how often another connection's commits were seen: data_version()
+        self._known: int | None = None  # meta.writes as this connection last knew it committed
+        self._writing: int | None = None  # meta.writes inside this write transaction
+
+    def data_version(self) -> int:
+        """PostgreSQL's PRAGMA data_version: a number that changes exactly when another
+        connection has committed a write since this one last looked (its own commits do not
+        change it). Inside a write transaction it costs nothing: the lock statement returned
+        the count. Outside one, it reads the count in the current snapshot."""
+        if self._writing is None:
+            row = self.execute("SELECT writes FROM meta WHERE key = 'last_at'").fetchone()
+            self._look(None if row is None else int(row[0]))
+        return self._version
+
+    def _look(self, committed: int | None) -> None:
+        """`committed`: the count of write transactions committed, as seen now."""
+        if committed is None or committed != self._known:
+            self._version += 1
+        self._known = committed
+
+    def _began_write(self, writes: int | None) -> None:
+        """The clock row is held: `writes` counts this transaction too (None: no clock row)."""
+        self._look(None if writes is None else writes - 1)
+        self._writing = writes
+
+    def _ended_write(self, committed: bool | None) -> None:
+        """After COMMIT (True), ROLLBACK (False), or a COMMIT whose outcome is unknown (None)."""
+        if committed is None:
+            self._known = None  # the next look counts as a change: never stale
+        elif committed and self._writing is not None:
+            self._known = self._writing
+        self._writing = None
 
     def execute(self, sql: str, parameters: Any = None, /) -> psycopg.Cursor[Any]:
         cursor = self.raw.cursor()
@@ -185,6 +223,15 @@ class PgDatabase:
     def close(self) -> None:
         self.conn.raw.close()
 
+    def insert_rows(
+        self, table: str, columns: Sequence[str], rows: Iterable[Sequence[object]]
+    ) -> None:
+        """Many rows at once, inside the write transaction: psycopg's executemany, which sends
+        them pipelined rather than waiting for the server after each."""
+        listed = ", ".join(f'"{c}"' for c in columns)
+        marks = ", ".join("?" * len(columns))
+        self.conn.executemany(f"INSERT INTO {table} ({listed}) VALUES ({marks})", rows)
+
     @contextmanager
     def write(self) -> Iterator[PgConn]:
         """One write transaction, holding the ledger clock row first (the lock order)."""
@@ -215,7 +262,8 @@ class PgDatabase:
         for attempt in range(LOCK_ATTEMPTS):
             try:
                 raw.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-                raw.execute(CLOCK_LOCK)
+                row = raw.execute(CLOCK_WRITE).fetchone()
+                self.conn._began_write(None if row is None else int(row[0]))
                 return
             except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected):
                 raw.execute("ROLLBACK")
@@ -232,15 +280,22 @@ class PgDatabase:
 
     @contextmanager
     def _committed(self) -> Iterator[None]:
-        """COMMIT after the body, ROLLBACK if it raised."""
+        """COMMIT after the body, ROLLBACK if it raised; the connection's write count learns
+        which (PgConn.data_version)."""
         raw = self.conn.raw
         try:
             yield
         except BaseException:
+            self.conn._ended_write(False)
             if self.conn.in_transaction and not raw.closed:
                 raw.execute("ROLLBACK")
             raise
-        raw.execute("COMMIT")
+        try:
+            raw.execute("COMMIT")
+        except BaseException:
+            self.conn._ended_write(None)
+            raise
+        self.conn._ended_write(True)
 
     def _mapped(self) -> AbstractContextManager[None]:
         return mapped(self.where)
@@ -391,8 +446,12 @@ def create_database(url: str, *, force: bool, db_id: str, fill: Any = None) -> P
                 raise Conflict(
                     f"{db.where} already holds a better-compute ledger; add --force to replace it"
                 )
+            writes = 0
             if version is not None:
-                raw.execute(CLOCK_LOCK)  # the lock order: writers finish or wait, never deadlock
+                # The lock order: writers finish or wait, never deadlock.
+                clock = raw.execute(CLOCK_LOCK).fetchone()
+                if clock is not None and "writes" in clock.keys():  # noqa: SIM118 (a Row's keys)
+                    writes = int(clock["writes"])  # a ledger from version 9 on
                 _drop_ledger(db)
             for script in MIGRATIONS:
                 raw.execute(migration_text(script, POSTGRES))
@@ -402,6 +461,8 @@ def create_database(url: str, *, force: bool, db_id: str, fill: Any = None) -> P
             )
             if fill is not None:
                 fill(db)
+            if writes:  # the count goes on: a connection that knew the old ledger sees a change
+                raw.execute("UPDATE meta SET writes = %s WHERE key = 'last_at'", (writes + 1,))
     except BaseException:
         db.close()
         raise

@@ -727,6 +727,8 @@ def _conditions(text: str) -> tuple[Condition, ...]:
 
 
 def conditions_json(conditions: Sequence[Condition]) -> str:
+    if not conditions:
+        return "[]"  # json.dumps([]): most saves carry no condition
     return json.dumps(
         [{"type": c.type, "reason": c.reason, "message": c.message} for c in conditions]
     )
@@ -914,11 +916,16 @@ def tenant_of(conn: Conn, rsv_id: str) -> str | None:
 
 
 def insert_reservation(conn: Conn, rsv: Reservation, params: str) -> None:
+    """One INSERT with every column, mutable ones as save_reservation writes them (an INSERT
+    and then an UPDATE ran the index and quota-summary triggers twice for the same row)."""
     conn.execute(
         "INSERT INTO reservations(id, seq, tenant_id, pool_id, principal, state, gpus, models,"
         " topology, gang_size, topology_key, spot, binding, duration_ms, start, conditions,"
-        " quota_charge, idempotency_key, params, created_at, series_id)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " quota_charge, idempotency_key, params, created_at, series_id, during_start, during_end,"
+        " release_reason, next_attempt_at, lead_checked, start_checked, preempt_deadline,"
+        " preempted_by)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+        " ?, ?)",
         (
             rsv.id,
             rsv.seq,
@@ -941,9 +948,16 @@ def insert_reservation(conn: Conn, rsv: Reservation, params: str) -> None:
             params,
             rsv.created_at,
             rsv.series_id,
+            rsv.during.start if rsv.during else None,
+            rsv.during.end if rsv.during else None,
+            rsv.release_reason.value if rsv.release_reason else None,
+            rsv.next_attempt_at,
+            int(rsv.lead_checked),
+            int(rsv.start_checked),
+            rsv.preempt_deadline,
+            rsv.preempted_by,
         ),
     )
-    save_reservation(conn, rsv)
 
 
 def save_reservation(conn: Conn, rsv: Reservation) -> None:

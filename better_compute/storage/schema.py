@@ -597,6 +597,15 @@ CREATE INDEX reservations_charge ON reservations(tenant_id, state, pool_id, quot
 """
 
 
+MIGRATION_9 = """
+-- On the 'last_at' row: how many write transactions have committed. PostgreSQL's write lock is
+-- that row, and taking it adds one (storage/postgres.py), so a connection that finds the count
+-- moved since its own last commit knows another one wrote: what SQLite's PRAGMA data_version
+-- says. simulate keeps its fleet in memory by it. On SQLite it stays 0.
+ALTER TABLE meta ADD COLUMN writes BIGINT NOT NULL DEFAULT 0;
+"""
+
+
 class Dialects(NamedTuple):
     """A migration whose SQL differs by backend. A plain string serves both."""
 
@@ -690,6 +699,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     MIGRATION_6,
     MIGRATION_7,
     MIGRATION_8,
+    MIGRATION_9,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -700,4 +710,4 @@ APPLICATION_ID = 0x42434D50  # "BCMP"
 #: sha256 of the sorted (type, name, tbl_name, sql) rows of sqlite_master that MIGRATIONS make:
 #: opening a ledger compares its schema with this instead of rebuilding every migration in memory
 #: (storage/db.py). tests/test_speed.py fails with the new value whenever a migration is added.
-SCHEMA_DIGEST = "21f5c63be14b27ad1d306f782ee619bf33c9995f15d5d048f73aaa49eafdf93f"
+SCHEMA_DIGEST = "6889618b313b0fa0406b335bcdb245032b906061ea6bd8615f23f840633611e7"

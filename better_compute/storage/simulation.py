@@ -7,7 +7,6 @@ their `seq` range (seq grows with every reservation), then narrowed to the run's
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -97,17 +96,12 @@ def usage_spans(conn: Conn, lo_seq: int, hi_seq: int) -> list[tuple[str, int, in
 
 
 def data_version(conn: Conn) -> int:
-    """SQLite's count of commits by *other* connections (PRAGMA data_version): it changes
-    exactly when another process has committed since this connection last looked.
-
-    PostgreSQL keeps no such count for a session, so there every call answers a new value: the
-    fleet in memory is then reloaded for every request, slower but never stale."""
+    """A number that changes exactly when another connection has committed since this one last
+    looked: SQLite's PRAGMA data_version; on PostgreSQL, the count of write transactions kept on
+    the clock row that every write locks first (storage/postgres.PgConn.data_version)."""
     if dialect(conn) == POSTGRES:
-        return -next(_FRESH)
+        return int(conn.data_version())  # type: ignore[attr-defined]
     return int(conn.execute("PRAGMA data_version").fetchone()[0])
-
-
-_FRESH = itertools.count(1)
 
 
 def pool_maintenance_after(conn: Conn, pool_id: str, after: int) -> list[Maintenance]:

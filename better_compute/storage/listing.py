@@ -1,0 +1,241 @@
+"""`list --json` at fleet scale (issue 8): reservation rows checked and handed over as plain
+tuples, without building a Reservation (30 fields, frozen) and its allocations for every row.
+
+A listing of 8,525 reservations spent most of its time making model objects that only became a
+JSON document again. Here each row is type-checked exactly as repo._reservation checks it (a
+damaged row is UNAVAILABLE, naming it), and its values stay as SQL gave them, in the order the
+document wants them (render/json.listed_text). Both backends give the same tuples, so the same
+bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
+
+from better_compute.model import Binding, Condition, ReleaseReason, State
+from better_compute.storage.conn import Conn, plain_rows
+from better_compute.storage.repo import (
+    _ATOMS_TEXT,
+    _DECODE_ERRORS,
+    _conditions,
+    _int,
+    _json_of,
+    _labels,
+    _str,
+    atom_list,
+    damaged,
+)
+
+#: A listed allocation: (id, node, atoms as JSON text in json.dumps's form, bound).
+ListedAllocation = tuple[str, str, str, bool]
+
+
+class ListedReservation(NamedTuple):
+    """What `list --json` prints of a reservation: render.json.reservation's document, its
+    values as stored (checked), the allocations not released in id order per node."""
+
+    id: str
+    tenant_id: str
+    pool_id: str
+    state: str
+    gpus: int | None
+    models: tuple[str, ...]
+    topology: str | None
+    gang_size: int | None
+    topology_key: str | None
+    spot: bool
+    binding: str
+    duration_ms: int
+    start: int | None
+    during_start: int | None
+    during_end: int | None
+    conditions: tuple[Condition, ...]
+    allocations: tuple[ListedAllocation, ...]
+    quota_charge: int
+    idempotency_key: str | None
+    release_reason: str | None
+    created_at: int
+    next_attempt_at: int | None
+    name: str | None
+    labels: tuple[tuple[str, str], ...]
+    series_id: str | None
+
+
+#: The reservation's columns read, in this order (see _checked), then its allocation's.
+_COLUMNS = ", ".join(
+    f"r.{name}"
+    for name in [
+        "id",
+        "tenant_id",
+        "pool_id",
+        "state",
+        "gpus",
+        "models",
+        "topology",
+        "gang_size",
+        "topology_key",
+        "spot",
+        "binding",
+        "duration_ms",
+        "start",
+        "during_start",
+        "during_end",
+        "conditions",
+        "quota_charge",
+        "idempotency_key",
+        "release_reason",
+        "created_at",
+        "next_attempt_at",
+        "name",
+        "labels",
+        "series_id",
+        "seq",
+        "principal",
+        "preempt_deadline",
+        "preempted_by",
+    ]
+)
+_ALLOCATION = 28  # where the allocation's id, node, atoms and bound begin
+_STATES = frozenset(s.value for s in State)
+_BINDINGS = frozenset(b.value for b in Binding)
+_REASONS = frozenset(r.value for r in ReleaseReason)
+#: Positions of the columns repo._check_reservation_types checks, by the type they must have.
+_INTS = (11, 16, 19, 24)  # duration_ms, quota_charge, created_at, seq
+_OPT_INTS = (4, 7, 12, 13, 14, 20, 26)  # gpus, gang_size, start, during_*, next_attempt, deadline
+_STRS = (0, 1, 2, 25)  # id, tenant_id, pool_id, principal
+_OPT_STRS = (6, 8, 17, 23, 27, 21)  # topology, topology_key, key, series, preempted_by, name
+
+
+def reservation_pages(
+    conn: Conn,
+    *,
+    tenants: Sequence[str] | None,
+    pool_id: str | None,
+    key: str | None,
+    states: Sequence[str],
+    size: int = 500,
+) -> Iterator[list[ListedReservation]]:
+    """fleet.reservation_pages's reservations (the same filter, oldest first), `size` at a time,
+    as checked rows, each with its allocations not released (by node, then id).
+
+    One query joins each reservation to its allocations, so most reservations are one row; a
+    gang's are one row per member, in a run."""
+    where, args = _where(tenants, pool_id, key, states)
+    rows = plain_rows(
+        conn,
+        f"SELECT {_COLUMNS}, a.id, a.node_id, a.atoms, a.bound FROM reservations r"
+        " LEFT JOIN allocations a ON a.reservation_id = r.id AND a.released = 0"
+        f" WHERE {where} ORDER BY r.seq, a.node_id, a.id",
+        args,
+    )
+    page: list[ListedReservation] = []
+    held: tuple[Any, ...] | None = None
+    allocations: list[ListedAllocation] = []
+    for row in rows:
+        if held is not None and row[0] == held[0]:
+            allocations.append(_allocation(conn, row))
+            continue
+        if held is not None:
+            page.append(_checked(conn, held, tuple(allocations)))
+            if len(page) == size:
+                yield page
+                page = []
+        held = row
+        allocations = [] if row[_ALLOCATION] is None else [_allocation(conn, row)]
+    if held is not None:
+        page.append(_checked(conn, held, tuple(allocations)))
+    if page:
+        yield page
+
+
+def _where(
+    tenants: Sequence[str] | None, pool_id: str | None, key: str | None, states: Sequence[str]
+) -> tuple[str, list[object]]:
+    clauses, args = ["1 = 1"], []  # type: tuple[list[str], list[object]]
+    if tenants is not None:
+        clauses.append(f"r.tenant_id IN ({','.join('?' * len(tenants))})")
+        args.extend(tenants)
+    if pool_id is not None:
+        clauses.append("r.pool_id = ?")
+        args.append(pool_id)
+    if key is not None:
+        clauses.append("r.idempotency_key = ?")
+        args.append(key)
+    if states:
+        clauses.append(f"r.state IN ({','.join('?' * len(states))})")
+        args.extend(states)
+    return " AND ".join(clauses), args
+
+
+def _allocation(conn: Conn, row: tuple[Any, ...]) -> ListedAllocation:
+    """The row's allocation, checked as repo._allocation checks it; its atoms stay the stored
+    text when that is exactly json.dumps of the sorted list (as insert_allocation writes it)."""
+    alloc_id, node, atoms, bound = row[_ALLOCATION:]
+    try:
+        if type(alloc_id) is not str or type(node) is not str:
+            raise TypeError("expected text in an allocation's id or node")
+        if type(atoms) is not str or not _ATOMS_TEXT.fullmatch(atoms):
+            atoms = "[" + ", ".join(map(str, atom_list(atoms))) + "]"
+    except _DECODE_ERRORS as exc:
+        raise damaged(conn, f"allocation {alloc_id}", exc) from None
+    return (alloc_id, node, atoms, bool(bound))
+
+
+def _checked(
+    conn: Conn, row: tuple[Any, ...], allocations: tuple[ListedAllocation, ...]
+) -> ListedReservation:
+    """One row, checked as repo._reservation checks it (damage is UNAVAILABLE, naming it)."""
+    try:
+        for i in _INTS:
+            if type(row[i]) is not int:
+                _int(row[i])
+        for i in _OPT_INTS:
+            if row[i] is not None and type(row[i]) is not int:
+                _int(row[i])
+        for i in _STRS:
+            if type(row[i]) is not str:
+                _str(row[i])
+        for i in _OPT_STRS:
+            if row[i] is not None and type(row[i]) is not str:
+                _str(row[i])
+        state, binding, reason = row[3], row[10], row[18]
+        if state not in _STATES:
+            State(state)  # raises ValueError, as the model path does
+        if binding not in _BINDINGS:
+            Binding(binding)
+        if reason and reason not in _REASONS:
+            ReleaseReason(reason)
+        models = row[5]
+        during_start, during_end = row[13], row[14]
+        if during_start is not None:
+            _int(during_end)
+        return ListedReservation(
+            row[0],
+            row[1],
+            row[2],
+            state,
+            row[4],
+            () if models == "[]" else tuple(_str(m) for m in _json_of(models, list)),
+            row[6],
+            row[7],
+            row[8],
+            bool(row[9]),
+            binding,
+            row[11],
+            row[12],
+            during_start,
+            during_end if during_start is not None else None,
+            _conditions(row[15]),
+            allocations,
+            row[16],
+            row[17],
+            reason or None,
+            row[19],
+            row[20],
+            row[21],
+            () if row[22] == "{}" else _labels(row[22]),
+            row[23],
+        )
+    except _DECODE_ERRORS as exc:
+        raise damaged(conn, f"reservation {row[0]}", exc) from None

@@ -1,0 +1,140 @@
+"""What a tick reads about its own work, narrowed so that a tick costs what is due (issue 8).
+
+Kept apart from repo.py: `simulate` ticks at every due instant of a replay, so the reads here
+answer exactly what repo's plain queries answer, for fewer rows or fewer statements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from better_compute.model import Reservation
+from better_compute.storage import repo
+from better_compute.storage.repo import Conn
+
+_LIVE = "state IN ('placed', 'binding', 'active')"
+_NOT_NOTICED = (
+    "NOT EXISTS (SELECT 1 FROM notices n WHERE n.reservation_id = r.id"
+    " AND n.type = 'reservation.expiring')"
+)
+
+
+def expiring_since(
+    conn: Conn, now: int, by: int, through: int, seen: int, states: Sequence[str]
+) -> list[str]:
+    """What webhooks.ending_between(now, by) answers, when every reservation in `states` that
+    ends by `through` was looked at before event `seen` and none has changed since without an
+    event on it: those ending in (max(now, through), by], plus those named by an event after
+    `seen` that end in (now, by]. Ids with no expiring notice yet, oldest first.
+
+    Each read is a seek: a short range of the ends index, the few newest events by their
+    primary key, and those events' reservations by id (`|| ''` and `+ 0` keep SQLite off the
+    state and end indexes there, which would walk the whole range)."""
+    marks = ",".join("?" * len(states))
+    found = {
+        str(i): int(q)
+        for i, q in conn.execute(
+            f"SELECT r.id, r.seq FROM reservations r WHERE r.state IN ({marks})"
+            f" AND r.during_end > ? AND r.during_end <= ? AND {_NOT_NOTICED}",
+            (*states, max(now, through), by),
+        )
+    }
+    rows = conn.execute("SELECT reservation_id FROM events WHERE seq > ?", (seen,))
+    named = sorted({str(r[0]) for r in rows if r[0] is not None})
+    for first in range(0, len(named), 500):
+        chunk = named[first : first + 500]
+        found.update(
+            (str(i), int(q))
+            for i, q in conn.execute(
+                "SELECT r.id, r.seq FROM reservations r"
+                f" WHERE r.id IN ({','.join('?' * len(chunk))}) AND r.state || '' IN ({marks})"
+                f" AND r.during_end + 0 > ? AND r.during_end + 0 <= ? AND {_NOT_NOTICED}",
+                (*chunk, *states, now, by),
+            )
+        )
+    return sorted(found, key=found.__getitem__)
+
+
+def reachable(conn: Conn, names: Sequence[str]) -> dict[str, bool]:
+    """Whether each of these nodes is reachable (absent names are left out): all that tick's
+    binding step asks of a node, without building it."""
+    found: dict[str, bool] = {}
+    for first in range(0, len(names), 500):
+        chunk = list(names[first : first + 500])
+        rows = conn.execute(
+            f"SELECT name, reachable FROM nodes WHERE name IN ({','.join('?' * len(chunk))})",
+            chunk,
+        )
+        found.update((str(n), bool(r)) for n, r in rows)
+    return found
+
+
+def node_health(conn: Conn, names: Sequence[str]) -> dict[str, tuple[bool, bool, frozenset[int]]]:
+    """(schedulable, reachable, indexes of unhealthy GPUs) of each of these nodes (absent names
+    are left out): what BookingRepair asks of a node, without building it with every GPU."""
+    found: dict[str, tuple[bool, bool, frozenset[int]]] = {}
+    for first in range(0, len(names), 500):
+        chunk = list(names[first : first + 500])
+        marks = ",".join("?" * len(chunk))
+        sick: dict[str, set[int]] = {}
+        for node, idx in conn.execute(
+            f"SELECT node_id, idx FROM atoms WHERE node_id IN ({marks}) AND healthy = 0", chunk
+        ):
+            sick.setdefault(str(node), set()).add(int(idx))
+        for name, schedulable, reachable in conn.execute(
+            f"SELECT name, schedulable, reachable FROM nodes WHERE name IN ({marks})", chunk
+        ):
+            found[str(name)] = (
+                bool(schedulable),
+                bool(reachable),
+                frozenset(sick.get(str(name), ())),
+            )
+    return found
+
+
+def ids_in_state(conn: Conn, state: str) -> list[str]:
+    """The ids of the reservations in `state`, oldest first (repo.reservations_in's rows, by id
+    alone: the caller may hold most of them already)."""
+    rows = conn.execute("SELECT id FROM reservations WHERE state = ? ORDER BY seq", (state,))
+    return [str(r[0]) for r in rows]
+
+
+def reservations_named(conn: Conn, ids: Sequence[str]) -> list[Reservation]:
+    """These reservations as repo.get_reservation reads them, oldest first (absent ids are left
+    out): one read per 500 instead of two reads each."""
+    found: list[Reservation] = []
+    for first in range(0, len(ids), 500):
+        chunk = list(ids[first : first + 500])
+        rows = list(
+            conn.execute(
+                f"SELECT * FROM reservations WHERE id IN ({','.join('?' * len(chunk))})", chunk
+            )
+        )
+        found.extend(repo.with_allocations(conn, rows))
+    return sorted(found, key=lambda r: r.seq)
+
+
+def mark_checked(conn: Conn, rsv_id: str, lead_checked: bool, start_checked: bool) -> None:
+    """BookingRepair's marks alone: repo.save_reservation of the same reservation with only
+    these two changed writes the same row, but rewrites every index on state and window and
+    runs the quota summary's triggers, since it sets those columns too."""
+    conn.execute(
+        "UPDATE reservations SET lead_checked = ?, start_checked = ? WHERE id = ?",
+        (int(lead_checked), int(start_checked), rsv_id),
+    )
+
+
+def due_first(conn: Conn, now: int, created_by: int) -> tuple[bool, bool, bool]:
+    """Whether tick's first two steps have anything to look at, in one statement: (a live
+    reservation's end or preemption deadline has come, a pending one was created by
+    `created_by`, a pending one's next attempt is due). Each is an EXISTS on the same rows
+    that repo.reservations_ending, pending_created_by and pending_due read."""
+    row = conn.execute(
+        "SELECT"
+        f" EXISTS (SELECT 1 FROM reservations WHERE {_LIVE} AND during_end <= ?)"
+        f" OR EXISTS (SELECT 1 FROM reservations WHERE {_LIVE} AND preempt_deadline <= ?),"
+        " EXISTS (SELECT 1 FROM reservations WHERE state = 'pending' AND created_at <= ?),"
+        " EXISTS (SELECT 1 FROM reservations WHERE state = 'pending' AND next_attempt_at <= ?)",
+        (now, now, created_by, now),
+    ).fetchone()
+    return bool(row[0]), bool(row[1]), bool(row[2])

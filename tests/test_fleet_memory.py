@@ -173,7 +173,7 @@ def busy_worlds(draw: st.DrawFn) -> tuple[list[NodeSpec], list[Ahead], Ask, Wind
 
 
 def write_busy_world(
-    db: Database, pool_id: str, fleet: list[NodeSpec], held: list[Ahead], ask: Ask
+    db: Ledger, pool_id: str, fleet: list[NodeSpec], held: list[Ahead], ask: Ask
 ) -> Reservation:
     subject = write_world(db, pool_id, fleet, [], ask)
     for k, b in enumerate(held):

@@ -1,8 +1,8 @@
 """Issue 8's speed figures: one table, medians of whole `better-compute` processes.
 
 Not part of the test suite. Run from the repository root. Building the pools through `simulate`
-takes 20 to 50 minutes the first time (the big pool: about 20 minutes of CPU); `--workdir DIR` keeps the
-databases for the next run, which then takes about a minute:
+takes 20 to 50 minutes the first time (the big pool: about 20 minutes of CPU); `--workdir DIR`
+keeps the databases for the next run, which then takes about a minute:
 
     python benchmarks/run.py [--repeat 5] [--workdir /tmp/bc-bench]
 

@@ -41,6 +41,7 @@ exactly as repo.insert_* write them): much faster to build, but a shape no repla
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import math
 import os
@@ -217,6 +218,12 @@ TIME = "/usr/bin/time" if os.access("/usr/bin/time", os.X_OK) else None
 OUT_FILE = os.path.join(tempfile.gettempdir(), f"bc-bench-{os.getpid()}.out")
 ERR_FILE = os.path.join(tempfile.gettempdir(), f"bc-bench-{os.getpid()}.err")
 RSS_FILE = os.path.join(tempfile.gettempdir(), f"bc-bench-{os.getpid()}.rss")
+
+
+@atexit.register
+def _remove_scratch_files() -> None:
+    for name in (OUT_FILE, ERR_FILE, RSS_FILE):
+        Path(name).unlink(missing_ok=True)
 
 
 @dataclass

@@ -5,6 +5,9 @@ The demo pool `west` has 7 nodes of 8 h100 GPUs in two fabric domains (c1.1: 4 n
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -63,6 +66,36 @@ def test_every_window_advice_returns_can_be_booked_at_once(run: Cli) -> None:
         assert rsv["state"] == "placed", rsv
         assert rsv["during"] == {"start": rec["startTime"], "end": rec["endTime"]}
         run.ok("cancel", rsv["id"])
+
+
+def test_a_gang_whose_group_lies_past_the_first_candidates_is_still_found(
+    db_dir: Path,
+) -> None:
+    """A gang plans GANG_FIRST_TRY candidates a member first (service/windows.py); when those
+    split the topology key's groups too thinly, every candidate is planned: 16 nodes in a
+    fabric domain each come first by name, and the only pair sharing one comes last."""
+    nodes = [
+        {"name": f"a-{i:02}", "gpus": {"count": 8, "model": "h100",
+         "fabric": {"cluster": "c1", "clique": i}}}
+        for i in range(16)
+    ] + [
+        {"name": f"z-{i}", "gpus": {"count": 8, "model": "h100",
+         "fabric": {"cluster": "c1", "clique": 99}}}
+        for i in (1, 2)
+    ]  # fmt: skip
+    inv = db_dir / "wide.json"
+    inv.write_text(json.dumps({"pools": [{"name": "wide", "nodes": nodes}]}))
+    run = Cli(init_db(db_dir / "wide.db"))
+    run.ok("inventory", "import", str(inv))
+    ask = ["--pool", "wide", "--gpus", "8", "--gang", "2", "--start-range", "now..+1d",
+           "--duration", "4h", "--limit", "1"]  # fmt: skip
+    paired = advise(run, *ask, "--topology-key", "fabric.domain")
+    assert [r["startTime"] for r in paired] == [NOW_MS]
+    assert [r["startTime"] for r in advise(run, *ask)] == [NOW_MS]
+    # One of the pair in maintenance over the whole range: no pair is left in any domain.
+    run.ok("node", "cordon", "z-2", "--from", "now", "--until", "+3d")
+    assert advise(run, *ask, "--topology-key", "fabric.domain") == []
+    assert [r["startTime"] for r in advise(run, *ask)] == [NOW_MS]
 
 
 def test_a_duration_range_gives_the_longest_window_at_each_start(run: Cli) -> None:

@@ -139,9 +139,10 @@ def fits_among(ctx: Ctx, draft: Reservation, window: Window, names: list[str]) -
 
 def _tester(ctx: Ctx, draft: Reservation, maybe: freetime.Chunked | None) -> search.Fits:
     """The planner's yes or no for a window: over the counted candidates when they are known
-    (all of them for a gang; for a single node, the few with the most free time first, and
-    placing.plan's shortlist only if none of those fits); before the free time is worked out,
-    over the nodes SQL counts enough free GPUs on (`probe`)."""
+    (for a gang, GANG_FIRST_TRY candidates a member first, then all of them; for a single node,
+    the few with the most free time first, and placing.plan's shortlist only if none of those
+    fits); before the free time is worked out, over the nodes SQL counts enough free GPUs on
+    (`probe`)."""
 
     def test(window: Window) -> bool:
         found = None if maybe is None else maybe.candidates(window)
@@ -150,7 +151,12 @@ def _tester(ctx: Ctx, draft: Reservation, maybe: freetime.Chunked | None) -> sea
                 return fits(ctx, draft, window)
             found = probe(ctx, draft, window)
         names = found.names
-        if found.complete and (draft.gang_size is not None or len(names) <= FIRST_TRY):
+        if found.complete and draft.gang_size is not None:
+            first = names[: GANG_FIRST_TRY * draft.gang_size]
+            if len(first) < len(names) and fits_among(ctx, draft, window, first):
+                return True
+            return fits_among(ctx, draft, window, names)
+        if found.complete and len(names) <= FIRST_TRY:
             return fits_among(ctx, draft, window, names)
         # A node of these that fits is a plan the planner over every node finds too.
         return fits_among(ctx, draft, window, names[:FIRST_TRY]) or fits(ctx, draft, window)
@@ -280,9 +286,13 @@ FIRST_BATCH = 250
 CHUNK_MS = 86_400_000
 #: A single-node request plans at most this many of the counted candidates itself (those with
 #: the most free time: the count is exact but for NVLink groups and health, so one of them
-#: nearly always fits); if none fits, placing.plan's shortlist decides. A gang plans every
-#: candidate (the gang planner needs them all).
+#: nearly always fits); if none fits, placing.plan's shortlist decides.
 FIRST_TRY = 8
+#: A gang plans this many candidates per member first, and every candidate only if no gang fits
+#: among those: a gang found among some fitting nodes is one among all of them (engine/gang.py
+#: offers every group with enough fitting nodes), so the yes is the same, for a fraction of the
+#: snapshots. A topology key whose groups the first ones split too thinly costs one more plan.
+GANG_FIRST_TRY = 4
 #: How far past a start the cheap test reads to bound a window's end (longer: the planner alone).
 MAX_STRETCH_MS = 30 * 86_400_000
 

@@ -226,6 +226,11 @@ def test_the_fleet_answers_as_sql_with_many_bookings_ahead(
             if _accepts(request.models, models[row[0]])
         ]
         assert list(pool.candidates(request, subject.id)) == expected
+        # The nodes counted one by one are exactly those with a booking starting in the range,
+        # not every node filed in the range's first or last hour.
+        for lo, hi in ((horizon + 1, window.end), (window.start - pool.longest, window.end)):
+            exact = {n for n, bs in pool.booked.items() if any(lo <= b[0] < hi for b in bs)}
+            assert pool._starting(lo, hi) == exact
 
         spans = [(b[0], b[1]) for bs in pool.booked.values() for b in bs]
         spans += [(m.window.start, m.window.end) for ms in pool.maintenance.values() for m in ms]

@@ -287,18 +287,30 @@ class PoolIndex:
         return {b[2] for b in self._overlapping(name, window) if b[3] != ignore}
 
     def _starting(self, lo: int, hi: int) -> set[str]:
-        """Every node with a booking that starts in [lo, hi), and perhaps others with one that
-        starts in the same hours (whole slots are read)."""
+        """Every node with a booking that starts in [lo, hi). The hours wholly inside the range
+        are read whole; a node filed only in the first or last hour is kept when one of its
+        bookings does start in the range (a bisection): a replay arrives many times an hour, and
+        every node booked earlier in the current hour would be counted for each request."""
         first, last = lo // SLOT, (hi - 1) // SLOT
         found: set[str] = set()
         if last - first + 1 > len(self.slots):  # a very long range: read the slots there are
             for slot, names in self.slots.items():
-                if first <= slot <= last:
+                if first < slot < last:
                     found.update(names)
-            return found
-        for slot in range(first, last + 1):
-            found.update(self.slots.get(slot, ()))
+        else:
+            for slot in range(first + 1, last):
+                found.update(self.slots.get(slot, ()))
+        for slot in {first, last}:
+            for name in self.slots.get(slot, ()):
+                if name not in found and self._starts_in(name, lo, hi):
+                    found.add(name)
         return found
+
+    def _starts_in(self, name: str, lo: int, hi: int) -> bool:
+        """Whether one of the node's bookings starts in [lo, hi) (they are sorted by start)."""
+        held = self.booked.get(name, ())
+        i = bisect_left(held, (lo,))
+        return i < len(held) and held[i][0] < hi
 
     def _blocked(self, name: str, window: Window) -> str | None:
         """The reason of the node's last overlapping maintenance by start, as repo.snapshots

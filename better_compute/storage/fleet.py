@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from better_compute.model import Reservation
-from better_compute.storage import ledger, repo
+from better_compute.storage import ledger, listing, repo
 from better_compute.storage.repo import Conn
 
 
@@ -87,21 +87,7 @@ def reservation_pages(
     """`list`: reservations of `tenants` (all, when None), narrowed by pool, key and states,
     oldest first, `size` at a time: one cursor read page by page, so a listing of thousands
     never holds them all as objects at once."""
-    clauses, args = ["1 = 1"], []  # type: tuple[list[str], list[object]]
-    if tenants is not None:
-        clauses.append(f"tenant_id IN ({','.join('?' * len(tenants))})")
-        args.extend(tenants)
-    if pool_id is not None:
-        clauses.append("pool_id = ?")
-        args.append(pool_id)
-    if key is not None:
-        clauses.append("idempotency_key = ?")
-        args.append(key)
-    if states:
-        clauses.append(f"state IN ({','.join('?' * len(states))})")
-        args.extend(states)
-    cursor = conn.execute(
-        f"SELECT * FROM reservations WHERE {' AND '.join(clauses)} ORDER BY seq", args
-    )
+    where, args = listing.list_filter(tenants, pool_id, key, states)
+    cursor = conn.execute(f"SELECT * FROM reservations WHERE {where} ORDER BY seq", args)
     while rows := cursor.fetchmany(size):
         yield repo.with_allocations(conn, rows)

@@ -121,7 +121,7 @@ def reservation_pages(
 
     One query joins each reservation to its allocations, so most reservations are one row; a
     gang's are one row per member, in a run."""
-    where, args = _where(tenants, pool_id, key, states)
+    where, args = list_filter(tenants, pool_id, key, states, alias="r.")
     rows = plain_rows(
         conn,
         f"SELECT {_COLUMNS}, a.id, a.node_id, a.atoms, a.bound FROM reservations r"
@@ -149,21 +149,28 @@ def reservation_pages(
         yield page
 
 
-def _where(
-    tenants: Sequence[str] | None, pool_id: str | None, key: str | None, states: Sequence[str]
+def list_filter(
+    tenants: Sequence[str] | None,
+    pool_id: str | None,
+    key: str | None,
+    states: Sequence[str],
+    *,
+    alias: str = "",
 ) -> tuple[str, list[object]]:
+    """`list`'s WHERE clause and its arguments over reservations (`alias`: "r." when the query
+    names the table r): of `tenants` (all, when None), narrowed by pool, key and states."""
     clauses, args = ["1 = 1"], []  # type: tuple[list[str], list[object]]
     if tenants is not None:
-        clauses.append(f"r.tenant_id IN ({','.join('?' * len(tenants))})")
+        clauses.append(f"{alias}tenant_id IN ({','.join('?' * len(tenants))})")
         args.extend(tenants)
     if pool_id is not None:
-        clauses.append("r.pool_id = ?")
+        clauses.append(f"{alias}pool_id = ?")
         args.append(pool_id)
     if key is not None:
-        clauses.append("r.idempotency_key = ?")
+        clauses.append(f"{alias}idempotency_key = ?")
         args.append(key)
     if states:
-        clauses.append(f"r.state IN ({','.join('?' * len(states))})")
+        clauses.append(f"{alias}state IN ({','.join('?' * len(states))})")
         args.extend(states)
     return " AND ".join(clauses), args
 

@@ -276,6 +276,12 @@ def csv_rows(text: str, needed: tuple[str, ...], what: str) -> list[tuple[int, d
         if header is None:
             raise InvalidInput(f"{what} is empty: expected a CSV header ({','.join(needed)}, …)")
         header = [h.strip() for h in header]
+        repeated = sorted({h for h in header if header.count(h) > 1})
+        if repeated:
+            raise InvalidInput(
+                f"line 1: {what} names column {', '.join(repeated)} more than once"
+                " (each column once)"
+            )
         missing = [c for c in needed if c not in header]
         if missing:
             raise InvalidInput(

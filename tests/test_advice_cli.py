@@ -218,6 +218,8 @@ def test_advice_for_people_draws_a_table_and_a_picture(run: Cli) -> None:
         (["--start-range", "now..+1d", "--duration", "1h", "--gang", "9"], INVALID, "gang"),
         (["--start-range", "now..+1d", "--duration", "1h", "--model", "b200"], INVALID,
          "no b200 GPUs"),
+        (["--start-range", "now..+1d", "--duration", "1h", "--model", ","], INVALID,
+         "--model needs a model"),
     ],
 )  # fmt: skip
 def test_advice_errors(run: Cli, flags: list[str], code: int, needle: str) -> None:

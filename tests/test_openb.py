@@ -98,6 +98,13 @@ def test_node_list_format_refusals(empty: Cli, db_dir: Path) -> None:
     assert "--format" in error["message"]
     error = empty.fails(2, "inventory", "import", "--pool", "p", path)
     assert "--pool" in error["message"]
+    path.write_text("sn,gpu,model,sn\nx-1,2,T4,x-2\n")
+    error = empty.fails(2, "inventory", "import", "--format", "openb-nodes", path)
+    assert "names column sn more than once" in error["message"]
+    path.write_text(NODE_HEADER + "a-1,1,1,8,T4\n")
+    error = empty.fails(2, "inventory", "import", "--format", "openb-nodes", "--pool", "", path)
+    assert error["message"].startswith('--pool "" must be a name')
+    assert empty.ok("pool", "list") == []  # nothing written, no `openb` pool made
     path.write_text(NODE_HEADER + "a-1,1,1,8,T4\n")
     error = empty.fails(
         6, "--as", "someone", "inventory", "import", "--format", "openb-nodes", path

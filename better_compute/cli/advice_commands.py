@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from better_compute.cli.app import JsonFlag, app, ctx, emit, handled
+from better_compute.cli.app import JsonFlag, app, ctx, emit, handled, models_of
 from better_compute.lazy import lazy
 from better_compute.timeparse import parse_duration
 
@@ -55,7 +55,7 @@ def advice_(
 
     Windows that fit now, earliest first; every pool when --pool is left out.
     """
-    models = tuple(m.strip().lower() for m in (model or "").split(",") if m.strip())
+    models = models_of(model)
     args = advice.AdviceArgs(
         gpus=gpus,
         start_range=start_range,

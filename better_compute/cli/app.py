@@ -214,6 +214,15 @@ PoolOpt = Annotated[
 ]
 
 
+def models_of(model: str | None) -> tuple[str, ...]:
+    """`--model`: one model or a comma-separated list, compared without case; given but naming
+    none (`--model ,`) is refused rather than read as "any model"."""
+    models = tuple(sorted({m.strip().lower() for m in (model or "").split(",") if m.strip()}))
+    if model is not None and not models:
+        raise InvalidInput("--model needs a model or a comma-separated list, such as h100,a100")
+    return models
+
+
 def window_of(start: str, until: str, at: int) -> Window:
     return Window(parse_time(start, at), parse_time(until, at))
 

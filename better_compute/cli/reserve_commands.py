@@ -18,6 +18,7 @@ from better_compute.cli.app import (
     ctx,
     emit,
     handled,
+    models_of,
     out,
 )
 from better_compute.errors import InvalidInput
@@ -79,10 +80,7 @@ def _reserve_args(
 ) -> ReserveArgs:
     if start is not None:
         parse_time(start, 0)  # its form is checked before the ledger is opened
-    names = model.split(",") if model else []
-    models = tuple(sorted({m.strip().lower() for m in names if m.strip()}))
-    if model is not None and not models:
-        raise InvalidInput("--model needs a model or a comma-separated list, such as h100,a100")
+    models = models_of(model)
     return booking.ReserveArgs(
         tenant=tenant,
         pool=pool,

@@ -472,7 +472,7 @@ def read_inventory(ctx: Ctx, file: str) -> Inventory:
 
 def read_openb_nodes(ctx: Ctx, file: str, pool: str | None) -> OpenbNodes:
     """Read and parse an openb node list (CSV) as one pool, `openb` unless named."""
-    return parse_openb_nodes(read_text(ctx, file, "node list"), pool or "openb")
+    return parse_openb_nodes(read_text(ctx, file, "node list"), "openb" if pool is None else pool)
 
 
 def read_text(ctx: Ctx, file: str, what: str) -> str:

@@ -63,7 +63,7 @@ def test_what_is_due_next_is_a_seek_per_state(db_dir: Path) -> None:
     db = setup.init(str(db_dir / "d.db"), T0, force=True, manual=True, admin=ME, group=None)[0]
     statements: list[str] = []
     db.conn.set_trace_callback(statements.append)
-    store.next_due(db.conn, T0, 15 * 60_000, 3_600_000)
+    store.next_due(db.conn, T0, 15 * 60_000, 3_600_000, 2_400_000)
     db.conn.set_trace_callback(None)
     plan = " | ".join(str(r[3]) for r in db.conn.execute("EXPLAIN QUERY PLAN " + statements[-1]))
     for index in ("reservations_ends", "reservations_deadlines", "reservations_retries"):

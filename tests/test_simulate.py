@@ -166,6 +166,28 @@ def test_simulate_agrees_with_the_same_commands_run_one_by_one(fleet: Cli, db_di
 
     assert outcome(by_hand) == outcome(fleet)
     assert ledger_now(by_hand) == end
+    # Expiring notices come at the same instants: one is due notice.expiringMs before the end
+    # (simulate ticks then too), as a tick every 30 s gives it.
+    assert expiring(by_hand) == expiring(fleet) != []
+
+
+def test_a_replay_gives_the_expiring_notice_when_it_is_due(fleet: Cli, db_dir: Path) -> None:
+    """A 3 h reservation and nothing else: the replay ticks notice.expiringMs (40 min) before
+    its end, as cron would, not only at the end, when the notice is no longer due."""
+    fleet.ok("tenant", "create", "acme")
+    line = {"at": NOW_MS, "tenant": "acme", "gpus": 1, "duration": "3h"}
+    fleet.ok("simulate", "--workload", write_jsonl(db_dir / "one.jsonl", [line]), "--format",
+             "jsonl", now=None)  # fmt: skip
+    assert [at for _, at in expiring(fleet)] == [NOW_MS + 3 * 60 * MIN - 40 * MIN]
+
+
+def expiring(cli: Cli) -> list[tuple[str, int]]:
+    """(reservation, at) of every expiring notice, by reservation."""
+    return sorted(
+        (e["reservationId"], e["at"])
+        for e in cli.ok("events")
+        if e["type"] == "reservation.expiring"
+    )
 
 
 def test_until_leaves_work_active_and_bookings_ahead(fleet: Cli, db_dir: Path) -> None:

@@ -211,7 +211,13 @@ def _replay(
     while True:
         arrival = plan[i][0].at if i < len(plan) else None
         with ctx.db.read() as conn:
-            due = store.next_due(conn, after, settings.repair_lead_ms, settings.pending_max_wait_ms)
+            due = store.next_due(
+                conn,
+                after,
+                settings.repair_lead_ms,
+                settings.pending_max_wait_ms,
+                settings.notice_expiring_ms,
+            )
         if due is not None and until is not None and due > until:
             due = None
         if due is not None and (arrival is None or due <= arrival):

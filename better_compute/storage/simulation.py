@@ -23,15 +23,21 @@ def last_reservation_seq(conn: Conn) -> int:
     return int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM reservations").fetchone()[0])
 
 
-def next_due(conn: Conn, after: int, repair_lead_ms: int, max_wait_ms: int) -> int | None:
+def next_due(
+    conn: Conn, after: int, repair_lead_ms: int, max_wait_ms: int, notice_ms: int
+) -> int | None:
     """The earliest instant later than `after` at which a tick has something to do: a live
-    reservation's end or preemption deadline, a pending retry (`next_attempt_at`) or time-out, a
-    placed reservation's start or its BookingRepair lead time. None when nothing is ever due.
+    reservation's end, its expiring notice (`notice_ms` before the end, as a tick run every
+    minute by cron gives it) or preemption deadline, a pending retry (`next_attempt_at`) or
+    time-out, a placed reservation's start or its BookingRepair lead time. None when nothing is
+    ever due.
 
     Each part reads only live or pending rows (the state index), never the ledger's history."""
     row = conn.execute(
         "SELECT MIN(t) FROM ("
         f" SELECT MIN(during_end) AS t FROM reservations WHERE {_LIVE} AND during_end > :a"
+        f" UNION ALL SELECT MIN(during_end) - :notice FROM reservations WHERE {_LIVE}"
+        "  AND during_end > :a + :notice"
         f" UNION ALL SELECT MIN(preempt_deadline) FROM reservations WHERE {_LIVE}"
         "  AND preempt_deadline > :a"
         " UNION ALL SELECT MIN(next_attempt_at) FROM reservations WHERE state = 'pending'"
@@ -43,7 +49,7 @@ def next_due(conn: Conn, after: int, repair_lead_ms: int, max_wait_ms: int) -> i
         " UNION ALL SELECT MIN(during_start - :lead) FROM reservations WHERE state = 'placed'"
         "  AND lead_checked = 0 AND during_start - :lead > :a"
         ") AS due",
-        {"a": after, "lead": repair_lead_ms, "wait": max_wait_ms},
+        {"a": after, "lead": repair_lead_ms, "wait": max_wait_ms, "notice": notice_ms},
     ).fetchone()
     return None if row[0] is None else int(row[0])
 

@@ -127,10 +127,10 @@ def _admit(ctx: Ctx, old: Reservation, new: Reservation, window: Window) -> None
         start=new.start,
     )
     check_policy(conn, ctx.who, draft)
-    calendar.admit(ctx, new, repo.pool_name(conn, new.pool_id))  # the pool's calendar policy
+    name = repo.pool_name(conn, new.pool_id)
+    calendar.admit(ctx, new, name)  # the pool's calendar policy
     share = new.gpus or 1
     largest, fitting = repo.node_capacity(conn, new.pool_id, new.models, share)
-    name = repo.pool_name(conn, new.pool_id)
     if share > largest:
         raise InvalidInput(
             f"--gpus {share} per node: the largest node of pool {name} has {largest}"

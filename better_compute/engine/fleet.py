@@ -111,8 +111,9 @@ class PoolIndex:
     #: Usable nodes by the bucket they would be in with nothing booked, sorted by name.
     blank: dict[Bucket, list[str]] = field(default_factory=dict)
     odd: set[str] = field(default_factory=set)
-    #: Per slot (start // SLOT): each node with bookings starting in it, and how many.
-    slots: dict[int, dict[str, int]] = field(default_factory=dict)
+    #: Per slot (start // SLOT): (start, node) of every booking starting in it, sorted, so the
+    #: nodes with a booking starting in any part of a slot are a bisection away.
+    slots: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
     #: The longest booking ever held (never lowered): no booking that starts before
     #: s - longest can overlap a window that opens at s.
     longest: int = 0
@@ -196,16 +197,15 @@ class PoolIndex:
             self.bucket_of[name] = new
 
     def _file(self, name: str, start: int, step: int) -> None:
-        """Count a booking of the node starting at `start` into its slot (step 1) or out (-1)."""
+        """File a booking of the node starting at `start` into its slot (step 1) or out (-1)."""
         slot = start // SLOT
-        names = self.slots.setdefault(slot, {})
-        count = names.get(name, 0) + step
-        if count:
-            names[name] = count
-        else:
-            del names[name]
-            if not names:
-                del self.slots[slot]
+        if step > 0:
+            insort(self.slots.setdefault(slot, []), (start, name))
+            return
+        filed = self.slots[slot]
+        filed.pop(bisect_left(filed, (start, name)))
+        if not filed:
+            del self.slots[slot]
 
     def _hold(self, rsv_id: str, rows: Sequence[BookingRow]) -> set[str]:
         """Replace the reservation's bookings; returns the nodes whose bookings changed."""
@@ -288,29 +288,24 @@ class PoolIndex:
 
     def _starting(self, lo: int, hi: int) -> set[str]:
         """Every node with a booking that starts in [lo, hi). The hours wholly inside the range
-        are read whole; a node filed only in the first or last hour is kept when one of its
-        bookings does start in the range (a bisection): a replay arrives many times an hour, and
-        every node booked earlier in the current hour would be counted for each request."""
+        are read whole; in the first and last hour only the bookings in the range are read (a
+        bisection): a replay arrives many times an hour, and every node booked earlier in the
+        current hour would otherwise be looked at for each request."""
         first, last = lo // SLOT, (hi - 1) // SLOT
         found: set[str] = set()
         if last - first + 1 > len(self.slots):  # a very long range: read the slots there are
-            for slot, names in self.slots.items():
+            for slot, filed in self.slots.items():
                 if first < slot < last:
-                    found.update(names)
+                    found.update(name for _, name in filed)
         else:
             for slot in range(first + 1, last):
-                found.update(self.slots.get(slot, ()))
+                found.update(name for _, name in self.slots.get(slot, ()))
         for slot in {first, last}:
-            for name in self.slots.get(slot, ()):
-                if name not in found and self._starts_in(name, lo, hi):
-                    found.add(name)
+            filed = self.slots.get(slot, [])
+            i = bisect_left(filed, (lo,))
+            j = bisect_left(filed, (hi,), i)
+            found.update(name for _, name in filed[i:j])
         return found
-
-    def _starts_in(self, name: str, lo: int, hi: int) -> bool:
-        """Whether one of the node's bookings starts in [lo, hi) (they are sorted by start)."""
-        held = self.booked.get(name, ())
-        i = bisect_left(held, (lo,))
-        return i < len(held) and held[i][0] < hi
 
     def _blocked(self, name: str, window: Window) -> str | None:
         """The reason of the node's last overlapping maintenance by start, as repo.snapshots
@@ -438,16 +433,12 @@ class PoolIndex:
 
     def _first_start(self, at: int) -> int | None:
         """The earliest start at or after `at` of any booking held, slot by slot."""
-        best = MAX
         for slot in sorted(s for s in self.slots if s >= at // SLOT):
-            for name in self.slots[slot]:
-                held = self.booked[name]
-                i = bisect_left(held, (at,))
-                if i < len(held):
-                    best = min(best, held[i][0])
-            if best < (slot + 1) * SLOT:  # nothing in a later slot starts before it
-                return best
-        return None if best == MAX else best
+            filed = self.slots[slot]
+            i = bisect_left(filed, (at,))
+            if i < len(filed):
+                return filed[i][0]
+        return None
 
     def no_fit(self, request: Request, ignore: str | None, exclude: frozenset[str]) -> NoFit | None:
         """The full planner's no-fit reason for a single-node request (every node's refusal,

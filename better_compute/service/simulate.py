@@ -5,7 +5,8 @@ arrival instant, exactly as users would; between arrivals the ledger is ticked a
 where something is due (storage answers the next one: ends, preemption deadlines, pending retries
 and time-outs, starts and BookingRepair lead times), exactly as cron would, so a simulate gives
 the same ledger as the same commands run one by one. At one instant: the tick for what was due,
-then every arrival, then a tick for what they made due. Without `until`, it ticks until nothing
+then every arrival, then a tick for what they made due. The ticks are committed with the request
+that follows them (see _replay). Without `until`, it ticks until nothing
 is due; with it, it replays arrivals before `until`, ticks up to it and stops, leaving the ledger
 live there.
 
@@ -201,43 +202,86 @@ def _replay(
     until: int | None,
     progress: Callable[[int, int], None] | None,
 ) -> int:
-    """Arrivals and due ticks in time order; returns the instant the replay ended at."""
+    """Arrivals and due ticks in time order; returns the instant the replay ended at.
+
+    One transaction per request, as users make them. The ticks due since the previous request
+    run first inside it, each at its own instant, and the tick the request makes due at its own
+    instant (a start now) runs after it: each tick is its own savepoint, acting on the ledger
+    exactly as a cron tick at that instant would, so the ledger written is the same, event for
+    event; what is saved is a commit (some thirty pages of WAL) per tick. A refused request
+    rolls back only its own savepoint. The ticks after the last arrival commit one by one."""
     ctx.db.sync_at_checkpoints()  # a what-if replay: thousands of commits, none a person waits on
-    settings = ctx.settings
     fleet = Fleet()  # the pools in memory between requests, checked in each transaction
-    after = run.start - 1  # what is due at or after the start has not been ticked yet
-    last = run.start
+    due = _Due(ctx, fleet, run.start - 1, until)  # what is due at or after the start is ahead
     i = 0
-    while True:
-        arrival = plan[i][0].at if i < len(plan) else None
-        with ctx.db.read() as conn:
+    while i < len(plan):
+        arrival = plan[i][0].at
+        at_arrival = [args for r, args in plan[i:] if r.at == arrival]
+        for k, args in enumerate(at_arrival):
+            with ctx.db.write():  # this request's transaction
+                if k == 0:
+                    due.tick_through(arrival)  # what fell due since the previous request
+                _reserve(_at(ctx, arrival), args, run, fleet)
+                if k == len(at_arrival) - 1:
+                    due.after = arrival - 1  # the arrivals may have made something due now
+                    due.tick_through(arrival)
+            i += 1
+            if progress is not None:
+                progress(i, len(plan))
+    while due.tick_next():  # after the last arrival: one transaction per tick
+        pass
+    if until is not None and due.last < until:
+        ticking.tick(_with(_at(ctx, until, system=True), fleet), shown=False)
+        due.last = until
+    return due.last
+
+
+@dataclass
+class _Due:
+    """The ticks of a replay: at each instant later than `after` where something is due (up to
+    `until`), in order; `last` is the latest instant the replay has acted at."""
+
+    ctx: Ctx
+    fleet: Fleet
+    after: int
+    until: int | None
+    last: int = 0
+
+    def __post_init__(self) -> None:
+        self.last = self.after + 1
+
+    def next(self) -> int | None:
+        """The next instant a tick has work, read inside the transaction that will act on it."""
+        settings = self.ctx.settings
+        with self.ctx.db.read() as conn:
             due = store.next_due(
                 conn,
-                after,
+                self.after,
                 settings.repair_lead_ms,
                 settings.pending_max_wait_ms,
                 settings.notice_expiring_ms,
             )
-        if due is not None and until is not None and due > until:
-            due = None
-        if due is not None and (arrival is None or due <= arrival):
-            last = max(last, due)
-            ticking.tick(_with(_at(ctx, last, system=True), fleet), shown=False)
-            after = due
-            continue
-        if arrival is None:
-            break
-        while i < len(plan) and plan[i][0].at == arrival:  # every arrival of this instant
-            _reserve(_at(ctx, arrival), plan[i][1], run, fleet)
-            i += 1
-            if progress is not None:
-                progress(i, len(plan))
-        last = max(last, arrival)
-        after = arrival - 1  # the arrivals may have made something due at this very instant
-    if until is not None and last < until:
-        ticking.tick(_with(_at(ctx, until, system=True), fleet), shown=False)
-        last = until
-    return last
+        return None if due is None or (self.until is not None and due > self.until) else due
+
+    def tick_through(self, instant: int) -> None:
+        """Every tick due by `instant` (inside the open transaction, each a savepoint)."""
+        due = self.next()
+        while due is not None and due <= instant:
+            self._tick(due)
+            due = self.next()
+        self.last = max(self.last, instant)
+
+    def tick_next(self) -> bool:
+        """The next due tick in its own transaction; False when nothing is due."""
+        due = self.next()
+        if due is not None:
+            self._tick(due)
+        return due is not None
+
+    def _tick(self, due: int) -> None:
+        self.last = max(self.last, due)
+        ticking.tick(_with(_at(self.ctx, self.last, system=True), self.fleet), shown=False)
+        self.after = due
 
 
 def _reserve(ctx: Ctx, args: ReserveArgs, run: _Run, fleet: Fleet) -> None:

@@ -215,8 +215,10 @@ def _replay(
     due = _Due(ctx, fleet, run.start - 1, until)  # what is due at or after the start is ahead
     i = 0
     while i < len(plan):
-        arrival = plan[i][0].at
-        at_arrival = [args for r, args in plan[i:] if r.at == arrival]
+        arrival, j = plan[i][0].at, i
+        while j < len(plan) and plan[j][0].at == arrival:
+            j += 1
+        at_arrival = [args for _, args in plan[i:j]]
         for k, args in enumerate(at_arrival):
             with ctx.db.write():  # this request's transaction
                 if k == 0:

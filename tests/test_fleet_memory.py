@@ -460,3 +460,40 @@ def test_a_replay_places_from_memory_not_from_sql(db_dir: Path) -> None:
     assert called == []
     assert report.placed_at_once + report.placed_after_waiting == 40
     db.close()
+
+
+def test_simulate_ticks_what_another_process_made_due_between_requests(db_dir: Path) -> None:
+    """The replay takes again the due instant its previous request's transaction ended on only
+    when nothing was committed since. A real second process books a window between two
+    requests; the replay must tick at its start and its end, not at the next arrival."""
+    path = pgtest.ledger(str(db_dir / "due.db"))
+    db = setup.init(path, T0, force=True, manual=True, admin=ME, group=None)[0]
+    doc = {"pools": [{"name": "p", "nodes": [_node("n1"), _node("n2")]}]}
+    setup.inventory_import(Ctx(db, T0), parse_inventory(doc))
+    workload = db_dir / "w.jsonl"
+    workload.write_text(
+        "".join(
+            json.dumps({"at": T0 + k * 3_600_000, "tenant": "acme", "gpus": 1, "duration": "3h"})
+            + "\n"
+            for k in range(2)
+        )
+    )
+    minute = 60_000
+
+    def between(done: int, total: int) -> None:
+        if done == 1:
+            start = "2026-09-28T08:30:00Z"  # T0 + 30 min
+            other = ["--db", path, "reserve", "--tenant", "acme", "--gpus", "1"]
+            other += ["--start", start, "--for", "10m", "--json"]
+            done_ = subprocess.run([*ENTRY, *other], capture_output=True, text=True)
+            assert done_.returncode == 0, done_.stderr
+            made.append(json.loads(done_.stdout)["id"])
+
+    made: list[str] = []
+    ctx = Ctx(db, T0, who=Principal(ME, admin=True))
+    simulate.simulate(ctx, str(workload), "jsonl", Fraction(1), progress=between)
+    (other,) = made
+    seen = {e.type: e.at for e in repo.events(db.conn, tenant=None, reservation=other, since=0)}
+    assert seen["reservation.active"] == T0 + 30 * minute
+    assert seen["reservation.released"] == T0 + 40 * minute
+    db.close()

@@ -68,6 +68,8 @@ def test_what_is_due_next_is_a_seek_per_state(db_dir: Path) -> None:
     plan = " | ".join(str(r[3]) for r in db.conn.execute("EXPLAIN QUERY PLAN " + statements[-1]))
     for index in ("reservations_ends", "reservations_deadlines", "reservations_retries"):
         assert index in plan, plan
+    # The lead time is a seek on the starts, not a walk over every placed reservation.
+    assert "reservations_starts (state=? AND during_start>?)" in plan, plan
     plan = " | ".join(
         str(r[3])
         for r in db.conn.execute(

@@ -32,7 +32,10 @@ def next_due(
     time-out, a placed reservation's start or its BookingRepair lead time. None when nothing is
     ever due.
 
-    Each part reads only live or pending rows (the state index), never the ledger's history."""
+    Each part reads only live or pending rows (the state index), never the ledger's history. The
+    lead time walks the placed reservations by start from `after + lead` and stops at the first
+    not yet checked: a ledger with many calendar bookings ahead holds thousands of placed rows,
+    and this runs after every tick of a replay."""
     row = conn.execute(
         "SELECT MIN(t) FROM ("
         f" SELECT MIN(during_end) AS t FROM reservations WHERE {_LIVE} AND during_end > :a"
@@ -46,8 +49,8 @@ def next_due(
         "  AND created_at + :wait > :a"
         " UNION ALL SELECT MIN(during_start) FROM reservations WHERE state = 'placed'"
         "  AND during_start > :a"
-        " UNION ALL SELECT MIN(during_start - :lead) FROM reservations WHERE state = 'placed'"
-        "  AND lead_checked = 0 AND during_start - :lead > :a"
+        " UNION ALL SELECT (SELECT during_start - :lead FROM reservations WHERE state = 'placed'"
+        "  AND during_start > :a + :lead AND lead_checked = 0 ORDER BY during_start LIMIT 1)"
         ") AS due",
         {"a": after, "lead": repair_lead_ms, "wait": max_wait_ms, "notice": notice_ms},
     ).fetchone()

@@ -169,6 +169,9 @@ def test_simulate_agrees_with_the_same_commands_run_one_by_one(fleet: Cli, db_di
     # Expiring notices come at the same instants: one is due notice.expiringMs before the end
     # (simulate ticks then too), as a tick every 30 s gives it.
     assert expiring(by_hand) == expiring(fleet) != []
+    # So do starting notices, including for reservations made inside their lead time (a start
+    # less than repair.leadMs ahead): the lead check is due at once, not at the start.
+    assert notices(by_hand, "reservation.starting") == notices(fleet, "reservation.starting")
 
 
 def test_a_replay_gives_the_expiring_notice_when_it_is_due(fleet: Cli, db_dir: Path) -> None:
@@ -183,11 +186,12 @@ def test_a_replay_gives_the_expiring_notice_when_it_is_due(fleet: Cli, db_dir: P
 
 def expiring(cli: Cli) -> list[tuple[str, int]]:
     """(reservation, at) of every expiring notice, by reservation."""
-    return sorted(
-        (e["reservationId"], e["at"])
-        for e in cli.ok("events")
-        if e["type"] == "reservation.expiring"
-    )
+    return notices(cli, "reservation.expiring")
+
+
+def notices(cli: Cli, type_: str) -> list[tuple[str, int]]:
+    """(reservation, at) of every event of this type, by reservation."""
+    return sorted((e["reservationId"], e["at"]) for e in cli.ok("events") if e["type"] == type_)
 
 
 def test_until_leaves_work_active_and_bookings_ahead(fleet: Cli, db_dir: Path) -> None:

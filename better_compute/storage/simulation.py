@@ -29,8 +29,10 @@ def next_due(
     """The earliest instant later than `after` at which a tick has something to do: a live
     reservation's end, its expiring notice (`notice_ms` before the end, as a tick run every
     minute by cron gives it) or preemption deadline, a pending retry (`next_attempt_at`) or
-    time-out, a placed reservation's start or its BookingRepair lead time. None when nothing is
-    ever due.
+    time-out, a placed reservation's start or its BookingRepair lead time. A reservation made
+    inside its lead time (a start less than repair.leadMs ahead) has its lead check due at once,
+    at its creation, as the next cron tick would do it (and give its starting notice), not at
+    its start. None when nothing is ever due.
 
     Each part reads only live or pending rows (the state index), never the ledger's history. The
     lead time walks the placed reservations by start from `after + lead` and stops at the first
@@ -51,6 +53,9 @@ def next_due(
         "  AND during_start > :a"
         " UNION ALL SELECT (SELECT during_start - :lead FROM reservations WHERE state = 'placed'"
         "  AND during_start > :a + :lead AND lead_checked = 0 ORDER BY during_start LIMIT 1)"
+        " UNION ALL SELECT MIN(created_at) FROM reservations WHERE state = 'placed'"
+        "  AND during_start > :a AND during_start <= :a + :lead AND lead_checked = 0"
+        "  AND created_at > :a"
         ") AS due",
         {"a": after, "lead": repair_lead_ms, "wait": max_wait_ms, "notice": notice_ms},
     ).fetchone()

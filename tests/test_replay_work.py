@@ -23,12 +23,13 @@ from conftest import ME
 from test_fleet_memory import ENTRY, HOUR, T0, _node
 
 from better_compute.inventory import parse_inventory
+from better_compute.lifecycle.tick import due_release
 from better_compute.model import Principal
 from better_compute.service import booking, setup, simulate, ticking
 from better_compute.service.booking import ReserveArgs
 from better_compute.service.context import Ctx
 from better_compute.service.fleet import Fleet
-from better_compute.storage import tickwork, webhooks
+from better_compute.storage import repo, tickwork, webhooks
 from better_compute.storage.db import Database, open_database
 
 MIN = 60_000
@@ -101,9 +102,20 @@ def _rows(path: Path) -> dict[str, list[tuple[Any, ...]]]:
         conn.close()
 
 
+def _release_in_full(ctx: Ctx) -> None:
+    """Step 1 as it was before the narrow release: whole reservations, booking.finish."""
+    for rsv in repo.reservations_ending(ctx.db.conn, ctx.now):
+        reason = due_release(rsv, ctx.now)
+        if reason is not None and rsv.during is not None:
+            booking.finish(ctx, rsv, reason, min(rsv.during.end, ctx.now))
+
+
 def _plain(mp: pytest.MonkeyPatch) -> None:
-    """The shortcuts off: every tick reads steps 1 and 2 and every expiring notice in full."""
+    """The shortcuts off: every tick reads steps 1 and 2 and every expiring notice in full,
+    releases through booking.finish and saves every move with repo.save_reservation."""
     mp.setattr(tickwork, "due_first", lambda *a: (True, True, True))
+    mp.setattr(ticking, "_release_due", _release_in_full)
+    mp.setattr(ticking, "_save_move", lambda ctx, rsv: repo.save_reservation(ctx.db.conn, rsv))
 
     def everywhere(conn: Any, now: int, by: int, _t: int, _s: int, states: Any) -> list[str]:
         return webhooks.ending_between(conn, now, by, states)

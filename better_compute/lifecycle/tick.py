@@ -35,13 +35,29 @@ def retry_window(rsv: Reservation, now: int) -> Window:
 
 def due_release(rsv: Reservation, now: int) -> ReleaseReason | None:
     """Step 1: a live reservation whose preemption deadline or end has come."""
-    if rsv.state not in LIVE_STATES or rsv.during is None:
+    return release_due(rsv.state, rsv.during, rsv.preempt_deadline, now)
+
+
+def release_due(
+    state: State, during: Window | None, deadline: int | None, now: int
+) -> ReleaseReason | None:
+    """due_release from the three values it reads: the tick decides a release from a narrow
+    row (storage/tickwork.Ending), without building the reservation and its allocations."""
+    if state not in LIVE_STATES or during is None:
         return None
-    if rsv.preempt_deadline is not None and rsv.preempt_deadline <= now:
+    if deadline is not None and deadline <= now:
         return ReleaseReason.PREEMPTED
-    if rsv.during.end <= now:
+    if during.end <= now:
         return ReleaseReason.EXPIRED
     return None
+
+
+def kept_window(during: Window | None, at: int) -> Window | None:
+    """The window a reservation released at `at` keeps, as booking.finish writes it: none when
+    it had not begun (it held no time at all), else cut back to `at`."""
+    if during is None or during.start >= at:
+        return None
+    return Window(during.start, at) if during.end > at else during
 
 
 def timed_out(rsv: Reservation, waiting_since: int, now: int, max_wait_ms: int) -> bool:

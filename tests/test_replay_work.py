@@ -113,7 +113,7 @@ def _release_in_full(ctx: Ctx) -> None:
 def _plain(mp: pytest.MonkeyPatch) -> None:
     """The shortcuts off: every tick reads steps 1 and 2 and every expiring notice in full,
     releases through booking.finish and saves every move with repo.save_reservation."""
-    mp.setattr(tickwork, "due_first", lambda *a: (True, True, True))
+    mp.setattr(tickwork, "due_first", lambda *a: tickwork.Due(True, True, True, True, True))
     mp.setattr(ticking, "_release_due", _release_in_full)
     mp.setattr(ticking, "_save_move", lambda ctx, rsv: repo.save_reservation(ctx.db.conn, rsv))
 

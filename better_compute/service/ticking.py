@@ -36,18 +36,24 @@ def tick(ctx: Ctx, *, shown: bool = True) -> list[Event]:
     ctx.system = True
     with ctx.write():
         first = _last_seq(ctx) if shown else 0
-        ending, waited, retrying = tickwork.due_first(
-            ctx.db.conn, ctx.now, ctx.now - ctx.settings.pending_max_wait_ms
+        settings = ctx.settings
+        due = tickwork.due_first(
+            ctx.db.conn,
+            ctx.now,
+            ctx.now - settings.pending_max_wait_ms,
+            ctx.now + settings.repair_lead_ms,
         )
-        if ending:
+        if due.ending:
             _release_due(ctx)
-        if waited:
+        if due.waited:
             _time_out_pending(ctx)
-        if retrying:  # step 1 never makes a retry due: it only releases
+        if due.retrying:  # step 1 never makes a retry due: it only releases
             _retry_pending(ctx)
-        placed = _repair_due(ctx)
+        # Steps 1 and 2 add no binding row, and only a retry places one: what due_first saw
+        # empty before them is empty still (a release only takes rows away).
+        placed = _repair_due(ctx) if due.starting or due.retrying else []
         binding = _start_binding(ctx, placed)
-        active = _bind(ctx, binding)
+        active = _bind(ctx, binding) if due.binding or binding else {}
         looked = notices.give_due(ctx, [r for r in placed if r.id not in binding], active)
         changes = _shown(ctx, first) if shown else []
     if ctx.fleet is not None:

@@ -117,8 +117,10 @@ def _plain(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(ticking, "_release_due", _release_in_full)
     mp.setattr(ticking, "_save_move", lambda ctx, rsv: repo.save_reservation(ctx.db.conn, rsv))
 
-    def everywhere(conn: Any, now: int, by: int, _t: int, _s: int, states: Any) -> list[str]:
-        return webhooks.ending_between(conn, now, by, states)
+    def everywhere(
+        conn: Any, now: int, by: int, _t: int, _s: int, states: Any
+    ) -> tuple[list[str], int]:
+        return webhooks.ending_between(conn, now, by, states), repo.last_event_seq(conn)
 
     mp.setattr(tickwork, "expiring_since", everywhere)
 
@@ -135,10 +137,10 @@ def test_a_replay_with_its_shortcuts_writes_what_one_without_them_writes(db_dir:
     looks: list[int] = []
     real = tickwork.expiring_since
 
-    def counted(*args: Any) -> list[str]:
-        found = real(*args)
+    def counted(*args: Any) -> tuple[list[str], int]:
+        found, seen = real(*args)
         looks.append(len(found))
-        return found
+        return found, seen
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(tickwork, "expiring_since", counted)
@@ -213,21 +215,25 @@ def test_the_tick_tells_notices_what_step_3_read(db_dir: Path) -> None:
 
 @pytest.mark.sqlite_only(reason="EXPLAIN QUERY PLAN is SQLite's")
 def test_the_narrowed_notice_look_is_three_seeks(db_dir: Path) -> None:
-    """EXPLAIN QUERY PLAN of the look: a range of the ends index, the newest events by their
-    primary key, and those events' reservations by id (never the whole range of ends)."""
+    """EXPLAIN QUERY PLAN of the look: a range of the ends index; the newest events by their
+    primary key, with their reservations by id (never the whole range of ends)."""
     db = _ledger(db_dir / "plan.db")
     statements: list[str] = []
     db.conn.set_trace_callback(statements.append)
     tickwork.expiring_since(db.conn, T0, T0 + HOUR, T0 + MIN, 0, ["binding", "active"])
     db.conn.execute("INSERT INTO events(type, at, reservation_id) VALUES ('x', 1, 'r1')")
-    tickwork.expiring_since(db.conn, T0, T0 + HOUR, T0 + MIN, 0, ["binding", "active"])
+    newest = repo.last_event_seq(db.conn)
+    _, seen = tickwork.expiring_since(db.conn, T0, T0 + HOUR, T0 + MIN, 0, ["binding", "active"])
     db.conn.set_trace_callback(None)
+    assert seen == newest  # the next look starts after the newest event this one read
+    again = tickwork.expiring_since(db.conn, T0, T0 + HOUR, T0 + MIN, newest, ["active"])
+    assert again[1] == newest
     plans = [
         " | ".join(str(r[3]) for r in db.conn.execute("EXPLAIN QUERY PLAN " + sql))
-        for sql in statements[-3:]
+        for sql in statements[-2:]
     ]
     assert "reservations_ends (state=? AND during_end>? AND during_end<?)" in plans[0]
     assert "USING INTEGER PRIMARY KEY (rowid>?)" in plans[1]
-    assert "sqlite_autoindex_reservations_1 (id=?)" in plans[2], plans[2]
-    assert "reservations_ends" not in plans[2]
+    assert "sqlite_autoindex_reservations_1 (id=?)" in plans[1], plans[1]
+    assert "reservations_ends" not in plans[1]
     db.close()

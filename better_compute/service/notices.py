@@ -33,31 +33,38 @@ def give_due(
             _once(ctx, rsv, STARTING, {"start": _start(rsv), "nodeIds": _nodes(rsv)})
     notice = ctx.settings.notice_expiring_ms
     by = ctx.now + notice
-    for rsv in _held_or_read(ctx, _ending(ctx, by), held or {}):
+    version = store.data_version(conn) if ctx.fleet is not None else 0
+    ending, seen = _ending(ctx, by, version)
+    for rsv in _held_or_read(ctx, ending, held or {}):
         if due_expiring(rsv, ctx.now, notice):  # read as not noticed yet: no probe again
             _give(ctx, rsv, EXPIRING, {"end": _end(rsv), "nodeIds": _nodes(rsv)})
     if ctx.fleet is None:
         return None
-    return Looked(store.data_version(conn), notice, by, repo.last_event_seq(conn))
+    # The version read inside this write transaction is the one after its commit: only other
+    # connections' commits change it. Events this step wrote after `seen` are read again by
+    # the next look, which finds them noticed.
+    return Looked(version, notice, by, repo.last_event_seq(conn) if seen is None else seen)
 
 
-def _ending(ctx: Ctx, by: int) -> list[str]:
-    """Running reservations ending in (now, by] with no expiring notice yet, oldest first.
+def _ending(ctx: Ctx, by: int, version: int) -> tuple[list[str], int | None]:
+    """Running reservations ending in (now, by] with no expiring notice yet, oldest first; and
+    the newest event the look read (None when it looked everywhere).
 
     A replay's ticks (a fleet in memory) look again only at what can have changed since their
     last look: ends past what it covered, and reservations named by an event since. Every
     change to a reservation's state or window is written with an event on it, and a notice is
-    never taken back; another process's commit voids the last look (PRAGMA data_version)."""
+    never taken back; another process's commit voids the last look (PRAGMA data_version,
+    `version`)."""
     conn = ctx.db.conn
     running = [s.value for s in RUNNING]
     last = ctx.fleet.looked if ctx.fleet is not None else None
     if (
         last is not None
         and last.notice_ms == ctx.settings.notice_expiring_ms
-        and last.version == store.data_version(conn)
+        and last.version == version
     ):
         return tickwork.expiring_since(conn, ctx.now, by, last.through, last.seen, running)
-    return webhooks.ending_between(conn, ctx.now, by, running)
+    return webhooks.ending_between(conn, ctx.now, by, running), None
 
 
 def _held_or_read(

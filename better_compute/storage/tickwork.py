@@ -23,14 +23,15 @@ _NOT_NOTICED = (
 
 def expiring_since(
     conn: Conn, now: int, by: int, through: int, seen: int, states: Sequence[str]
-) -> list[str]:
+) -> tuple[list[str], int]:
     """What webhooks.ending_between(now, by) answers, when every reservation in `states` that
     ends by `through` was looked at before event `seen` and none has changed since without an
     event on it: those ending in (max(now, through), by], plus those named by an event after
-    `seen` that end in (now, by]. Ids with no expiring notice yet, oldest first.
+    `seen` that end in (now, by]. Ids with no expiring notice yet, oldest first; and the newest
+    event read (`seen` when none), which the next look may start after.
 
-    Each read is a seek: a short range of the ends index, the few newest events by their
-    primary key, and those events' reservations by id (`|| ''` and `+ 0` keep SQLite off the
+    Two statements, each a seek: a short range of the ends index, and the few newest events by
+    their primary key with their reservations by id (`|| ''` and `+ 0` keep SQLite off the
     state and end indexes there, which would walk the whole range)."""
     marks = ",".join("?" * len(states))
     found = {
@@ -41,20 +42,18 @@ def expiring_since(
             (*states, max(now, through), by),
         )
     }
-    rows = conn.execute("SELECT reservation_id FROM events WHERE seq > ?", (seen,))
-    named = sorted({str(r[0]) for r in rows if r[0] is not None})
-    for first in range(0, len(named), 500):
-        chunk = named[first : first + 500]
-        found.update(
-            (str(i), int(q))
-            for i, q in conn.execute(
-                "SELECT r.id, r.seq FROM reservations r"
-                f" WHERE r.id IN ({','.join('?' * len(chunk))}) AND r.state || '' IN ({marks})"
-                f" AND r.during_end + 0 > ? AND r.during_end + 0 <= ? AND {_NOT_NOTICED}",
-                (*chunk, *states, now, by),
-            )
-        )
-    return sorted(found, key=found.__getitem__)
+    newest = seen
+    for event, rsv_id, rsv_seq in conn.execute(
+        "SELECT e.seq, r.id, r.seq FROM events e LEFT JOIN reservations r"
+        f" ON r.id = e.reservation_id AND r.state || '' IN ({marks})"
+        f" AND r.during_end + 0 > ? AND r.during_end + 0 <= ? AND {_NOT_NOTICED}"
+        " WHERE e.seq > ?",
+        (*states, now, by, seen),
+    ):
+        newest = max(newest, int(event))
+        if rsv_id is not None:
+            found[str(rsv_id)] = int(rsv_seq)
+    return sorted(found, key=found.__getitem__), newest
 
 
 def reachable(conn: Conn, names: Sequence[str]) -> dict[str, bool]:

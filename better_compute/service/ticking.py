@@ -51,9 +51,10 @@ def tick(ctx: Ctx, *, shown: bool = True) -> list[Event]:
             _retry_pending(ctx)
         # Steps 1 and 2 add no binding row, and only a retry places one: what due_first saw
         # empty before them is empty still (a release only takes rows away).
-        placed = _repair_due(ctx) if due.starting or due.retrying else []
+        reach: dict[str, bool] = {}  # nodes step 3 found reachable or not, for step 5
+        placed = _repair_due(ctx, reach) if due.starting or due.retrying else []
         binding = _start_binding(ctx, placed)
-        active = _bind(ctx, binding) if due.binding or binding else {}
+        active = _bind(ctx, binding, reach) if due.binding or binding else {}
         looked = notices.give_due(ctx, [r for r in placed if r.id not in binding], active)
         changes = _shown(ctx, first) if shown else []
     if ctx.fleet is not None:
@@ -140,10 +141,11 @@ def _pending_reason(rsv: Reservation) -> str:
     return rsv.conditions[0].reason if rsv.conditions else "NoCapacity"
 
 
-def _repair_due(ctx: Ctx) -> list[Reservation]:
+def _repair_due(ctx: Ctx, reach: dict[str, bool]) -> list[Reservation]:
     """Step 3: BookingRepair at start - leadMs (once) and again at the start. Returns the placed
     reservations that start by now + leadMs as this step leaves them (oldest first), which is
-    all that steps 4 and 6 read: nothing after this step places a reservation."""
+    all that steps 4 and 6 read: nothing after this step places a reservation. Fills `reach`
+    with whether each node it checked is reachable (a tick changes no node)."""
     lead = ctx.settings.repair_lead_ms
     placed = repo.placed_starting_by(ctx.db.conn, ctx.now + lead)
     after: list[Reservation] = []
@@ -158,7 +160,7 @@ def _repair_due(ctx: Ctx) -> list[Reservation]:
             start_checked=rsv.start_checked or point == RepairPoint.START,
         )
         tickwork.mark_checked(ctx.db.conn, rsv.id, marked.lead_checked, marked.start_checked)
-        checked = repair_one(ctx, marked)
+        checked = repair_one(ctx, marked, reach)
         if checked is not marked:  # placed again or waiting: read back as stored
             checked = repo.get_reservation(ctx.db.conn, rsv.id)
         if checked.state == State.PLACED:
@@ -166,8 +168,9 @@ def _repair_due(ctx: Ctx) -> list[Reservation]:
     return after
 
 
-def repair_one(ctx: Ctx, rsv: Reservation) -> Reservation:
-    """Check one placed reservation; if a node went bad, place it again for the same window."""
+def repair_one(ctx: Ctx, rsv: Reservation, reach: dict[str, bool] | None = None) -> Reservation:
+    """Check one placed reservation; if a node went bad, place it again for the same window.
+    `reach`, when given, learns whether each node read is reachable."""
     conn = ctx.db.conn
     if rsv.state != State.PLACED or rsv.during is None or rsv.preempt_deadline is not None:
         return rsv  # a spot reservation under notice ends at its deadline: nothing to repair
@@ -175,6 +178,8 @@ def repair_one(ctx: Ctx, rsv: Reservation) -> Reservation:
     names = sorted({a.node_id for a in rsv.allocations})
     maintenance = due.maintenance_on(conn, names, rsv.during)
     health = {n: NodeHealth(*h) for n, h in tickwork.node_health(conn, names).items()}
+    if reach is not None:
+        reach.update((n, h.reachable) for n, h in health.items())
     bad = bad_nodes(rsv, health, maintenance, ctx.now)
     if not bad:
         return rsv
@@ -277,9 +282,12 @@ def _auto_bind(ctx: Ctx, pool_id: str) -> bool:
     return ctx.settings.auto_bind if own is None else own
 
 
-def _bind(ctx: Ctx, moved: dict[str, Reservation]) -> dict[str, Reservation]:
+def _bind(
+    ctx: Ctx, moved: dict[str, Reservation], known: dict[str, bool]
+) -> dict[str, Reservation]:
     """Step 5: autoBind reachable nodes; a reservation with every allocation bound is active.
     `moved`: those step 4 has just moved to binding, as stored (only the others are read).
+    `known`: nodes whose reachability this tick has read (only the others are read).
     Returns those it made active, as stored."""
     conn = ctx.db.conn
     ids = tickwork.ids_in_state(conn, State.BINDING.value)
@@ -290,7 +298,9 @@ def _bind(ctx: Ctx, moved: dict[str, Reservation]) -> dict[str, Reservation]:
     for rsv in (moved[i] if i in moved else others[i] for i in ids):
         if rsv.pool_id not in auto:
             auto[rsv.pool_id] = _auto_bind(ctx, rsv.pool_id)
-        reach = tickwork.reachable(conn, sorted({a.node_id for a in rsv.allocations}))
+        names = {a.node_id for a in rsv.allocations}
+        reach = {n: known[n] for n in names if n in known}
+        reach.update(tickwork.reachable(conn, sorted(names - reach.keys())))
         allocations = []
         for alloc in rsv.allocations:
             if not alloc.bound and can_bind(reach[alloc.node_id], auto[rsv.pool_id]):

@@ -240,3 +240,31 @@ def test_the_narrowed_notice_look_is_three_seeks(db_dir: Path) -> None:
     assert "sqlite_autoindex_reservations_1 (id=?)" in plans[1], plans[1]
     assert "reservations_ends" not in plans[1]
     db.close()
+
+
+def test_binding_takes_the_reachability_step_3_read(db_dir: Path) -> None:
+    """A node lease is not judged once it has started, yet step 3 reads its node at the start:
+    step 5 reuses that read, and an unreachable node is not bound (the lease stays binding)."""
+    db = _ledger(db_dir / "reach.db")
+    fleet = Fleet()
+    args = ReserveArgs("acme", None, None, HOUR, start=T0 + 60 * MIN, node_lease=True)
+    rsv = booking.reserve(Ctx(db, T0, who=Principal(ME, admin=True), fleet=fleet), args)
+    _tick(db, T0 + 50 * MIN, fleet)  # the lead check passes
+    node = rsv.allocations[0].node_id
+    with db.write() as conn:
+        repo.update_node(conn, node, reachable=0)
+    seen: list[str] = []
+    real = tickwork.reachable
+
+    def spying(conn: Any, names: Any) -> dict[str, bool]:
+        seen.extend(names)
+        return real(conn, names)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tickwork, "reachable", spying)
+        _tick(db, T0 + 60 * MIN, Fleet())
+    assert seen == []  # step 3 read it already
+    row = db.conn.execute("SELECT state FROM reservations").fetchone()
+    bound = db.conn.execute("SELECT bound FROM allocations").fetchone()
+    assert (row[0], bound[0]) == ("binding", 0)
+    db.close()

@@ -879,7 +879,9 @@ def reservations_ending(conn: Conn, at: int) -> list[Reservation]:
     """Live reservations whose window or preemption deadline has come by `at`."""
     return reservations_where(
         conn,
-        "state IN ('placed', 'binding', 'active') AND (during_end <= ? OR preempt_deadline <= ?)",
+        # `state <> 'released'` on each side: the partial indexes of what is due (migration 11)
+        "state IN ('placed', 'binding', 'active') AND ((state <> 'released' AND during_end <= ?)"
+        " OR (state <> 'released' AND preempt_deadline <= ?))",
         (at, at),
     )
 
@@ -891,19 +893,23 @@ def pending_created_by(conn: Conn, at: int) -> list[Reservation]:
 
 def pending_due(conn: Conn, at: int) -> list[Reservation]:
     """Pending reservations whose next placement attempt is due by `at`."""
-    return reservations_where(conn, "state = 'pending' AND next_attempt_at <= ?", (at,))
+    return reservations_where(
+        conn, "state = 'pending' AND state <> 'released' AND next_attempt_at <= ?", (at,)
+    )
 
 
 def placed_starting_by(conn: Conn, at: int) -> list[Reservation]:
     """Placed reservations whose window starts at or before `at`."""
-    return reservations_where(conn, "state = 'placed' AND during_start <= ?", (at,))
+    return reservations_where(
+        conn, "state = 'placed' AND state <> 'released' AND during_start <= ?", (at,)
+    )
 
 
 def placed_on_node_during(conn: Conn, node: str, window: Window) -> list[Reservation]:
     """Placed reservations holding an allocation on `node` whose window overlaps `window`."""
     return reservations_where(
         conn,
-        "state = 'placed' AND during_end > ? AND during_start < ? AND id IN"
+        "state = 'placed' AND state <> 'released' AND during_end > ? AND during_start < ? AND id IN"
         " (SELECT reservation_id FROM allocations WHERE node_id = ? AND released = 0)",
         (window.start, window.end, node),
     )

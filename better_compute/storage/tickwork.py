@@ -14,7 +14,13 @@ from better_compute.model import ReleaseReason, Reservation, State, Window
 from better_compute.storage import repo
 from better_compute.storage.repo import Conn
 
-_LIVE = "state IN ('placed', 'binding', 'active')"
+#: `state <> 'released'` says nothing more, but lets SQLite use the indexes of what is due,
+#: which hold no released row (migration 11): SQLite proves a partial index's WHERE only from
+#: the same term in the query.
+_LIVE = "state IN ('placed', 'binding', 'active') AND state <> 'released'"
+#: Each side of an OR says it again: SQLite proves a partial index for each side on its own.
+_ENDS = "(state <> 'released' AND during_end <= ?)"
+_DEADLINES = "(state <> 'released' AND preempt_deadline <= ?)"
 _NOT_NOTICED = (
     "NOT EXISTS (SELECT 1 FROM notices n WHERE n.reservation_id = r.id"
     " AND n.type = 'reservation.expiring')"
@@ -38,6 +44,7 @@ def expiring_since(
         str(i): int(q)
         for i, q in conn.execute(
             f"SELECT r.id, r.seq FROM reservations r WHERE r.state IN ({marks})"
+            " AND r.state <> 'released'"
             f" AND r.during_end > ? AND r.during_end <= ? AND {_NOT_NOTICED}",
             (*states, max(now, through), by),
         )
@@ -145,8 +152,10 @@ def due_first(conn: Conn, now: int, created_by: int, lead_by: int) -> Due:
         f" EXISTS (SELECT 1 FROM reservations WHERE {_LIVE} AND during_end <= ?)"
         f" OR EXISTS (SELECT 1 FROM reservations WHERE {_LIVE} AND preempt_deadline <= ?),"
         " EXISTS (SELECT 1 FROM reservations WHERE state = 'pending' AND created_at <= ?),"
-        " EXISTS (SELECT 1 FROM reservations WHERE state = 'pending' AND next_attempt_at <= ?),"
-        " EXISTS (SELECT 1 FROM reservations WHERE state = 'placed' AND during_start <= ?),"
+        " EXISTS (SELECT 1 FROM reservations WHERE state = 'pending' AND state <> 'released'"
+        "  AND next_attempt_at <= ?),"
+        " EXISTS (SELECT 1 FROM reservations WHERE state = 'placed' AND state <> 'released'"
+        "  AND during_start <= ?),"
         " EXISTS (SELECT 1 FROM reservations WHERE state = 'binding')",
         (now, now, created_by, now, lead_by),
     ).fetchone()
@@ -171,7 +180,7 @@ def endings_due(conn: Conn, at: int) -> list[Ending]:
     the few columns a release reads: no allocations read, no reservation built."""
     rows = conn.execute(
         "SELECT id, tenant_id, state, during_start, during_end, preempt_deadline, preempted_by"
-        f" FROM reservations WHERE {_LIVE} AND (during_end <= ? OR preempt_deadline <= ?)"
+        f" FROM reservations WHERE {_LIVE} AND ({_ENDS} OR {_DEADLINES})"
         " ORDER BY seq",
         (at, at),
     )

@@ -282,7 +282,7 @@ def ending_between(conn: Conn, after: int, by: int, states: Sequence[str]) -> li
     yet, oldest first."""
     rows = conn.execute(
         "SELECT r.id FROM reservations r"
-        f" WHERE r.state IN ({','.join('?' * len(states))})"
+        f" WHERE r.state IN ({','.join('?' * len(states))}) AND r.state <> 'released'"
         " AND r.during_end > ? AND r.during_end <= ?"
         " AND NOT EXISTS (SELECT 1 FROM notices n WHERE n.reservation_id = r.id"
         "   AND n.type = 'reservation.expiring')"

@@ -36,28 +36,26 @@ def expiring_since(
     `seen` that end in (now, by]. Ids with no expiring notice yet, oldest first; and the newest
     event read (`seen` when none), which the next look may start after.
 
-    Two statements, each a seek: a short range of the ends index, and the few newest events by
+    One statement of two seeks: a short range of the ends index, and the few newest events by
     their primary key with their reservations by id (`|| ''` and `+ 0` keep SQLite off the
-    state and end indexes there, which would walk the whole range)."""
+    state and end indexes there, which would walk the whole range). Rows of the range carry no
+    event (NULL)."""
     marks = ",".join("?" * len(states))
-    found = {
-        str(i): int(q)
-        for i, q in conn.execute(
-            f"SELECT r.id, r.seq FROM reservations r WHERE r.state IN ({marks})"
-            " AND r.state <> 'released'"
-            f" AND r.during_end > ? AND r.during_end <= ? AND {_NOT_NOTICED}",
-            (*states, max(now, through), by),
-        )
-    }
+    found: dict[str, int] = {}
     newest = seen
     for event, rsv_id, rsv_seq in conn.execute(
-        "SELECT e.seq, r.id, r.seq FROM events e LEFT JOIN reservations r"
+        f"SELECT NULL, r.id, r.seq FROM reservations r WHERE r.state IN ({marks})"
+        " AND r.state <> 'released'"
+        f" AND r.during_end > ? AND r.during_end <= ? AND {_NOT_NOTICED}"
+        " UNION ALL"
+        " SELECT e.seq, r.id, r.seq FROM events e LEFT JOIN reservations r"
         f" ON r.id = e.reservation_id AND r.state || '' IN ({marks})"
         f" AND r.during_end + 0 > ? AND r.during_end + 0 <= ? AND {_NOT_NOTICED}"
         " WHERE e.seq > ?",
-        (*states, now, by, seen),
+        (*states, max(now, through), by, *states, now, by, seen),
     ):
-        newest = max(newest, int(event))
+        if event is not None:
+            newest = max(newest, int(event))
         if rsv_id is not None:
             found[str(rsv_id)] = int(rsv_seq)
     return sorted(found, key=found.__getitem__), newest
@@ -79,24 +77,22 @@ def reachable(conn: Conn, names: Sequence[str]) -> dict[str, bool]:
 
 def node_health(conn: Conn, names: Sequence[str]) -> dict[str, tuple[bool, bool, frozenset[int]]]:
     """(schedulable, reachable, indexes of unhealthy GPUs) of each of these nodes (absent names
-    are left out): what BookingRepair asks of a node, without building it with every GPU."""
+    are left out): what BookingRepair asks of a node, without building it with every GPU. One
+    statement: each node with its unhealthy GPUs joined (one row with none when all are well)."""
     found: dict[str, tuple[bool, bool, frozenset[int]]] = {}
     for first in range(0, len(names), 500):
         chunk = list(names[first : first + 500])
-        marks = ",".join("?" * len(chunk))
         sick: dict[str, set[int]] = {}
-        for node, idx in conn.execute(
-            f"SELECT node_id, idx FROM atoms WHERE node_id IN ({marks}) AND healthy = 0", chunk
+        for name, schedulable, reachable, idx in conn.execute(
+            "SELECT n.name, n.schedulable, n.reachable, a.idx FROM nodes n"
+            " LEFT JOIN atoms a ON a.node_id = n.name AND a.healthy = 0"
+            f" WHERE n.name IN ({','.join('?' * len(chunk))})",
+            chunk,
         ):
-            sick.setdefault(str(node), set()).add(int(idx))
-        for name, schedulable, reachable in conn.execute(
-            f"SELECT name, schedulable, reachable FROM nodes WHERE name IN ({marks})", chunk
-        ):
-            found[str(name)] = (
-                bool(schedulable),
-                bool(reachable),
-                frozenset(sick.get(str(name), ())),
-            )
+            bad = sick.setdefault(str(name), set())
+            if idx is not None:
+                bad.add(int(idx))
+            found[str(name)] = (bool(schedulable), bool(reachable), frozenset(bad))
     return found
 
 

@@ -24,7 +24,7 @@ from test_fleet_memory import ENTRY, HOUR, T0, _node
 
 from better_compute.inventory import parse_inventory
 from better_compute.lifecycle.tick import due_release
-from better_compute.model import Principal
+from better_compute.model import Principal, Window
 from better_compute.service import booking, setup, simulate, ticking
 from better_compute.service.booking import ReserveArgs
 from better_compute.service.context import Ctx
@@ -268,4 +268,38 @@ def test_binding_takes_the_reachability_step_3_read(db_dir: Path) -> None:
     row = db.conn.execute("SELECT state FROM reservations").fetchone()
     bound = db.conn.execute("SELECT bound FROM allocations").fetchone()
     assert (row[0], bound[0]) == ("binding", 0)
+    db.close()
+
+
+@pytest.mark.sqlite_only(reason="EXPLAIN QUERY PLAN is SQLite's")
+def test_the_queries_of_what_is_due_keep_their_partial_indexes(db_dir: Path) -> None:
+    """The indexes of what is due hold no released row (migration 11); SQLite uses them only
+    for a query that says `state <> 'released'`, on each side of an OR. Without it a query
+    still SEARCHes, through (state=?) alone: every live row."""
+    db = _ledger(db_dir / "partial.db")
+    statements: list[str] = []
+    db.conn.set_trace_callback(statements.append)
+    tickwork.endings_due(db.conn, T0)
+    tickwork.due_first(db.conn, T0, T0, T0)
+    repo.pending_due(db.conn, T0)
+    repo.placed_starting_by(db.conn, T0)
+    repo.placed_on_node_during(db.conn, "n0", Window(T0, T0 + HOUR))
+    db.conn.set_trace_callback(None)
+    plans = [
+        " | ".join(str(r[3]) for r in db.conn.execute("EXPLAIN QUERY PLAN " + sql))
+        for sql in statements
+        if sql.startswith("SELECT")
+    ]
+    ending, first, pending, starting, on_node = plans
+    assert "reservations_ends (state=? AND during_end<?)" in ending, ending
+    assert "reservations_deadlines (state=? AND preempt_deadline<?)" in ending, ending
+    for index in ("ends", "deadlines", "retries (state=? AND next_attempt_at<?)", "starts"):
+        assert f"reservations_{index}" in first, first
+    assert "reservations_retries (state=? AND next_attempt_at<?)" in pending, pending
+    assert "reservations_starts (state=? AND during_start<?)" in starting, starting
+    assert "reservations_starts (state=? AND during_start<?)" in on_node, on_node
+    index_sql = db.conn.execute(
+        "SELECT sql FROM sqlite_master WHERE name = 'reservations_ends'"
+    ).fetchone()[0]
+    assert "WHERE state <> 'released'" in index_sql
     db.close()

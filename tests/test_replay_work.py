@@ -303,3 +303,41 @@ def test_the_queries_of_what_is_due_keep_their_partial_indexes(db_dir: Path) -> 
     ).fetchone()[0]
     assert "WHERE state <> 'released'" in index_sql
     db.close()
+
+
+@pytest.mark.sqlite_only(reason="copies the ledger file and compares its rows")
+@pytest.mark.parametrize("start_min", [0, 50], ids=["started", "not-started"])
+def test_a_release_at_a_deadline_inside_the_window_writes_what_finish_writes(
+    db_dir: Path, start_min: int
+) -> None:
+    """A deadline before the end (set directly: the product cuts the window when it sets one)
+    makes step 1 cut the window back to the tick that finds it, or drop it when it had not
+    begun; the narrow release writes the same rows as booking.finish."""
+    first = db_dir / "fast.db"
+    db = _ledger(first)
+    args = ReserveArgs("acme", None, 2, HOUR, start=T0 + start_min * MIN if start_min else None)
+    booking.reserve(Ctx(db, T0, who=Principal(ME, admin=True)), args)
+    ticking.tick(Ctx(db, T0), shown=False)
+    with db.write() as conn:
+        conn.execute("UPDATE reservations SET preempt_deadline = ?", (T0 + 30 * MIN,))
+    db.close()
+    second = db_dir / "plain.db"
+    conn = sqlite3.connect(first)
+    conn.execute("VACUUM INTO ?", (str(second),))
+    conn.close()
+    for path, plain in ((first, False), (second, True)):
+        with pytest.MonkeyPatch.context() as mp:
+            if plain:
+                _plain(mp)
+            db = open_database(str(path))
+            ticking.tick(Ctx(db, T0 + 40 * MIN), shown=False)
+            db.close()
+    rows = _rows(first)
+    assert rows == _rows(second)
+    window = (
+        sqlite3.connect(first)
+        .execute("SELECT state, release_reason, during_start, during_end FROM reservations")
+        .fetchone()
+    )
+    kept = (T0, T0 + 40 * MIN) if start_min == 0 else (None, None)  # cut back to the tick
+    assert window == ("released", "preempted", *kept)

@@ -54,6 +54,16 @@ def perfect(plans: Sequence[NodePlan], enough: int) -> bool:
     return sum(1 for p in plans if p.score >= MAX_SCORE) >= enough
 
 
+def could_be_perfect(request: Request, gpus: int, healthy: int, busy: int) -> bool:
+    """Whether a node of `gpus` GPUs, `healthy` of them healthy and `busy` booked in the window,
+    could hold a MAX_SCORE plan: only if the share leaves it exactly full (scorers.fill) and it
+    has that many healthy GPUs. Name-order reading plans no other node."""
+    if gpus == 0:
+        return False
+    need = share(request, gpus)
+    return busy + need == gpus and healthy >= need
+
+
 def best_key(request: Request, c: Candidate) -> tuple[int, str]:
     """The best ranking key (-score, node) a plan on this node could have: rank_single's order."""
     return (-(fill(c.busy + share(request, c.gpus), c.gpus) + TOPOLOGY_MAX), c.name)

@@ -21,7 +21,7 @@ from better_compute.model import (
     Window,
 )
 from better_compute.service.context import Ctx
-from better_compute.storage import fleet, locks, repo
+from better_compute.storage import fitting, locks, repo
 
 
 class LostRace(Exception):
@@ -110,14 +110,7 @@ def shortlisted_fits(
     if pool is not None:
         order = pool.candidates(request, ignore)
     else:
-        rows = repo.fit_candidates(  # already in shortlist.best_key order
-            conn,
-            pool_id,
-            request.window,
-            ignore_reservation=ignore,
-            need=request.gpus or 0,
-            whole_node=request.node_lease,
-        )
+        rows = candidates(ctx, pool_id, request, ignore, None if enough is None else FIRST_FETCH)
         order = ((shortlist.best_key(request, shortlist.Candidate(*r)), r[0]) for r in rows)
     # A round from memory costs no query: start with just enough (a bucket of equal nodes
     # settles at once); from SQL, rounds are fewer and larger.
@@ -146,7 +139,35 @@ def shortlisted_fits(
     return sorted(fits, key=lambda fit: fit[1].node_id)
 
 
-#: At most this many nodes, in name order, are planned looking for perfect fits (shortlist.perfect)
+#: Candidates the first bound-order query returns; planning past them asks again for them all.
+FIRST_FETCH = 64
+
+
+def candidates(
+    ctx: Ctx, pool_id: str, request: Request, ignore: str | None, first: int | None
+) -> Iterator[tuple[str, int, int]]:
+    """storage's fit candidates (node, GPUs booked, GPUs), best first: the best `first` (None:
+    all) at once, the rest only if planning gets that far. Both reads see one snapshot: the
+    command's transaction."""
+
+    def read(limit: int | None) -> list[tuple[str, int, int]]:
+        return fitting.fit_candidates(
+            ctx.db.conn,
+            pool_id,
+            request.window,
+            ignore_reservation=ignore,
+            need=request.gpus or 0,
+            whole_node=request.node_lease,
+            limit=limit,
+        )
+
+    rows = read(first)
+    yield from rows
+    if first is not None and len(rows) == first:
+        yield from read(None)[first:]
+
+
+#: At most this many nodes, in name order, are read looking for perfect fits (shortlist.perfect)
 #: before the bound-ordered candidate query takes over.
 PERFECT_SCAN = 120
 
@@ -154,8 +175,7 @@ PERFECT_SCAN = 120
 @dataclass
 class NameScan:
     """What the name-order reading found: `answered` when `fits` are enough to answer (topN
-    perfect plans, or every usable node planned); else the nodes it `planned` and their fits,
-    which the bound order reuses."""
+    perfect plans); else the nodes it `planned` and their fits, which the bound order reuses."""
 
     fits: list[Fit]
     planned: set[str]
@@ -170,22 +190,31 @@ def name_order_scan(
     exclude: frozenset[str],
     enough: int,
 ) -> NameScan:
-    """Plan the pool's usable nodes in name order until `enough` plans score
-    shortlist.MAX_SCORE (their best `enough` are then the pool's), every usable node is planned,
-    or PERFECT_SCAN nodes are. Reads a few nodes and their bookings, whatever the pool's size.
-    Nodes not schedulable or not reachable fit nowhere."""
+    """Read the pool's usable nodes in name order until `enough` plans score
+    shortlist.MAX_SCORE (their best `enough` are then the pool's), every usable node is read,
+    or PERFECT_SCAN nodes are. Each node comes with its GPUs booked in the window, so only a node
+    a share would leave exactly full (shortlist.could_be_perfect) is planned: a pool packed full
+    costs a count per node, not a snapshot. Nodes not schedulable or not reachable fit nowhere."""
     conn = ctx.db.conn
     fits: list[Fit] = []
     planned: set[str] = set()
-    after, size = "", FIRST_ROUND
-    while len(planned) < PERFECT_SCAN:
-        names = fleet.usable_nodes_after(
-            conn, pool_id, after, min(size, PERFECT_SCAN - len(planned))
+    after, size, read = "", FIRST_ROUND, 0
+    while read < PERFECT_SCAN:
+        rows = fitting.usable_after(
+            conn,
+            pool_id,
+            request.window,
+            ignore_reservation=ignore,
+            after=after,
+            limit=min(size, PERFECT_SCAN - read),
         )
+        if not rows:
+            break  # every usable node is read
+        read, after, size = read + len(rows), rows[-1][0], 2 * size
+        names = [n for n, g, h, b in rows if shortlist.could_be_perfect(request, g, h, b)]
         if not names:
-            return NameScan(fits, planned, answered=True)  # every usable node is planned
+            continue
         planned.update(names)
-        after, size = names[-1], 2 * size
         snaps = repo.snapshots(
             conn, pool_id, request.window, ignore_reservation=ignore, names=names
         )

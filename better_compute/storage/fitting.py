@@ -1,0 +1,118 @@
+"""Placement's reads of a pool at fleet scale (issue 8 item 3): which nodes could take a share.
+
+Both answer what repo.fit_candidates answers (the tests compare them), but size the nodes from
+their own rows (nodes.gpus and nodes.healthy_gpus, kept by migration 10's triggers) instead of
+every GPU row of the pool, and count the GPUs booked in the window per node straight from the
+bookings index, joining a GPU row only for the rare node with an unhealthy GPU or a booking on
+a GPU it no longer has. A node's GPUs are numbered 0..gpus-1 (service/setup._atoms; an inventory
+update drops them from the top), so a booked GPU below `gpus` is one the node has.
+"""
+
+from __future__ import annotations
+
+from better_compute.model import Window
+from better_compute.storage.repo import Conn, longest_booking
+
+#: The window's bookings of one node, as a correlated subquery on `s.name` (the node's index:
+#: `|| ''` keeps SQLite off the pool's window index). `{healthy}`: only the node's healthy GPUs.
+_RECOUNT = """(SELECT COUNT(DISTINCT b.atom) FROM bookings b
+     JOIN atoms a ON a.node_id = b.node_id AND a.idx = b.atom{healthy}
+     WHERE b.node_id = s.name AND b.pool_id || '' = :pool
+       AND b."end" > :from AND b."end" < :bound AND b.start < :to
+       AND b.reservation_id IS DISTINCT FROM :ignore)"""
+
+FIT_CANDIDATES_SQL = f"""
+WITH busy AS (
+  SELECT b.node_id, COUNT(DISTINCT b.atom) AS busy, MAX(b.atom) AS top FROM bookings b
+  WHERE b.pool_id = :pool AND b."end" > :from AND b."end" < :bound AND b.start < :to
+    AND b.reservation_id IS DISTINCT FROM :ignore
+  GROUP BY b.node_id
+), sized AS (
+  SELECT n.name, n.gpus, n.healthy_gpus, busy.busy, busy.top
+  FROM nodes n LEFT JOIN busy ON busy.node_id = n.name
+  WHERE n.pool_id = :pool AND n.schedulable != 0 AND n.reachable != 0 AND n.gpus >= :least
+), exact AS (
+  SELECT s.name, s.gpus, s.healthy_gpus,
+    CASE WHEN s.busy IS NULL THEN 0 WHEN s.top < s.gpus THEN s.busy
+         ELSE {_RECOUNT.format(healthy="")} END AS busy,
+    CASE WHEN s.busy IS NULL THEN 0 WHEN s.top < s.gpus AND s.healthy_gpus = s.gpus THEN s.busy
+         ELSE {_RECOUNT.format(healthy=" AND a.healthy != 0")} END AS busy_healthy
+  FROM sized s
+)
+SELECT e.name, e.busy, e.gpus FROM exact e
+WHERE e.healthy_gpus - e.busy_healthy >= CASE WHEN :whole != 0 THEN e.gpus ELSE :need END
+  AND NOT EXISTS (SELECT 1 FROM maintenance m
+                  WHERE m.node_id = e.name AND m."end" > :from AND m.start < :to)
+-- engine/shortlist.best_key: the fullest a share would leave the node (scorers.fill), then name
+ORDER BY 10 * ((e.busy + CASE WHEN :whole != 0 THEN e.gpus ELSE :need END) * 1000 / e.gpus) DESC,
+  e.name
+"""
+
+
+def fit_candidates(
+    conn: Conn,
+    pool_id: str,
+    window: Window,
+    *,
+    ignore_reservation: str | None,
+    need: int,
+    whole_node: bool,
+    limit: int | None = None,
+) -> list[tuple[str, int, int]]:
+    """repo.fit_candidates' rows in its order, the first `limit` of them (None: all). A limit
+    lets the database keep only the best few while it sorts, and builds no row past them."""
+    sql = FIT_CANDIDATES_SQL if limit is None else FIT_CANDIDATES_SQL + f"LIMIT {int(limit)}"
+    rows = conn.execute(
+        sql,
+        {
+            "pool": pool_id,
+            "from": window.start,
+            "to": window.end,
+            "bound": window.end + longest_booking(conn, pool_id),
+            "ignore": ignore_reservation,
+            "need": need,
+            "whole": int(whole_node),
+            "least": max(need, 1),
+        },
+    )
+    return [(str(n), int(b), int(g)) for n, b, g in rows]
+
+
+NAME_ORDER_SQL = """
+SELECT n.name, n.gpus, n.healthy_gpus,
+  (SELECT COUNT(DISTINCT b.atom) FROM bookings b
+   WHERE b.node_id = n.name AND b.pool_id || '' = :pool
+     AND b."end" > :from AND b."end" < :bound AND b.start < :to
+     AND b.reservation_id IS DISTINCT FROM :ignore AND b.atom < n.gpus) AS busy
+FROM nodes n
+WHERE n.pool_id = :pool AND n.name > :after AND n.schedulable = 1 AND n.reachable = 1
+ORDER BY n.name LIMIT :limit
+"""
+
+
+def usable_after(
+    conn: Conn,
+    pool_id: str,
+    window: Window,
+    *,
+    ignore_reservation: str | None,
+    after: str,
+    limit: int,
+) -> list[tuple[str, int, int, int]]:
+    """(node, GPUs, healthy GPUs, GPUs with a booking in the window) of up to `limit` of the
+    pool's schedulable, reachable nodes by name after `after`: fleet.usable_nodes_after's nodes,
+    with what placement's name-order reading needs to skip, unplanned, a node that cannot be a
+    perfect fit."""
+    rows = conn.execute(
+        NAME_ORDER_SQL,
+        {
+            "pool": pool_id,
+            "from": window.start,
+            "to": window.end,
+            "bound": window.end + longest_booking(conn, pool_id),
+            "ignore": ignore_reservation,
+            "after": after,
+            "limit": limit,
+        },
+    )
+    return [(str(n), int(g), int(h), int(b)) for n, g, h, b in rows]

@@ -11,7 +11,7 @@ update drops them from the top), so a booked GPU below `gpus` is one the node ha
 from __future__ import annotations
 
 from better_compute.model import Window
-from better_compute.storage.repo import Conn, longest_booking
+from better_compute.storage.repo import Conn, window_params
 
 #: The window's bookings of one node, as a correlated subquery on `s.name` (the node's index:
 #: `|| ''` keeps SQLite off the pool's window index). `{healthy}`: only the node's healthy GPUs.
@@ -62,19 +62,9 @@ def fit_candidates(
     """repo.fit_candidates' rows in its order, the first `limit` of them (None: all). A limit
     lets the database keep only the best few while it sorts, and builds no row past them."""
     sql = FIT_CANDIDATES_SQL if limit is None else FIT_CANDIDATES_SQL + f"LIMIT {int(limit)}"
-    rows = conn.execute(
-        sql,
-        {
-            "pool": pool_id,
-            "from": window.start,
-            "to": window.end,
-            "bound": window.end + longest_booking(conn, pool_id),
-            "ignore": ignore_reservation,
-            "need": need,
-            "whole": int(whole_node),
-            "least": max(need, 1),
-        },
-    )
+    params = window_params(conn, pool_id, window, ignore_reservation)
+    params.update(need=need, whole=int(whole_node), least=max(need, 1))
+    rows = conn.execute(sql, params)
     return [(str(n), int(b), int(g)) for n, b, g in rows]
 
 
@@ -103,16 +93,7 @@ def usable_after(
     pool's schedulable, reachable nodes by name after `after`: fleet.usable_nodes_after's nodes,
     with what placement's name-order reading needs to skip, unplanned, a node that cannot be a
     perfect fit."""
-    rows = conn.execute(
-        NAME_ORDER_SQL,
-        {
-            "pool": pool_id,
-            "from": window.start,
-            "to": window.end,
-            "bound": window.end + longest_booking(conn, pool_id),
-            "ignore": ignore_reservation,
-            "after": after,
-            "limit": limit,
-        },
-    )
+    params = window_params(conn, pool_id, window, ignore_reservation)
+    params.update(after=after, limit=limit)
+    rows = conn.execute(NAME_ORDER_SQL, params)
     return [(str(n), int(g), int(h), int(b)) for n, g, h, b in rows]

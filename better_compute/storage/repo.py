@@ -528,21 +528,29 @@ def fit_candidates(
     window (`whole_node`: every GPU healthy and free, and at least max(need, 1) of them). A
     superset of the nodes the planner finds fitting: models and NVLink groups are its business.
     Most promising first, in engine/shortlist.best_key's order (sorted by SQLite, so no
-    candidate becomes a Python object before it is planned). One aggregate query."""
-    rows = conn.execute(
-        FIT_CANDIDATES_SQL,
-        {
-            "pool": pool_id,
-            "from": window.start,
-            "to": window.end,
-            "bound": window.end + longest_booking(conn, pool_id),
-            "ignore": ignore_reservation,
-            "need": need,
-            "whole": int(whole_node),
-            "least": max(need, 1),
-        },
-    )
+    candidate becomes a Python object before it is planned). One aggregate query.
+
+    Placement asks storage/fitting.fit_candidates, which sizes nodes from their own rows; this
+    plain form, from the GPU rows, is what the tests hold it to."""
+    params = window_params(conn, pool_id, window, ignore_reservation)
+    params.update(need=need, whole=int(whole_node), least=max(need, 1))
+    rows = conn.execute(FIT_CANDIDATES_SQL, params)
     return [(str(n), int(b), int(g)) for n, b, g in rows]
+
+
+def window_params(
+    conn: Conn, pool_id: str, window: Window, ignore_reservation: str | None
+) -> dict[str, object]:
+    """The named parameters of the queries that count a pool's bookings in a window: the pool,
+    the window, the bound on the ends that can overlap it (its end + the longest booking), and
+    the reservation whose own bookings do not count."""
+    return {
+        "pool": pool_id,
+        "from": window.start,
+        "to": window.end,
+        "bound": window.end + longest_booking(conn, pool_id),
+        "ignore": ignore_reservation,
+    }
 
 
 def snapshots(

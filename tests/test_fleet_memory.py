@@ -331,22 +331,29 @@ def test_another_connections_commit_is_noticed_inside_the_next_write(
     assert fleet.reloads == 1
 
 
-def test_simulate_notices_a_commit_by_another_process_between_requests(db_dir: Path) -> None:
-    """A real second process cordons the node the replay would pick next, between two of
-    simulate's requests (from its progress hook, so at a known point)."""
-    path = pgtest.ledger(str(db_dir / "sim.db"))
+def _two_nodes_and_requests(
+    db_dir: Path, name: str, count: int, every_ms: int, *, gpus: int
+) -> tuple[str, Ledger, Path]:
+    """A manual-clock ledger with pool p of nodes n1 and n2, and a jsonl workload of `count`
+    3-hour requests by acme, one every `every_ms` from T0."""
+    path = pgtest.ledger(str(db_dir / name))
     db = setup.init(path, T0, force=True, manual=True, admin=ME, group=None)[0]
     doc = {"pools": [{"name": "p", "nodes": [_node("n1"), _node("n2")]}]}
     setup.inventory_import(Ctx(db, T0), parse_inventory(doc))
-    setup.config_set(Ctx(db, T0), "placement.topN", "1")
     workload = db_dir / "w.jsonl"
-    workload.write_text(
-        "".join(
-            json.dumps({"at": T0 + k * 60_000, "tenant": "acme", "gpus": 2, "duration": "3h"})
-            + "\n"
-            for k in range(3)
-        )
-    )
+    lines = [
+        {"at": T0 + k * every_ms, "tenant": "acme", "gpus": gpus, "duration": "3h"}
+        for k in range(count)
+    ]
+    workload.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path, db, workload
+
+
+def test_simulate_notices_a_commit_by_another_process_between_requests(db_dir: Path) -> None:
+    """A real second process cordons the node the replay would pick next, between two of
+    simulate's requests (from its progress hook, so at a known point)."""
+    path, db, workload = _two_nodes_and_requests(db_dir, "sim.db", 3, 60_000, gpus=2)
+    setup.config_set(Ctx(db, T0), "placement.topN", "1")
     fleet_seen: list[Fleet] = []
 
     def between(done: int, total: int) -> None:
@@ -466,18 +473,7 @@ def test_simulate_ticks_what_another_process_made_due_between_requests(db_dir: P
     """The replay takes again the due instant its previous request's transaction ended on only
     when nothing was committed since. A real second process books a window between two
     requests; the replay must tick at its start and its end, not at the next arrival."""
-    path = pgtest.ledger(str(db_dir / "due.db"))
-    db = setup.init(path, T0, force=True, manual=True, admin=ME, group=None)[0]
-    doc = {"pools": [{"name": "p", "nodes": [_node("n1"), _node("n2")]}]}
-    setup.inventory_import(Ctx(db, T0), parse_inventory(doc))
-    workload = db_dir / "w.jsonl"
-    workload.write_text(
-        "".join(
-            json.dumps({"at": T0 + k * 3_600_000, "tenant": "acme", "gpus": 1, "duration": "3h"})
-            + "\n"
-            for k in range(2)
-        )
-    )
+    path, db, workload = _two_nodes_and_requests(db_dir, "due.db", 2, 3_600_000, gpus=1)
     minute = 60_000
 
     def between(done: int, total: int) -> None:

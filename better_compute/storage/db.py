@@ -115,6 +115,7 @@ class Database:
 
     def __init__(self, path: Path, busy_timeout_ms: int, *, snapshot: bool = False) -> None:
         self.path = path
+        self._writing = False  # inside write(): a write nested in it is a savepoint
         self._where = Path(os.path.abspath(path))  # as SQLite resolved it, whatever the cwd later
         self.identity = file_identity(self._where)
         if snapshot:  # read-only and immutable: see _open_snapshot
@@ -177,16 +178,18 @@ class Database:
         """
         if self.read_only:
             raise read_only_refusal(self.path)
-        if self.conn.in_transaction:  # inside a write (simulate's request): a savepoint of it
+        if self._writing:  # inside a write (simulate's request): a savepoint of it
             with self.savepoint("nested_write"):
                 yield self.conn
             return
-        self._begin("BEGIN IMMEDIATE")
+        self._begin("BEGIN IMMEDIATE")  # inside a read, SQLite refuses it, as it should
+        self._writing = True
         try:
             self.require_same_file()
             yield self.conn
             self.require_same_file()
         except BaseException as exc:
+            self._writing = False
             if self.conn.in_transaction:  # SQLite may have rolled back already (I/O error, full)
                 self.conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.IntegrityError) and not self._intact():
@@ -195,6 +198,7 @@ class Database:
                     f" ({exc}); restore a backup"
                 ) from None
             raise
+        self._writing = False
         self._commit()
 
     def _intact(self) -> bool:

@@ -67,7 +67,7 @@ def pending_wants(
     count against the budget for the window a retry would book."""
     sql = (
         "SELECT start, duration_ms, quota_charge FROM reservations"
-        " WHERE tenant_id = ? AND state = 'pending'"
+        " WHERE tenant_id = ? AND state = 'pending' AND state <> 'released'"
     )
     args: list[object] = [tenant]
     if pool_id:

@@ -625,27 +625,6 @@ CREATE INDEX reservations_retries ON reservations(state, next_attempt_at)
 """
 
 
-MIGRATION_12 = """
--- Issue 8, replay: fewer index pages per write transaction. A row whose values fail a partial
--- index's WHERE has no entry in it, so writing the row never touches that index. Most
--- reservations have no name, no series, no preemption deadline and no retry due: their entries
--- in these four indexes were NULL keys that every insert wrote and every state change moved
--- (about 4 of the ~47 pages a replay's request wrote). Every query these indexes serve compares
--- the column (`name = ?`, `series_id = ?`, `preempt_deadline <= ?`, `next_attempt_at > ?`),
--- which implies `IS NOT NULL` to SQLite and PostgreSQL alike, so each still uses its index.
-DROP INDEX reservations_name;
-CREATE INDEX reservations_name ON reservations(name, tenant_id) WHERE name IS NOT NULL;
-DROP INDEX reservations_series;
-CREATE INDEX reservations_series ON reservations(series_id, seq) WHERE series_id IS NOT NULL;
-DROP INDEX reservations_deadlines;
-CREATE INDEX reservations_deadlines ON reservations(state, preempt_deadline)
-  WHERE state <> 'released' AND preempt_deadline IS NOT NULL;
-DROP INDEX reservations_retries;
-CREATE INDEX reservations_retries ON reservations(state, next_attempt_at)
-  WHERE state <> 'released' AND next_attempt_at IS NOT NULL;
-"""
-
-
 class Dialects(NamedTuple):
     """A migration whose SQL differs by backend. A plain string serves both."""
 
@@ -779,6 +758,81 @@ CREATE TRIGGER node_gpus_delete AFTER DELETE ON atoms
 )
 
 
+MIGRATION_12_INDEXES = """
+-- Issue 8, replay: fewer index pages per write transaction. A row whose values fail a partial
+-- index's WHERE has no entry in it, so writing the row never touches that index. Most
+-- reservations have no name, no series, no preemption deadline and no retry due: their entries
+-- in those four indexes were NULL keys that every insert wrote and every state change moved.
+-- Every query these indexes serve compares the column (`name = ?`, `series_id = ?`,
+-- `preempt_deadline <= ?`, `next_attempt_at > ?`), which implies `IS NOT NULL` to SQLite and
+-- PostgreSQL alike, so each still uses its index.
+DROP INDEX reservations_name;
+CREATE INDEX reservations_name ON reservations(name, tenant_id) WHERE name IS NOT NULL;
+DROP INDEX reservations_series;
+CREATE INDEX reservations_series ON reservations(series_id, seq) WHERE series_id IS NOT NULL;
+DROP INDEX reservations_deadlines;
+CREATE INDEX reservations_deadlines ON reservations(state, preempt_deadline)
+  WHERE state <> 'released' AND preempt_deadline IS NOT NULL;
+DROP INDEX reservations_retries;
+CREATE INDEX reservations_retries ON reservations(state, next_attempt_at)
+  WHERE state <> 'released' AND next_attempt_at IS NOT NULL;
+-- What a tenant holds is summed over live reservations only (`state <> 'released'` in every
+-- query it serves): a release now drops the row's entry instead of moving it into a section
+-- that only grows with the ledger's history.
+DROP INDEX reservations_charge;
+CREATE INDEX reservations_charge ON reservations(tenant_id, state, pool_id, quota_charge)
+  WHERE state <> 'released';
+"""
+
+#: The quota summary's update triggers (migration 4) fired on every state change and wrote the
+#: same total back (the old charge taken off, the same charge added): now only when the held
+#: amount changes, i.e. the reservation is released or revived, or its tenant, pool or charge
+#: changes. A summary that was already right stays right: the skipped pair summed to zero.
+MIGRATION_12 = Dialects(
+    MIGRATION_12_INDEXES
+    + """
+DROP TRIGGER held_charges_update_old;
+DROP TRIGGER held_charges_update_new;
+CREATE TRIGGER held_charges_update_old AFTER UPDATE OF tenant_id, pool_id, state, quota_charge
+ON reservations WHEN OLD.state != 'released' AND (NEW.state = 'released'
+  OR NEW.tenant_id IS NOT OLD.tenant_id OR NEW.pool_id IS NOT OLD.pool_id
+  OR NEW.quota_charge IS NOT OLD.quota_charge) BEGIN
+  UPDATE held_charges SET held = held - OLD.quota_charge
+    WHERE tenant_id = OLD.tenant_id AND pool_id = OLD.pool_id;
+END;
+CREATE TRIGGER held_charges_update_new AFTER UPDATE OF tenant_id, pool_id, state, quota_charge
+ON reservations WHEN NEW.state != 'released' AND (OLD.state = 'released'
+  OR NEW.tenant_id IS NOT OLD.tenant_id OR NEW.pool_id IS NOT OLD.pool_id
+  OR NEW.quota_charge IS NOT OLD.quota_charge) BEGIN
+  INSERT INTO held_charges(tenant_id, pool_id, held)
+    VALUES (NEW.tenant_id, NEW.pool_id, NEW.quota_charge)
+    ON CONFLICT(tenant_id, pool_id) DO UPDATE SET held = held + excluded.held;
+END;
+""",
+    MIGRATION_12_INDEXES
+    + """
+CREATE OR REPLACE FUNCTION held_charges_keep() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'UPDATE' AND OLD.state != 'released' AND NEW.state != 'released'
+     AND NEW.tenant_id = OLD.tenant_id AND NEW.pool_id = OLD.pool_id
+     AND NEW.quota_charge = OLD.quota_charge THEN
+    RETURN NULL;  -- the same charge taken off and added back
+  END IF;
+  IF TG_OP IN ('UPDATE', 'DELETE') AND OLD.state != 'released' THEN
+    UPDATE held_charges SET held = held - OLD.quota_charge
+      WHERE tenant_id = OLD.tenant_id AND pool_id = OLD.pool_id;
+  END IF;
+  IF TG_OP IN ('INSERT', 'UPDATE') AND NEW.state != 'released' THEN
+    INSERT INTO held_charges(tenant_id, pool_id, held)
+      VALUES (NEW.tenant_id, NEW.pool_id, NEW.quota_charge)
+      ON CONFLICT (tenant_id, pool_id) DO UPDATE SET held = held_charges.held + excluded.held;
+  END IF;
+  RETURN NULL;
+END $$;
+""",
+)
+
+
 #: Append-only. Index i holds the SQL that brings version i to i + 1 (SQLite's user_version;
 #: meta 'schema_version' on PostgreSQL). New migrations: one portable string when the SQL is the
 #: same on both, else Dialects(sqlite=..., postgresql=...).
@@ -805,4 +859,4 @@ APPLICATION_ID = 0x42434D50  # "BCMP"
 #: sha256 of the sorted (type, name, tbl_name, sql) rows of sqlite_master that MIGRATIONS make:
 #: opening a ledger compares its schema with this instead of rebuilding every migration in memory
 #: (storage/db.py). tests/test_speed.py fails with the new value whenever a migration is added.
-SCHEMA_DIGEST = "c71e11a9013fdf62dd5ba465f6383244200f2534b499fcaffd4c67d6852850d3"
+SCHEMA_DIGEST = "393e00b7c2afb91bc7f2fb70469d07c4072247ea7516d22fc877959d5ad6b365"

@@ -30,6 +30,7 @@ from better_compute.errors import (
     NotFound,
     QuotaExceeded,
 )
+from better_compute.model import evolve
 from better_compute.service import booking, setup, ticking
 from better_compute.service.authz import require_admin
 from better_compute.service.booking import ReserveArgs
@@ -184,9 +185,10 @@ def _create_tenants(ctx: Ctx, tenants: Iterable[str]) -> None:
 
 
 def _at(ctx: Ctx, instant: int, *, system: bool = False) -> Ctx:
-    at = ctx.at(instant, system=system)
-    at.__dict__["settings"] = ctx.settings  # one settings read for the whole replay
-    return at
+    """What ctx.at gives, with the settings read once for the whole replay (evolve copies the
+    cached settings with the other attributes; ctx.at reads them again)."""
+    ctx.settings  # noqa: B018 - read once, here, before the copy
+    return evolve(ctx, now=instant, asked=instant, asked_by_flag=False, system=system)
 
 
 def _with(ctx: Ctx, fleet: Fleet) -> Ctx:

@@ -17,6 +17,7 @@ events, bookings and usage), never from counters kept along the way.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from fractions import Fraction
@@ -42,6 +43,9 @@ from better_compute.timeparse import parse_time
 from better_compute.workload import Request, Workload, parse_workload
 
 HOUR_MS = 3_600_000
+#: How long one transaction of the ticks after the last arrival may hold the write lock: they
+#: commit together (a commit costs as much as a tick), and another writer waits at most this.
+TRAILING_HOLD_S = 0.02
 #: The utilisation series has at most this many buckets, each a whole number of minutes.
 MAX_BUCKETS = 24
 MINUTE_MS = 60_000
@@ -211,7 +215,9 @@ def _replay(
     instant (a start now) runs after it: each tick is its own savepoint, acting on the ledger
     exactly as a cron tick at that instant would, so the ledger written is the same, event for
     event; what is saved is a commit (some thirty pages of WAL) per tick. A refused request
-    rolls back only its own savepoint. The ticks after the last arrival commit one by one."""
+    rolls back only its own savepoint. The ticks after the last arrival share transactions that
+    commit every TRAILING_HOLD_S: a commit costs as much as a tick, and another writer waits no
+    longer than that."""
     ctx.db.sync_at_checkpoints()  # a what-if replay: thousands of commits, none a person waits on
     fleet = Fleet()  # the pools in memory between requests, checked in each transaction
     due = _Due(ctx, fleet, run.start - 1, until)  # what is due at or after the start is ahead
@@ -232,8 +238,10 @@ def _replay(
             i += 1
             if progress is not None:
                 progress(i, len(plan))
-    while due.tick_next():  # after the last arrival: one transaction per tick
-        pass
+    more = True
+    while more:  # after the last arrival: the ticks left, a few to a transaction
+        with ctx.db.write():
+            more = due.tick_for(TRAILING_HOLD_S)
     if until is not None and due.last < until:
         ticking.tick(_with(_at(ctx, until, system=True), fleet), shown=False)
         due.last = until
@@ -286,12 +294,18 @@ class _Due:
             due = self.next()
         self.last = max(self.last, instant)
 
-    def tick_next(self) -> bool:
-        """The next due tick in its own transaction; False when nothing is due."""
-        due = self.next()
-        if due is not None:
+    def tick_for(self, seconds: float) -> bool:
+        """The due ticks in order, each a savepoint of the open transaction, until `seconds` have
+        passed (True: more may be due) or nothing is due (False). As the transaction's first
+        step, before it has written anything."""
+        stop = time.perf_counter() + seconds
+        due = self.next(reuse=True)
+        while due is not None:
             self._tick(due)
-        return due is not None
+            if time.perf_counter() >= stop:
+                return True
+            due = self.next()
+        return False
 
     def _tick(self, due: int) -> None:
         self.last = max(self.last, due)

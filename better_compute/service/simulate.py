@@ -31,7 +31,7 @@ from better_compute.errors import (
     NotFound,
     QuotaExceeded,
 )
-from better_compute.model import evolve
+from better_compute.model import State, evolve
 from better_compute.service import booking, setup, ticking
 from better_compute.service.authz import require_admin
 from better_compute.service.booking import ReserveArgs
@@ -227,14 +227,15 @@ def _replay(
         while j < len(plan) and plan[j][0].at == arrival:
             j += 1
         at_arrival = [args for _, args in plan[i:j]]
+        starts_now = False  # a request of this instant was placed to start at it
         for k, args in enumerate(at_arrival):
             with ctx.db.write():  # this request's transaction
                 if k == 0:  # what fell due since the previous request
                     due.tick_through(arrival, first=True)
-                _reserve(_at(ctx, arrival), args, run, fleet)
+                starts_now = _reserve(_at(ctx, arrival), args, run, fleet) or starts_now
                 if k == len(at_arrival) - 1:
                     due.after = arrival - 1  # the arrivals may have made something due now
-                    due.tick_through(arrival, first=False)
+                    due.tick_through(arrival, first=False, due_now=starts_now)
             i += 1
             if progress is not None:
                 progress(i, len(plan))
@@ -285,10 +286,12 @@ class _Due:
         self.known = (version, self.after, due)
         return None if due is None or (self.until is not None and due > self.until) else due
 
-    def tick_through(self, instant: int, *, first: bool) -> None:
+    def tick_through(self, instant: int, *, first: bool, due_now: bool = False) -> None:
         """Every tick due by `instant` (inside the open transaction, each a savepoint). `first`:
-        as the transaction's first step, before it has written anything."""
-        due = self.next(reuse=first)
+        as the transaction's first step, before it has written anything. `due_now`: a start
+        at `instant` is known to be due (after = instant - 1), which is what the lookup would
+        answer, since nothing can be due before it."""
+        due = instant if due_now else self.next(reuse=first)
         while due is not None and due <= instant:
             self._tick(due)
             due = self.next()
@@ -313,7 +316,9 @@ class _Due:
         self.after = due
 
 
-def _reserve(ctx: Ctx, args: ReserveArgs, run: _Run, fleet: Fleet) -> None:
+def _reserve(ctx: Ctx, args: ReserveArgs, run: _Run, fleet: Fleet) -> bool:
+    """One request; True when it was placed to start at the instant it asked to act at (a
+    clock moved ahead by another process acts later, and the due lookup finds when)."""
     ctx.fleet = fleet
     try:
         rsv = booking.reserve(ctx, args, read_back=False)
@@ -321,11 +326,12 @@ def _reserve(ctx: Ctx, args: ReserveArgs, run: _Run, fleet: Fleet) -> None:
         with ctx.db.read() as conn:
             fleet.after_rollback(conn)
         run.refused += 1
-        return
+        return False
     if rsv.id in run.ids or rsv.seq <= run.seq_floor:  # a key that was used already
         run.retried += 1
-        return
+        return False
     run.made(rsv.seq, rsv.id)
+    return rsv.state == State.PLACED and rsv.during is not None and rsv.during.start == ctx.asked
 
 
 # ---------------------------------------------------------------- the report

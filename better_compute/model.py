@@ -6,8 +6,34 @@ Times are epoch milliseconds (int); durations are milliseconds (int).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
+from typing import Any, TypeVar
+
+_V = TypeVar("_V")
+_FIELDS: dict[type, frozenset[str]] = {}
+
+
+def evolve(value: _V, **changes: Any) -> _V:
+    """`dataclasses.replace` for a dataclass whose `__init__` only assigns its fields: a copy of
+    the instance's attributes with `changes` set, without calling `__init__` again. A replay
+    moves reservations some 60,000 times, and on Reservation's 30 fields replace costs 5.5 µs
+    where this costs 0.9. A name that is not a field raises TypeError, as replace does; a class
+    with `__post_init__` or `__slots__` is refused, since copying attributes would skip or miss
+    what its `__init__` does. (mypy checks replace's values against the fields, not these:
+    tests/test_model.py holds evolve equal to replace.)"""
+    cls = type(value)
+    names = _FIELDS.get(cls)
+    if names is None:
+        if hasattr(cls, "__post_init__") or not hasattr(value, "__dict__"):
+            raise TypeError(f"evolve cannot copy a {cls.__name__}: use dataclasses.replace")
+        names = _FIELDS[cls] = frozenset(f.name for f in fields(value))  # type: ignore[arg-type]
+    if not names.issuperset(changes):
+        raise TypeError(f"{cls.__name__} has no field {', '.join(sorted(set(changes) - names))}")
+    copy: _V = object.__new__(cls)
+    copy.__dict__.update(value.__dict__, **changes)
+    return copy
+
 
 JsonScalar = str | int | float | bool | None
 JsonValue = JsonScalar | list["JsonValue"] | dict[str, "JsonValue"]

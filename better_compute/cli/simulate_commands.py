@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -17,8 +16,8 @@ from better_compute.workload import FORMATS, parse_compress
 @app.command()
 @handled
 def simulate(
-    workload: Annotated[
-        Path, typer.Option("--workload", help="The workload file (openb CSV or JSON Lines).")
+    workload: Annotated[  # str, not Path: a Path would load pydantic (cli/plain_params.py)
+        str, typer.Option("--workload", help="The workload file (openb CSV or JSON Lines).")
     ],
     fmt: Annotated[str, typer.Option("--format", help="openb or jsonl.")] = "openb",
     compress: Annotated[
@@ -41,5 +40,5 @@ def simulate(
     k = parse_compress(compress)
     c = ctx()
     with progress_bar(as_json, "replaying requests") as advance:
-        report = service.simulate(c, str(workload), fmt, k, until, pool, advance)
+        report = service.simulate(c, workload, fmt, k, until, pool, advance)
     emit(as_json, js.simulation(report), lambda: human.simulation(report))

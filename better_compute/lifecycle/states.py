@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from better_compute.errors import Conflict
-from better_compute.model import ReleaseReason, Reservation, State
+from better_compute.model import ReleaseReason, Reservation, State, evolve
 
 ALLOWED: dict[State, frozenset[State]] = {
     State.PENDING: frozenset({State.PLACED, State.RELEASED}),
@@ -25,11 +23,11 @@ EXTENDABLE = frozenset({State.PLACED, State.BINDING, State.ACTIVE})
 def move(rsv: Reservation, to: State) -> Reservation:
     if to not in ALLOWED[rsv.state]:
         raise Conflict(f"reservation {rsv.id} is {rsv.state}; it cannot become {to}")
-    return replace(rsv, state=to)
+    return evolve(rsv, state=to)
 
 
 def released(rsv: Reservation, reason: ReleaseReason) -> Reservation:
-    return replace(move(rsv, State.RELEASED), release_reason=reason, next_attempt_at=None)
+    return evolve(move(rsv, State.RELEASED), release_reason=reason, next_attempt_at=None)
 
 
 def require(rsv: Reservation, allowed: frozenset[State], verb: str, hint: str = "") -> None:

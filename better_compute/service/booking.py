@@ -24,6 +24,7 @@ from better_compute.model import (
     Reservation,
     State,
     Window,
+    evolve,
 )
 from better_compute.service import (
     authz,
@@ -457,9 +458,9 @@ def finish(ctx: Ctx, rsv: Reservation, reason: ReleaseReason, at: int) -> Reserv
     metering.close_windows(conn, rsv.id, at)
     done = states.released(rsv, reason)
     if done.during is not None and done.during.start >= at:
-        done = replace(done, during=None)  # released before it began: it held no time at all
+        done = evolve(done, during=None)  # released before it began: it held no time at all
     elif done.during is not None and done.during.end > at:
-        done = replace(done, during=Window(done.during.start, at))
+        done = evolve(done, during=Window(done.during.start, at))
     repo.save_reservation(conn, done)
     data: dict[str, JsonValue] = {"reason": reason.value}
     by = rsv.preempted_by if reason == ReleaseReason.PREEMPTED else None

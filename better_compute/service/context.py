@@ -85,7 +85,7 @@ class Ctx:
             yield conn
 
     def _acting_instant(self, conn: Conn) -> int:
-        state = ledger.clock_state(conn)
+        state = ledger.clock_in_write(conn, self.db.memo)
         if state.mode == ledger.REAL:
             if self.asked_by_flag:
                 raise InvalidInput(NO_NOW_ON_REAL_CLOCK)
@@ -93,7 +93,7 @@ class Ctx:
         else:
             wanted = self.now if self.asked is None else self.asked
         instant = max(wanted, state.last_at)
-        ledger.advance_clock(conn, instant)
+        ledger.advance_in_write(conn, self.db.memo, state, instant)
         return instant
 
     def event(

@@ -4,7 +4,7 @@ pending retries, BookingRepair and preemption."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from better_compute.engine import shortlist
 from better_compute.engine.fit import Fit, plan_nodes
@@ -19,6 +19,7 @@ from better_compute.model import (
     Reservation,
     State,
     Window,
+    evolve,
 )
 from better_compute.service.context import Ctx
 from better_compute.storage import fitting, locks, repo
@@ -238,7 +239,7 @@ def commit(ctx: Ctx, rsv: Reservation, chosen: Plan, window: Window) -> Reservat
     charge = rsv.quota_charge
     if rsv.node_lease:  # whole machines: charged exactly what was leased
         charge = sum(len(m.atoms) for m in chosen.members)
-    return replace(
+    return evolve(
         rsv,
         state=State.PLACED,
         during=window,
@@ -270,7 +271,7 @@ def place_now(
 def unschedulable(
     rsv: Reservation, reason: str, message: str, now: int, retry_ms: int
 ) -> Reservation:
-    return replace(
+    return evolve(
         rsv,
         state=State.PENDING,
         during=None,

@@ -17,6 +17,7 @@ events, bookings and usage), never from counters kept along the way.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from fractions import Fraction
@@ -30,6 +31,7 @@ from better_compute.errors import (
     NotFound,
     QuotaExceeded,
 )
+from better_compute.model import State, evolve
 from better_compute.service import booking, setup, ticking
 from better_compute.service.authz import require_admin
 from better_compute.service.booking import ReserveArgs
@@ -41,6 +43,9 @@ from better_compute.timeparse import parse_time
 from better_compute.workload import Request, Workload, parse_workload
 
 HOUR_MS = 3_600_000
+#: How long one transaction of the ticks after the last arrival may hold the write lock: they
+#: commit together (a commit costs as much as a tick), and another writer waits at most this.
+TRAILING_HOLD_S = 0.02
 #: The utilisation series has at most this many buckets, each a whole number of minutes.
 MAX_BUCKETS = 24
 MINUTE_MS = 60_000
@@ -184,9 +189,10 @@ def _create_tenants(ctx: Ctx, tenants: Iterable[str]) -> None:
 
 
 def _at(ctx: Ctx, instant: int, *, system: bool = False) -> Ctx:
-    at = ctx.at(instant, system=system)
-    at.__dict__["settings"] = ctx.settings  # one settings read for the whole replay
-    return at
+    """What ctx.at gives, with the settings read once for the whole replay (evolve copies the
+    cached settings with the other attributes; ctx.at reads them again)."""
+    ctx.settings  # noqa: B018 - read once, here, before the copy
+    return evolve(ctx, now=instant, asked=instant, asked_by_flag=False, system=system)
 
 
 def _with(ctx: Ctx, fleet: Fleet) -> Ctx:
@@ -209,7 +215,9 @@ def _replay(
     instant (a start now) runs after it: each tick is its own savepoint, acting on the ledger
     exactly as a cron tick at that instant would, so the ledger written is the same, event for
     event; what is saved is a commit (some thirty pages of WAL) per tick. A refused request
-    rolls back only its own savepoint. The ticks after the last arrival commit one by one."""
+    rolls back only its own savepoint. The ticks after the last arrival share transactions that
+    commit every TRAILING_HOLD_S: a commit costs as much as a tick, and another writer waits no
+    longer than that."""
     ctx.db.sync_at_checkpoints()  # a what-if replay: thousands of commits, none a person waits on
     fleet = Fleet()  # the pools in memory between requests, checked in each transaction
     due = _Due(ctx, fleet, run.start - 1, until)  # what is due at or after the start is ahead
@@ -219,19 +227,22 @@ def _replay(
         while j < len(plan) and plan[j][0].at == arrival:
             j += 1
         at_arrival = [args for _, args in plan[i:j]]
+        starts_now = False  # a request of this instant was placed to start at it
         for k, args in enumerate(at_arrival):
             with ctx.db.write():  # this request's transaction
                 if k == 0:  # what fell due since the previous request
                     due.tick_through(arrival, first=True)
-                _reserve(_at(ctx, arrival), args, run, fleet)
+                starts_now = _reserve(_at(ctx, arrival), args, run, fleet) or starts_now
                 if k == len(at_arrival) - 1:
                     due.after = arrival - 1  # the arrivals may have made something due now
-                    due.tick_through(arrival, first=False)
+                    due.tick_through(arrival, first=False, due_now=starts_now)
             i += 1
             if progress is not None:
                 progress(i, len(plan))
-    while due.tick_next():  # after the last arrival: one transaction per tick
-        pass
+    more = True
+    while more:  # after the last arrival: the ticks left, a few to a transaction
+        with ctx.db.write():
+            more = due.tick_for(TRAILING_HOLD_S)
     if until is not None and due.last < until:
         ticking.tick(_with(_at(ctx, until, system=True), fleet), shown=False)
         due.last = until
@@ -275,21 +286,29 @@ class _Due:
         self.known = (version, self.after, due)
         return None if due is None or (self.until is not None and due > self.until) else due
 
-    def tick_through(self, instant: int, *, first: bool) -> None:
+    def tick_through(self, instant: int, *, first: bool, due_now: bool = False) -> None:
         """Every tick due by `instant` (inside the open transaction, each a savepoint). `first`:
-        as the transaction's first step, before it has written anything."""
-        due = self.next(reuse=first)
+        as the transaction's first step, before it has written anything. `due_now`: a start
+        at `instant` is known to be due (after = instant - 1), which is what the lookup would
+        answer, since nothing can be due before it."""
+        due = instant if due_now else self.next(reuse=first)
         while due is not None and due <= instant:
             self._tick(due)
             due = self.next()
         self.last = max(self.last, instant)
 
-    def tick_next(self) -> bool:
-        """The next due tick in its own transaction; False when nothing is due."""
-        due = self.next()
-        if due is not None:
+    def tick_for(self, seconds: float) -> bool:
+        """The due ticks in order, each a savepoint of the open transaction, until `seconds` have
+        passed (True: more may be due) or nothing is due (False). As the transaction's first
+        step, before it has written anything."""
+        stop = time.perf_counter() + seconds
+        due = self.next(reuse=True)
+        while due is not None:
             self._tick(due)
-        return due is not None
+            if time.perf_counter() >= stop:
+                return True
+            due = self.next()
+        return False
 
     def _tick(self, due: int) -> None:
         self.last = max(self.last, due)
@@ -297,7 +316,9 @@ class _Due:
         self.after = due
 
 
-def _reserve(ctx: Ctx, args: ReserveArgs, run: _Run, fleet: Fleet) -> None:
+def _reserve(ctx: Ctx, args: ReserveArgs, run: _Run, fleet: Fleet) -> bool:
+    """One request; True when it was placed to start at the instant it asked to act at (a
+    clock moved ahead by another process acts later, and the due lookup finds when)."""
     ctx.fleet = fleet
     try:
         rsv = booking.reserve(ctx, args, read_back=False)
@@ -305,11 +326,12 @@ def _reserve(ctx: Ctx, args: ReserveArgs, run: _Run, fleet: Fleet) -> None:
         with ctx.db.read() as conn:
             fleet.after_rollback(conn)
         run.refused += 1
-        return
+        return False
     if rsv.id in run.ids or rsv.seq <= run.seq_floor:  # a key that was used already
         run.retried += 1
-        return
+        return False
     run.made(rsv.seq, rsv.id)
+    return rsv.state == State.PLACED and rsv.during is not None and rsv.during.start == ctx.asked
 
 
 # ---------------------------------------------------------------- the report

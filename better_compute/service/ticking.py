@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 from better_compute.errors import Conflict, InvalidInput, NotFound
 from better_compute.lifecycle import states
@@ -20,7 +19,7 @@ from better_compute.lifecycle.tick import (
     release_due,
     timed_out,
 )
-from better_compute.model import Event, JsonValue, ReleaseReason, Reservation, State
+from better_compute.model import Event, JsonValue, ReleaseReason, Reservation, State, evolve
 from better_compute.service import authz, booking, metering, notices, placing
 from better_compute.service.authz import require_admin
 from better_compute.service.context import NO_NOW_ON_REAL_CLOCK, Ctx
@@ -154,7 +153,7 @@ def _repair_due(ctx: Ctx, reach: dict[str, bool]) -> list[Reservation]:
         if point is None:
             after.append(rsv)
             continue
-        marked = replace(
+        marked = evolve(
             rsv,
             lead_checked=True,
             start_checked=rsv.start_checked or point == RepairPoint.START,
@@ -188,7 +187,7 @@ def repair_one(ctx: Ctx, rsv: Reservation, reach: dict[str, bool] | None = None)
     window = rsv.during
     with ctx.db.savepoint("repair"):
         repo.drop_allocations(conn, rsv.id, window.start)
-        fresh = replace(rsv, allocations=(), during=None)
+        fresh = evolve(rsv, allocations=(), during=None)
         # A gang stays on its topology value if it can, else moves whole to another one.
         outcome = placing.place_now(ctx, fresh, window, frozenset(bad) | other_groups(rsv, nodes))
         if not isinstance(outcome, Reservation) and other_groups(rsv, nodes):
@@ -215,7 +214,7 @@ def repair_one(ctx: Ctx, rsv: Reservation, reach: dict[str, bool] | None = None)
             ctx.now,
             ctx.settings.retry_ms,
         )
-        waiting = replace(waiting, lead_checked=False, start_checked=False)
+        waiting = evolve(waiting, lead_checked=False, start_checked=False)
         repo.save_reservation(conn, waiting)
         ctx.event(
             "reservation.pending",
@@ -305,9 +304,9 @@ def _bind(
         for alloc in rsv.allocations:
             if not alloc.bound and can_bind(reach[alloc.node_id], auto[rsv.pool_id]):
                 repo.set_bound(conn, alloc.id)
-                alloc = replace(alloc, bound=True)
+                alloc = evolve(alloc, bound=True)
             allocations.append(alloc)
-        done = _activate(ctx, replace(rsv, allocations=tuple(allocations)))
+        done = _activate(ctx, evolve(rsv, allocations=tuple(allocations)))
         if done is not None:
             active[rsv.id] = done
     return active

@@ -53,6 +53,10 @@ class Ledger(Protocol):
     storage/postgres.PgDatabase on PostgreSQL)."""
 
     read_only: bool
+    #: Facts read inside the current write transaction that only this connection could change
+    #: (the ledger's clock: storage/ledger.clock_in_write). Emptied when the transaction ends
+    #: and when a savepoint of it rolls back, so it never outlives what it was read from.
+    memo: dict[str, Any]
 
     @property
     def conn(self) -> Any: ...

@@ -116,6 +116,7 @@ class Database:
     def __init__(self, path: Path, busy_timeout_ms: int, *, snapshot: bool = False) -> None:
         self.path = path
         self._writing = False  # inside write(): a write nested in it is a savepoint
+        self.memo: dict[str, Any] = {}  # see conn.Ledger.memo
         self._where = Path(os.path.abspath(path))  # as SQLite resolved it, whatever the cwd later
         self.identity = file_identity(self._where)
         if snapshot:  # read-only and immutable: see _open_snapshot
@@ -184,12 +185,14 @@ class Database:
             return
         self._begin("BEGIN IMMEDIATE")  # inside a read, SQLite refuses it, as it should
         self._writing = True
+        self.memo.clear()
         try:
             self.require_same_file()
             yield self.conn
             self.require_same_file()
         except BaseException as exc:
             self._writing = False
+            self.memo.clear()
             if self.conn.in_transaction:  # SQLite may have rolled back already (I/O error, full)
                 self.conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.IntegrityError) and not self._intact():
@@ -199,6 +202,7 @@ class Database:
                 ) from None
             raise
         self._writing = False
+        self.memo.clear()
         self._commit()
 
     def _intact(self) -> bool:
@@ -240,6 +244,7 @@ class Database:
         try:
             yield
         except BaseException:
+            self.memo.clear()
             self.conn.execute(f"ROLLBACK TO {name}")
             self.conn.execute(f"RELEASE {name}")
             raise

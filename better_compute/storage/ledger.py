@@ -6,6 +6,7 @@ Kept apart from repo.py because these rows are about the ledger as a whole, not 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from better_compute.storage.conn import Conn
 from better_compute.storage.repo import decoded
@@ -36,6 +37,26 @@ def _clock(rows: dict[str, object]) -> ClockState:
     if last_at > MAX_MS:
         raise ValueError(f"last_at {last_at} is past {MAX_MS}")
     return ClockState(str(mode), last_at)
+
+
+def clock_in_write(conn: Conn, memo: dict[str, Any]) -> ClockState:
+    """clock_state, read once per write transaction (`memo`: conn.Ledger.memo). Only this
+    connection can move the clock while it holds the write lock, and advance_in_write keeps the
+    memo equal to the row: a replay's request and the ticks inside its transaction read it once."""
+    state = memo.get(_CLOCK_MEMO)
+    if not isinstance(state, ClockState):
+        state = memo[_CLOCK_MEMO] = clock_state(conn)
+    return state
+
+
+def advance_in_write(conn: Conn, memo: dict[str, Any], state: ClockState, at: int) -> None:
+    """advance_clock after clock_in_write: nothing to write when the clock is at `at` already."""
+    if at > state.last_at:
+        advance_clock(conn, at)
+        memo[_CLOCK_MEMO] = ClockState(state.mode, at)
+
+
+_CLOCK_MEMO = "ledger.clock"
 
 
 def advance_clock(conn: Conn, at: int) -> None:

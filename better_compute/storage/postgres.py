@@ -206,6 +206,7 @@ class PgDatabase:
         self.where = redact(url)
         self.path = self.where
         self.conn = PgConn(_connect(url), self.where)
+        self.memo: dict[str, Any] = {}  # see conn.Ledger.memo
         self.set_busy_timeout(DEFAULT_LOCK_TIMEOUT_MS)
 
     def set_busy_timeout(self, busy_timeout_ms: int) -> None:
@@ -236,12 +237,20 @@ class PgDatabase:
     def write(self) -> Iterator[PgConn]:
         """One write transaction, holding the ledger clock row first (the lock order)."""
         if self.conn.in_transaction:  # init fills its new ledger inside the one that creates it
-            with self._mapped(), self.conn.raw.transaction():
-                yield self.conn
+            try:
+                with self._mapped(), self.conn.raw.transaction():  # a savepoint of it
+                    yield self.conn
+            except BaseException:
+                self.memo.clear()
+                raise
             return
         self._begin_write()
-        with self._mapped(), self._committed():
-            yield self.conn
+        self.memo.clear()
+        try:
+            with self._mapped(), self._committed():
+                yield self.conn
+        finally:
+            self.memo.clear()
 
     @contextmanager
     def read(self) -> Iterator[PgConn]:
@@ -308,6 +317,7 @@ class PgDatabase:
         try:
             yield
         except BaseException:
+            self.memo.clear()
             if self.conn.in_transaction:
                 raw.execute(f"ROLLBACK TO SAVEPOINT {name}")
                 raw.execute(f"RELEASE SAVEPOINT {name}")

@@ -171,6 +171,8 @@ def list_filter(
         args.append(key)
     if states:
         clauses.append(f"{alias}state IN ({','.join('?' * len(states))})")
+        if "released" not in states:  # the state index holds live rows only (migration 12)
+            clauses.append(f"{alias}state <> 'released'")
         args.extend(states)
     return " AND ".join(clauses), args
 

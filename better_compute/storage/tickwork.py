@@ -99,7 +99,9 @@ def node_health(conn: Conn, names: Sequence[str]) -> dict[str, tuple[bool, bool,
 def ids_in_state(conn: Conn, state: str) -> list[str]:
     """The ids of the reservations in `state`, oldest first (repo.reservations_in's rows, by id
     alone: the caller may hold most of them already)."""
-    rows = conn.execute("SELECT id FROM reservations WHERE state = ? ORDER BY seq", (state,))
+    rows = conn.execute(
+        f"SELECT id FROM reservations WHERE state = ?{repo.live_only(state)} ORDER BY seq", (state,)
+    )
     return [str(r[0]) for r in rows]
 
 
@@ -147,12 +149,13 @@ def due_first(conn: Conn, now: int, created_by: int, lead_by: int) -> Due:
         "SELECT"
         f" EXISTS (SELECT 1 FROM reservations WHERE {_LIVE} AND during_end <= ?)"
         f" OR EXISTS (SELECT 1 FROM reservations WHERE {_LIVE} AND preempt_deadline <= ?),"
-        " EXISTS (SELECT 1 FROM reservations WHERE state = 'pending' AND created_at <= ?),"
+        " EXISTS (SELECT 1 FROM reservations WHERE state = 'pending' AND state <> 'released'"
+        "  AND created_at <= ?),"
         " EXISTS (SELECT 1 FROM reservations WHERE state = 'pending' AND state <> 'released'"
         "  AND next_attempt_at <= ?),"
         " EXISTS (SELECT 1 FROM reservations WHERE state = 'placed' AND state <> 'released'"
         "  AND during_start <= ?),"
-        " EXISTS (SELECT 1 FROM reservations WHERE state = 'binding')",
+        " EXISTS (SELECT 1 FROM reservations WHERE state = 'binding' AND state <> 'released')",
         (now, now, created_by, now, lead_by),
     ).fetchone()
     return Due(*(bool(x) for x in row))

@@ -364,10 +364,10 @@ def test_simulate_notices_a_commit_by_another_process_between_requests(db_dir: P
 
     real_index = Fleet.index
 
-    def spying(self: Fleet, *args: Any) -> Any:
+    def spying(self: Fleet, *args: Any, **kwargs: Any) -> Any:
         if self not in fleet_seen:
             fleet_seen.append(self)
-        return real_index(self, *args)
+        return real_index(self, *args, **kwargs)
 
     ctx = Ctx(db, T0, who=Principal(ME, admin=True))
     with pytest.MonkeyPatch.context() as mp:

@@ -781,7 +781,12 @@ def _check_reservation_types(row: Row) -> None:
 
 
 def _reservation(row: Row, allocations: tuple[Allocation, ...]) -> Reservation:
-    """A reservation row as a model value; every column is type-checked (see `decoded`)."""
+    """A reservation row as a model value; every column is type-checked (see `decoded`).
+
+    The row is read by name some sixty times, so first into a dict: sqlite3.Row finds a name
+    by comparing it with each column's in turn (about 0.2 µs a lookup on these 31 columns;
+    the dict takes 2 µs to build and 0.03 µs a lookup)."""
+    row = dict(zip(row.keys(), row, strict=True))
     _check_reservation_types(row)
     start = row["during_start"]
     return Reservation(

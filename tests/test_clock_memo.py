@@ -14,7 +14,7 @@ import pytest
 
 from better_compute.service import setup
 from better_compute.service.context import Ctx
-from better_compute.storage import ledger
+from better_compute.storage import ledger, simulation
 from better_compute.storage.db import open_ledger
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -50,6 +50,30 @@ def test_the_clock_memo_follows_commits_rollbacks_and_other_writers(db_dir: Path
             raise RuntimeError("failed")
         assert mine.memo == {}
         assert _last_at(mine) == T0 + 99
+    finally:
+        other.close()
+        mine.close()
+
+
+def test_the_data_version_is_read_once_per_write_and_sees_other_writers(db_dir: Path) -> None:
+    where = pgtest.ledger(str(db_dir / "version.db"))
+    mine = setup.init(where, T0, force=True, manual=True, admin="admin", group=None)[0]
+    other = open_ledger(where)
+    try:
+        seen = simulation.data_version_of(mine)  # outside a write: read, not kept
+        assert mine.memo == {}
+        with mine.write():
+            assert simulation.data_version_of(mine) == seen
+            assert list(mine.memo.values()) == [seen]  # kept for the rest of the transaction
+        assert mine.memo == {}
+        with other.write():
+            Ctx(other, T0, asked=T0 + 1)._acting_instant(other.conn)
+        changed = simulation.data_version_of(mine)
+        assert changed != seen  # another connection committed: seen outside a write
+        with other.write():
+            Ctx(other, T0, asked=T0 + 2)._acting_instant(other.conn)
+        with mine.write():  # and at the start of the next write, never an earlier answer
+            assert simulation.data_version_of(mine) != changed
     finally:
         other.close()
         mine.close()

@@ -364,10 +364,10 @@ def test_simulate_notices_a_commit_by_another_process_between_requests(db_dir: P
 
     real_index = Fleet.index
 
-    def spying(self: Fleet, *args: Any) -> Any:
+    def spying(self: Fleet, *args: Any, **kwargs: Any) -> Any:
         if self not in fleet_seen:
             fleet_seen.append(self)
-        return real_index(self, *args)
+        return real_index(self, *args, **kwargs)
 
     ctx = Ctx(db, T0, who=Principal(ME, admin=True))
     with pytest.MonkeyPatch.context() as mp:
@@ -488,6 +488,43 @@ def test_simulate_ticks_what_another_process_made_due_between_requests(db_dir: P
     made: list[str] = []
     ctx = Ctx(db, T0, who=Principal(ME, admin=True))
     simulate.simulate(ctx, str(workload), "jsonl", Fraction(1), progress=between)
+    (other,) = made
+    seen = {e.type: e.at for e in repo.events(db.conn, tenant=None, reservation=other, since=0)}
+    assert seen["reservation.active"] == T0 + 30 * minute
+    assert seen["reservation.released"] == T0 + 40 * minute
+    db.close()
+
+
+@pytest.mark.sqlite_only(reason="hooks the SQLite ledger's commit to act between transactions")
+def test_simulate_ticks_what_another_process_made_due_after_the_last_arrival(
+    db_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ticks after the last arrival share transactions; the first starts from the due
+    instant the last request's transaction ended on when nothing was committed since. A real
+    second process books a window right after that request's commit: the replay must tick at
+    its start and its end, not jump to the request's expiring notice."""
+    path, db, workload = _two_nodes_and_requests(db_dir, "trail.db", 1, 3_600_000, gpus=1)
+    minute = 60_000
+    made: list[str] = []
+    real_commit = db._commit  # type: ignore[attr-defined]
+
+    def commit() -> None:
+        real_commit()
+        if made:
+            return
+        with db.read() as conn:
+            if not repo.reservations_in(conn, State.ACTIVE):
+                return  # the request (active from the tick at its arrival) has not committed
+        start = "2026-09-28T08:30:00Z"  # T0 + 30 min
+        other = ["--db", path, "reserve", "--tenant", "acme", "--gpus", "1"]
+        other += ["--start", start, "--for", "10m", "--json"]
+        done_ = subprocess.run([*ENTRY, *other], capture_output=True, text=True)
+        assert done_.returncode == 0, done_.stderr
+        made.append(json.loads(done_.stdout)["id"])
+
+    monkeypatch.setattr(db, "_commit", commit)
+    ctx = Ctx(db, T0, who=Principal(ME, admin=True))
+    simulate.simulate(ctx, str(workload), "jsonl", Fraction(1))
     (other,) = made
     seen = {e.type: e.at for e in repo.events(db.conn, tenant=None, reservation=other, since=0)}
     assert seen["reservation.active"] == T0 + 30 * minute

@@ -40,7 +40,7 @@ from better_compute.service.admission import Draft, check_policy, check_quota
 from better_compute.service.context import Ctx
 from better_compute.service.preemption import try_preempt
 from better_compute.storage import finding as finding_store
-from better_compute.storage import fleet, repo
+from better_compute.storage import fleet, repo, simulation
 from better_compute.storage.conn import Row
 from better_compute.timeparse import MAX_MS, iso
 
@@ -269,7 +269,8 @@ def _require_possible(ctx: Ctx, args: ReserveArgs, pool: Row) -> None:
     no pool could ever hold is wrong whatever the tenant holds."""
     share = args.gpus or 1
     if ctx.fleet is not None:  # a long-running command's fleet in memory (service/fleet.py)
-        index = ctx.fleet.index(ctx.db.conn, pool["id"], ctx.now)
+        version = simulation.data_version_of(ctx.db)
+        index = ctx.fleet.index(ctx.db.conn, pool["id"], ctx.now, version=version)
         largest, fitting = index.capacity(args.models, share)
     else:
         conn = ctx.db.conn

@@ -57,10 +57,12 @@ class Fleet:
         self.seen = 0  # the last event seq whose changes the indexes hold
         self.reloads = 0  # full reloads after another process's commit (for tests and docs)
 
-    def index(self, conn: Conn, pool_id: str, now: int) -> PoolIndex:
+    def index(self, conn: Conn, pool_id: str, now: int, *, version: int | None = None) -> PoolIndex:
         """The pool as the ledger holds it now, for windows that start at `now` or later.
-        Call it inside the transaction that will act on the answer."""
-        version = store.data_version(conn)
+        Call it inside the transaction that will act on the answer. `version`: the ledger's
+        data_version as read in it, when the caller has it (storage/simulation.data_version_of)."""
+        if version is None:
+            version = store.data_version(conn)
         if version != self.version:
             if self.version is not None:
                 self.reloads += 1

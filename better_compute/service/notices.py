@@ -33,7 +33,7 @@ def give_due(
             _once(ctx, rsv, STARTING, {"start": _start(rsv), "nodeIds": _nodes(rsv)})
     notice = ctx.settings.notice_expiring_ms
     by = ctx.now + notice
-    version = store.data_version(conn) if ctx.fleet is not None else 0
+    version = store.data_version_of(ctx.db) if ctx.fleet is not None else 0
     ending, seen = _ending(ctx, by, version)
     for rsv in _held_or_read(ctx, ending, held or {}):
         if due_expiring(rsv, ctx.now, notice):  # read as not noticed yet: no probe again

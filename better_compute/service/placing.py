@@ -22,7 +22,7 @@ from better_compute.model import (
     evolve,
 )
 from better_compute.service.context import Ctx
-from better_compute.storage import fitting, locks, repo
+from better_compute.storage import fitting, locks, repo, simulation
 
 
 class LostRace(Exception):
@@ -78,7 +78,8 @@ def fleet_pool(ctx: Ctx, pool_id: str, window: Window) -> PoolIndex | None:
     for the window (service/fleet.py); None: read it from SQL."""
     if ctx.fleet is None:
         return None
-    pool = ctx.fleet.index(ctx.db.conn, pool_id, ctx.now)
+    version = simulation.data_version_of(ctx.db)
+    pool = ctx.fleet.index(ctx.db.conn, pool_id, ctx.now, version=version)
     return pool if pool.covers(window) else None
 
 

@@ -272,7 +272,7 @@ class _Due:
         another process's commit changes the data version (storage/simulation.data_version)."""
         settings = self.ctx.settings
         with self.ctx.db.read() as conn:
-            version = store.data_version(conn)
+            version = store.data_version_of(self.ctx.db)
             if reuse and self.known is not None and self.known[:2] == (version, self.after):
                 due = self.known[2]
             else:

@@ -255,12 +255,14 @@ def repair(ctx: Ctx, rsv_id: str | None) -> list[Event]:
 
 def _start_binding(ctx: Ctx, placed: list[Reservation]) -> dict[str, Reservation]:
     """Step 4: placed reservations whose start has come; nodes' desired state lists them.
-    `placed` is what step 3 left (a superset, oldest first). Returns those moved, as stored."""
+    `placed` is what step 3 left (a superset, oldest first). Returns those moved, as they now
+    are. Their rows still say placed: step 5, which follows in the same transaction and makes
+    most of them active at once, writes each row's state once, binding or active (a replay
+    starts thousands; each write of the state moves the row in every index on it)."""
     moved = {}
     for rsv in placed:
         if due_binding(rsv, ctx.now):
             moved[rsv.id] = states.move(rsv, State.BINDING)
-            _save_move(ctx, moved[rsv.id])
             ctx.event(
                 "reservation.binding",
                 rsv.tenant_id,
@@ -285,16 +287,15 @@ def _bind(
     ctx: Ctx, moved: dict[str, Reservation], known: dict[str, bool]
 ) -> dict[str, Reservation]:
     """Step 5: autoBind reachable nodes; a reservation with every allocation bound is active.
-    `moved`: those step 4 has just moved to binding, as stored (only the others are read).
-    `known`: nodes whose reachability this tick has read (only the others are read).
+    `moved`: those step 4 has just moved to binding, their rows not yet written (this step
+    writes each one's state: active, or binding when it must wait); the others binding are
+    read. `known`: nodes whose reachability this tick has read (only the others are read).
     Returns those it made active, as stored."""
     conn = ctx.db.conn
-    ids = tickwork.ids_in_state(conn, State.BINDING.value)
-    unread = [i for i in ids if i not in moved]
-    others = {r.id: r for r in tickwork.reservations_named(conn, unread)}
+    waiting = tickwork.reservations_named(conn, tickwork.ids_in_state(conn, State.BINDING.value))
     auto: dict[str, bool] = {}
     active: dict[str, Reservation] = {}
-    for rsv in (moved[i] if i in moved else others[i] for i in ids):
+    for rsv in sorted([*waiting, *moved.values()], key=lambda r: r.seq):
         if rsv.pool_id not in auto:
             auto[rsv.pool_id] = _auto_bind(ctx, rsv.pool_id)
         names = {a.node_id for a in rsv.allocations}
@@ -309,6 +310,8 @@ def _bind(
         done = _activate(ctx, evolve(rsv, allocations=tuple(allocations)))
         if done is not None:
             active[rsv.id] = done
+        elif rsv.id in moved:
+            _save_move(ctx, rsv)  # binding, until its nodes are reachable or report bound
     return active
 
 

@@ -59,6 +59,11 @@ class Ledger(Protocol):
     memo: dict[str, Any]
 
     @property
+    def writing(self) -> bool:
+        """Inside a write transaction of this connection (a savepoint of one included)."""
+        ...
+
+    @property
     def conn(self) -> Any: ...
 
     @property

@@ -135,6 +135,10 @@ class Database:
     def where(self) -> str:
         return str(self.path)
 
+    @property
+    def writing(self) -> bool:
+        return self._writing
+
     def principal(self, os_user: str) -> str:
         """On SQLite the operating system is the authority: the process's user acts."""
         return os_user

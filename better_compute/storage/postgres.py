@@ -109,6 +109,10 @@ class PgConn:
         self._known: int | None = None  # meta.writes as this connection last knew it committed
         self._writing: int | None = None  # meta.writes inside this write transaction
 
+    @property
+    def writing(self) -> bool:
+        return self._writing is not None
+
     def data_version(self) -> int:
         """PostgreSQL's PRAGMA data_version: a number that changes exactly when another
         connection has committed a write since this one last looked (its own commits do not
@@ -208,6 +212,10 @@ class PgDatabase:
         self.conn = PgConn(_connect(url), self.where)
         self.memo: dict[str, Any] = {}  # see conn.Ledger.memo
         self.set_busy_timeout(DEFAULT_LOCK_TIMEOUT_MS)
+
+    @property
+    def writing(self) -> bool:
+        return self.conn.writing
 
     def set_busy_timeout(self, busy_timeout_ms: int) -> None:
         """SQLite's busy timeout is PostgreSQL's lock_timeout: how long a lock may be awaited."""

@@ -109,6 +109,10 @@ def atom_list(text: object) -> tuple[int, ...]:
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lower case
 
+#: json.dumps(value, sort_keys=True), without building an encoder per call (dumps does, for any
+#: argument but the defaults): every event's data, tens of thousands in a replay.
+_sorted_json = json.JSONEncoder(sort_keys=True).encode
+
 
 def db_id(conn: Conn) -> str:
     row = conn.execute("SELECT value FROM meta WHERE key = 'db_id'").fetchone()
@@ -778,7 +782,12 @@ def _check_reservation_types(row: Row) -> None:
 
 
 def _reservation(row: Row, allocations: tuple[Allocation, ...]) -> Reservation:
-    """A reservation row as a model value; every column is type-checked (see `decoded`)."""
+    """A reservation row as a model value; every column is type-checked (see `decoded`).
+
+    The row is read by name some sixty times, so first into a dict: sqlite3.Row finds a name
+    by comparing it with each column's in turn (about 0.2 µs a lookup on these 31 columns;
+    the dict takes 2 µs to build and 0.03 µs a lookup)."""
+    row = dict(zip(row.keys(), row, strict=True))
     _check_reservation_types(row)
     start = row["during_start"]
     return Reservation(
@@ -1218,7 +1227,7 @@ def append_event(
     conn.execute(
         "INSERT INTO events(type, at, tenant_id, reservation_id, data, actor, acting_admin)"
         " VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (type_, at, tenant, rsv_id, json.dumps(data, sort_keys=True), actor, acting_admin),
+        (type_, at, tenant, rsv_id, _sorted_json(data), actor, acting_admin),
     )
 
 

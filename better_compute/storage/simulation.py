@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from better_compute.model import LIVE_STATES, Maintenance, Window
-from better_compute.storage.conn import POSTGRES, dialect
+from better_compute.storage.conn import POSTGRES, Ledger, dialect
 from better_compute.storage.repo import Conn
 
 #: `state <> 'released'` lets SQLite use the partial indexes of what is due (migration 11).
@@ -119,6 +119,21 @@ def data_version(conn: Conn) -> int:
     if dialect(conn) == POSTGRES:
         return int(conn.data_version())  # type: ignore[attr-defined]
     return int(conn.execute("PRAGMA data_version").fetchone()[0])
+
+
+def data_version_of(db: Ledger) -> int:
+    """data_version, read once per write transaction (kept in db.memo): while this connection
+    holds the write lock no other can commit, and its own commits never change it. A replay
+    asks at every step of its request and ticks. Outside a write, read each time."""
+    if not db.writing:
+        return data_version(db.conn)
+    version = db.memo.get(_VERSION_MEMO)
+    if not isinstance(version, int):
+        version = db.memo[_VERSION_MEMO] = data_version(db.conn)
+    return version
+
+
+_VERSION_MEMO = "simulation.data_version"
 
 
 def pool_maintenance_after(conn: Conn, pool_id: str, after: int) -> list[Maintenance]:

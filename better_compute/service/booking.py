@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from better_compute.engine.explain import explain as explain_plan
@@ -218,16 +219,28 @@ def place_or_pend(ctx: Ctx, rsv: Reservation, reason_kind: str = "NoCapacity") -
     outcome = placing.place_now(ctx, rsv, window)
     if isinstance(outcome, Reservation):
         return outcome
+    return _pend_or_preempt(ctx, rsv, outcome.reason, reason_kind)
+
+
+def _pend_or_preempt(
+    ctx: Ctx, rsv: Reservation, reason: str, reason_kind: str = "NoCapacity"
+) -> Reservation:
+    """What a request that fits nowhere now becomes: placed by preempting spot work (regular
+    requests only), or pending with why."""
     if not rsv.spot and not rsv.node_lease:
         preempted = try_preempt(ctx, rsv)
         if preempted is not None:
             return preempted
-    return placing.unschedulable(rsv, reason_kind, outcome.reason, ctx.now, ctx.settings.retry_ms)
+    return placing.unschedulable(rsv, reason_kind, reason, ctx.now, ctx.settings.retry_ms)
 
 
-def record_outcome(ctx: Ctx, rsv: Reservation, previous: Reservation | None = None) -> None:
-    """Save a reservation after a placement attempt and log what changed."""
-    repo.save_reservation(ctx.db.conn, rsv)
+def record_outcome(
+    ctx: Ctx, rsv: Reservation, previous: Reservation | None = None, *, saved: bool = False
+) -> None:
+    """Save a reservation after a placement attempt (unless its row is `saved` as it stands)
+    and log what changed."""
+    if not saved:
+        repo.save_reservation(ctx.db.conn, rsv)
     if rsv.state == State.PLACED:
         ctx.event("reservation.placed", rsv.tenant_id, rsv.id, placed_data(rsv))
     elif previous is None or previous.conditions != rsv.conditions:
@@ -338,25 +351,52 @@ def reserve_in(ctx: Ctx, args: ReserveArgs, *, read_back: bool = True) -> Reserv
     rsv = _new_reservation(ctx, args, pool["id"], charge, rsv_id, seq)
     rsv = calendar.admit(ctx, rsv, pool["name"], args.start_range, args.duration_range)
     budgets.check_reservation(conn, rsv, ctx.now)
-    repo.insert_reservation(conn, rsv, params)
-    calendar.record(ctx, rsv)
-    if args.name is not None or args.labels:
-        finding_store.set_tags(conn, rsv.id, args.name, args.labels)
-    ctx.event(
-        "reservation.created",
-        rsv.tenant_id,
-        rsv.id,
-        {
-            "gpuCount": charge,
-            "spot": rsv.spot,
-            "binding": rsv.binding.value,
-            "name": args.name,
-            "labels": dict(args.labels),
-        },
-    )
-    rsv = place_or_pend(ctx, rsv)
-    record_outcome(ctx, rsv)
+
+    def create(row: Reservation) -> None:
+        """The reservation's row, its calendar record, its tags and `reservation.created`."""
+        repo.insert_reservation(conn, row, params)
+        calendar.record(ctx, row)
+        if args.name is not None or args.labels:
+            finding_store.set_tags(conn, row.id, args.name, args.labels)
+        ctx.event(
+            "reservation.created",
+            row.tenant_id,
+            row.id,
+            {
+                "gpuCount": charge,
+                "spot": row.spot,
+                "binding": row.binding.value,
+                "name": args.name,
+                "labels": dict(args.labels),
+            },
+        )
+
+    rsv, saved = _place_new(ctx, rsv, create)
+    record_outcome(ctx, rsv, saved=saved)
     return repo.get_reservation(conn, rsv.id) if read_back else rsv
+
+
+def _place_new(
+    ctx: Ctx, rsv: Reservation, create: Callable[[Reservation], None]
+) -> tuple[Reservation, bool]:
+    """place_or_pend for a request not yet written, which `create` writes. Its row is written
+    once, as it ends up, where the outcome is known before anything else is written: placed at
+    once (create runs once the atoms are checked free, before they are booked) or left pending
+    without a preemption to try. A preemption writes its victims' notices before booking, and
+    those come after `reservation.created`: that row is written pending first, then saved.
+    Returns the outcome and whether its row is written as it stands."""
+    window = retry_window(rsv, ctx.now)
+    outcome = placing.place_now(ctx, rsv, window, before_booking=create)
+    if isinstance(outcome, Reservation):
+        return outcome, True
+    if not rsv.spot and not rsv.node_lease:
+        create(rsv)
+        return _pend_or_preempt(ctx, rsv, outcome.reason), False
+    pending = placing.unschedulable(
+        rsv, "NoCapacity", outcome.reason, ctx.now, ctx.settings.retry_ms
+    )
+    create(pending)
+    return pending, True
 
 
 # ---------------------------------------------------------------- preview

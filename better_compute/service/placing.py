@@ -3,7 +3,7 @@ pending retries, BookingRepair and preemption."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from better_compute.engine import shortlist
@@ -226,35 +226,52 @@ def name_order_scan(
     return NameScan(fits, planned, answered=False)
 
 
-def commit(ctx: Ctx, rsv: Reservation, chosen: Plan, window: Window) -> Reservation:
-    """Book every member inside one savepoint: the whole gang or nothing."""
+def commit(
+    ctx: Ctx,
+    rsv: Reservation,
+    chosen: Plan,
+    window: Window,
+    before_booking: Callable[[Reservation], None] | None = None,
+) -> Reservation:
+    """Book every member inside one savepoint: the whole gang or nothing. Every member's atoms
+    are checked free first (LostRace: none is booked); then `before_booking`, when given, has
+    the reservation as it is about to stand, placed, without its allocations (reserve writes
+    its row then, once, in its final state); then the members are booked."""
     conn = ctx.db.conn
-    with ctx.db.savepoint("place"):
-        allocations = []
-        for member in chosen.members:
-            if repo.atoms_booked(conn, member.node_id, member.atoms, window):
-                raise LostRace(member.node_id)
-            allocations.append(
-                repo.insert_allocation(conn, rsv, member.node_id, member.atoms, window)
-            )
     charge = rsv.quota_charge
     if rsv.node_lease:  # whole machines: charged exactly what was leased
         charge = sum(len(m.atoms) for m in chosen.members)
-    return evolve(
+    placed = evolve(
         rsv,
         state=State.PLACED,
         during=window,
-        allocations=tuple(allocations),
+        allocations=(),
         conditions=(),
         next_attempt_at=None,
         quota_charge=charge,
     )
+    with ctx.db.savepoint("place"):
+        for member in chosen.members:  # a gang's members are distinct nodes: none books another's
+            if repo.atoms_booked(conn, member.node_id, member.atoms, window):
+                raise LostRace(member.node_id)
+        if before_booking is not None:
+            before_booking(placed)
+        allocations = tuple(
+            repo.insert_allocation(conn, rsv, member.node_id, member.atoms, window)
+            for member in chosen.members
+        )
+    return evolve(placed, allocations=allocations)
 
 
 def place_now(
-    ctx: Ctx, rsv: Reservation, window: Window, exclude: frozenset[str] = frozenset()
+    ctx: Ctx,
+    rsv: Reservation,
+    window: Window,
+    exclude: frozenset[str] = frozenset(),
+    before_booking: Callable[[Reservation], None] | None = None,
 ) -> Reservation | NoFit:
-    """Plan and commit, excluding a node that lost a race, up to placement.maxAttempts times."""
+    """Plan and commit, excluding a node that lost a race, up to placement.maxAttempts times.
+    `before_booking`: see commit (called once, for the plan that is booked)."""
     locks.lock_pool(ctx.db.conn, rsv.pool_id)  # the lock order: clock row, pool row, victims
     excluded = set(exclude)
     outcome: Plan | NoFit = NoFit("no attempt made")
@@ -263,7 +280,7 @@ def place_now(
         if isinstance(outcome, NoFit):
             return outcome
         try:
-            return commit(ctx, rsv, outcome, window)
+            return commit(ctx, rsv, outcome, window, before_booking)
         except LostRace as lost:
             excluded.add(lost.node_id)
     return outcome if isinstance(outcome, NoFit) else NoFit("placement lost every attempt")

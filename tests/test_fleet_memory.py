@@ -469,6 +469,15 @@ def test_a_replay_places_from_memory_not_from_sql(db_dir: Path) -> None:
     db.close()
 
 
+def _book_in_another_process(path: str) -> str:
+    """A real second process books 1 GPU at T0 + 30 min for 10 minutes; its reservation id."""
+    other = ["--db", path, "reserve", "--tenant", "acme", "--gpus", "1"]
+    other += ["--start", "2026-09-28T08:30:00Z", "--for", "10m", "--json"]
+    done = subprocess.run([*ENTRY, *other], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return str(json.loads(done.stdout)["id"])
+
+
 def test_simulate_ticks_what_another_process_made_due_between_requests(db_dir: Path) -> None:
     """The replay takes again the due instant its previous request's transaction ended on only
     when nothing was committed since. A real second process books a window between two
@@ -478,12 +487,7 @@ def test_simulate_ticks_what_another_process_made_due_between_requests(db_dir: P
 
     def between(done: int, total: int) -> None:
         if done == 1:
-            start = "2026-09-28T08:30:00Z"  # T0 + 30 min
-            other = ["--db", path, "reserve", "--tenant", "acme", "--gpus", "1"]
-            other += ["--start", start, "--for", "10m", "--json"]
-            done_ = subprocess.run([*ENTRY, *other], capture_output=True, text=True)
-            assert done_.returncode == 0, done_.stderr
-            made.append(json.loads(done_.stdout)["id"])
+            made.append(_book_in_another_process(path))
 
     made: list[str] = []
     ctx = Ctx(db, T0, who=Principal(ME, admin=True))
@@ -515,12 +519,7 @@ def test_simulate_ticks_what_another_process_made_due_after_the_last_arrival(
         with db.read() as conn:
             if not repo.reservations_in(conn, State.ACTIVE):
                 return  # the request (active from the tick at its arrival) has not committed
-        start = "2026-09-28T08:30:00Z"  # T0 + 30 min
-        other = ["--db", path, "reserve", "--tenant", "acme", "--gpus", "1"]
-        other += ["--start", start, "--for", "10m", "--json"]
-        done_ = subprocess.run([*ENTRY, *other], capture_output=True, text=True)
-        assert done_.returncode == 0, done_.stderr
-        made.append(json.loads(done_.stdout)["id"])
+        made.append(_book_in_another_process(path))
 
     monkeypatch.setattr(db, "_commit", commit)
     ctx = Ctx(db, T0, who=Principal(ME, admin=True))

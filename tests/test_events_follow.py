@@ -28,6 +28,10 @@ def _read_line(proc: subprocess.Popen[str], deadline: float) -> str:
     raise AssertionError("no event line in time")
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_follow_prints_each_new_event_as_json_lines(tmp_path: Path) -> None:
     path = str(tmp_path / "f.db")
     db = setup.init(path, NOW, force=True, manual=True, admin="admin", group=None)[0]
@@ -51,6 +55,10 @@ def test_follow_prints_each_new_event_as_json_lines(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        # Ctrl-C reaches a command run in the foreground. A shell without job control starts
+        # background work with SIGINT ignored, children inherit that, and Python then installs
+        # no KeyboardInterrupt: restore the default, or the watch ignores the signal.
+        preexec_fn=_default_sigint,
     )
     try:
         time.sleep(1.0)  # the watch is running and has printed nothing for acme yet

@@ -39,7 +39,7 @@ from better_compute.service import (
 )
 from better_compute.service.admission import Draft, check_policy, check_quota
 from better_compute.service.context import Ctx
-from better_compute.service.preemption import try_preempt
+from better_compute.service.preemption import may_preempt, try_preempt
 from better_compute.storage import finding as finding_store
 from better_compute.storage import fleet, repo, simulation
 from better_compute.storage.conn import Row
@@ -227,10 +227,9 @@ def _pend_or_preempt(
 ) -> Reservation:
     """What a request that fits nowhere now becomes: placed by preempting spot work (regular
     requests only), or pending with why."""
-    if not rsv.spot and not rsv.node_lease:
-        preempted = try_preempt(ctx, rsv)
-        if preempted is not None:
-            return preempted
+    preempted = try_preempt(ctx, rsv)  # None at once for work that may not preempt
+    if preempted is not None:
+        return preempted
     return placing.unschedulable(rsv, reason_kind, reason, ctx.now, ctx.settings.retry_ms)
 
 
@@ -389,12 +388,10 @@ def _place_new(
     outcome = placing.place_now(ctx, rsv, window, before_booking=create)
     if isinstance(outcome, Reservation):
         return outcome, True
-    if not rsv.spot and not rsv.node_lease:
+    if may_preempt(rsv):
         create(rsv)
         return _pend_or_preempt(ctx, rsv, outcome.reason), False
-    pending = placing.unschedulable(
-        rsv, "NoCapacity", outcome.reason, ctx.now, ctx.settings.retry_ms
-    )
+    pending = _pend_or_preempt(ctx, rsv, outcome.reason)  # pending: it cannot preempt
     create(pending)
     return pending, True
 

@@ -38,9 +38,14 @@ class _Abort(Exception):
     """A victim no longer qualifies or the placement failed: roll the whole savepoint back."""
 
 
+def may_preempt(rsv: Reservation) -> bool:
+    """Only regular requests preempt: spot work never does, nor a lease of whole machines."""
+    return not rsv.spot and not rsv.node_lease
+
+
 def try_preempt(ctx: Ctx, rsv: Reservation) -> Reservation | None:
     """Place `rsv` from the deadline by preempting spot reservations, or return None untouched."""
-    if rsv.spot or rsv.node_lease:
+    if not may_preempt(rsv):
         return None
     conn = ctx.db.conn
     locks.lock_pool(conn, rsv.pool_id)

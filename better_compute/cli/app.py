@@ -155,13 +155,21 @@ def emit(as_json: bool, doc: JsonValue, human_view: HumanView = None) -> None:
 
 @contextmanager
 def progress_bar(as_json: bool, what: str) -> Iterator[Callable[[int, int], None]]:
-    """A transient progress bar on stderr, only for people at a terminal; yields `advance`."""
+    """A transient progress bar on stderr, only for people at a terminal; yields `advance`.
+    Hidden (--json, a pipe), it is a no-op: rich is not imported, and a replay of thousands of
+    requests does not call into it at each one."""
+    if as_json or G.json or not err.is_terminal:
+        yield _no_progress
+        return
     from rich.progress import Progress
 
-    show = not (as_json or G.json) and err.is_terminal
-    with Progress(console=_err.real(), transient=True, disable=not show) as bar:
+    with Progress(console=_err.real(), transient=True) as bar:
         task = bar.add_task(what, total=None)
         yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+def _no_progress(done: int, total: int) -> None:
+    """What a hidden progress bar does with each step: nothing."""
 
 
 def _print_version(value: bool) -> None:

@@ -115,23 +115,29 @@ _sorted_json = json.JSONEncoder(sort_keys=True).encode
 
 
 def db_id(conn: Conn) -> str:
-    row = conn.execute("SELECT value FROM meta WHERE key = 'db_id'").fetchone()
-    if row is None:
+    return _db_id_in(conn, dict(conn.execute("SELECT key, value FROM meta WHERE key = 'db_id'")))
+
+
+def _db_id_in(conn: Conn, meta: dict[str, object]) -> str:
+    """The database id among these meta rows (a ledger without one is damaged)."""
+    if "db_id" not in meta:
         raise damaged(conn, "its id (meta db_id)", LookupError("no row"))
-    return str(row[0])
+    return str(meta["db_id"])
 
 
 def next_id(conn: Conn, prefix: str) -> str:
     """`rsv_…`: a per-database counter hashed with the database id, so copies replay identically."""
     key = f"counter:{prefix}"
-    row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-    n = decoded(conn, f"meta {key}", lambda: _setting_int(row[0])) + 1 if row else 1
+    # The counter and the database id in one read: a replay takes two ids per request.
+    rows = dict(conn.execute("SELECT key, value FROM meta WHERE key IN ('db_id', ?)", (key,)))
+    n = decoded(conn, f"meta {key}", lambda: _setting_int(rows[key])) + 1 if key in rows else 1
     conn.execute(
         "INSERT INTO meta(key, value) VALUES (?, ?)"
         " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
         (key, str(n)),
     )
-    digest = int.from_bytes(hashlib.sha256(f"{db_id(conn)}:{prefix}:{n}".encode()).digest()[:8])
+    text = f"{_db_id_in(conn, rows)}:{prefix}:{n}"
+    digest = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8])
     token = "".join(_ALPHABET[(digest >> (5 * i)) & 31] for i in range(12))
     return f"{prefix}_{token}"
 

@@ -81,8 +81,13 @@ class Ctx:
     def write(self) -> Iterator[Conn]:
         """One write transaction, acting at the instant read once the lock is held."""
         with self.db.write() as conn:
-            self.now = self._acting_instant(conn)
+            self.act()
             yield conn
+
+    def act(self) -> None:
+        """Act at the instant read now, with the write lock held: what write() does on entry,
+        for work that runs inside a transaction it did not open (ticking.tick_in)."""
+        self.now = self._acting_instant(self.db.conn)
 
     def _acting_instant(self, conn: Conn) -> int:
         state = ledger.clock_in_write(conn, self.db.memo)

@@ -213,10 +213,10 @@ def _replay(
 
     One transaction per request, as users make them. The ticks due since the previous request
     run first inside it, each at its own instant, and the tick the request makes due at its own
-    instant (a start now) runs after it: each tick is its own savepoint, acting on the ledger
-    exactly as a cron tick at that instant would, so the ledger written is the same, event for
-    event; what is saved is a commit (some thirty pages of WAL) per tick. A refused request
-    rolls back only its own savepoint. The ticks after the last arrival share transactions that
+    instant (a start now) runs after it: each tick acts on the ledger exactly as a cron tick at
+    that instant would (ticking.tick_in), so the ledger written is the same, event for event;
+    what is saved is a commit (some thirty pages of WAL) per tick. A refused request rolls back
+    only its own savepoint. The ticks after the last arrival share transactions that
     commit every TRAILING_HOLD_S: a commit costs as much as a tick, and another writer waits no
     longer than that."""
     fleet = Fleet()  # the pools in memory between requests, checked in each transaction
@@ -287,7 +287,7 @@ class _Due:
         return None if due is None or (self.until is not None and due > self.until) else due
 
     def tick_through(self, instant: int, *, first: bool, due_now: bool = False) -> None:
-        """Every tick due by `instant` (inside the open transaction, each a savepoint). `first`:
+        """Every tick due by `instant`, inside the open transaction. `first`:
         as the transaction's first step, before it has written anything. `due_now`: a start
         at `instant` is known to be due (after = instant - 1), which is what the lookup would
         answer, since nothing can be due before it."""
@@ -298,7 +298,7 @@ class _Due:
         self.last = max(self.last, instant)
 
     def tick_for(self, seconds: float) -> bool:
-        """The due ticks in order, each a savepoint of the open transaction, until `seconds` have
+        """The due ticks in order, inside the open transaction, until `seconds` have
         passed (True: more may be due) or nothing is due (False). As the transaction's first
         step, before it has written anything."""
         stop = time.perf_counter() + seconds
@@ -312,7 +312,7 @@ class _Due:
 
     def _tick(self, due: int) -> None:
         self.last = max(self.last, due)
-        ticking.tick(_with(_at(self.ctx, self.last, system=True), self.fleet), shown=False)
+        ticking.tick_in(_with(_at(self.ctx, self.last, system=True), self.fleet))
         self.after = due
 
 

@@ -23,42 +23,63 @@ from better_compute.model import Event, JsonValue, ReleaseReason, Reservation, S
 from better_compute.service import authz, booking, metering, notices, placing
 from better_compute.service.authz import require_admin
 from better_compute.service.context import NO_NOW_ON_REAL_CLOCK, Ctx
+from better_compute.service.fleet import Looked
 from better_compute.storage import due, ledger, repo, tickwork
 
 
 def tick(ctx: Ctx, *, shown: bool = True) -> list[Event]:
     """One tick, in one transaction; returns the events it wrote (what changed), unless `shown`
-    is False (simulate, which reads the ledger afterwards): then nothing.
+    is False: then nothing.
 
     Anyone may tick (cron): it only does what is due. Its events' actor is `system`.
     """
     ctx.system = True
     with ctx.write():
         first = _last_seq(ctx) if shown else 0
-        settings = ctx.settings
-        due = tickwork.due_first(
-            ctx.db.conn,
-            ctx.now,
-            ctx.now - settings.pending_max_wait_ms,
-            ctx.now + settings.repair_lead_ms,
-        )
-        if due.ending:
-            _release_due(ctx)
-        if due.waited:
-            _time_out_pending(ctx)
-        if due.retrying:  # step 1 never makes a retry due: it only releases
-            _retry_pending(ctx)
-        # Steps 1 and 2 add no binding row, and only a retry places one: what due_first saw
-        # empty before them is empty still (a release only takes rows away).
-        reach: dict[str, bool] = {}  # nodes step 3 found reachable or not, for step 5
-        placed = _repair_due(ctx, reach) if due.starting or due.retrying else []
-        binding = _start_binding(ctx, placed)
-        active = _bind(ctx, binding, reach) if due.binding or binding else {}
-        looked = notices.give_due(ctx, [r for r in placed if r.id not in binding], active)
+        looked = _steps(ctx)
         changes = _shown(ctx, first) if shown else []
     if ctx.fleet is not None:
         ctx.fleet.looked = looked  # committed: the next tick of this replay may rely on it
     return changes
+
+
+def tick_in(ctx: Ctx) -> None:
+    """One tick inside the caller's write transaction (a replay's request, service/simulate.py),
+    acting at ctx's instant, exactly as tick would in a transaction of its own. It takes no
+    savepoint: whatever fails in it rolls back the caller's whole transaction, which a replay
+    does not survive, so a savepoint would undo nothing that mattered. Its look for expiring
+    notices is kept for the fleet's next tick at once: it commits with the caller's transaction,
+    or nothing of this replay does."""
+    ctx.system = True
+    ctx.act()
+    looked = _steps(ctx)
+    if ctx.fleet is not None:
+        ctx.fleet.looked = looked
+
+
+def _steps(ctx: Ctx) -> Looked | None:
+    """A tick's steps inside its write transaction, at ctx.now; returns what the notices step
+    looked at (service/notices.give_due)."""
+    settings = ctx.settings
+    due = tickwork.due_first(
+        ctx.db.conn,
+        ctx.now,
+        ctx.now - settings.pending_max_wait_ms,
+        ctx.now + settings.repair_lead_ms,
+    )
+    if due.ending:
+        _release_due(ctx)
+    if due.waited:
+        _time_out_pending(ctx)
+    if due.retrying:  # step 1 never makes a retry due: it only releases
+        _retry_pending(ctx)
+    # Steps 1 and 2 add no binding row, and only a retry places one: what due_first saw
+    # empty before them is empty still (a release only takes rows away).
+    reach: dict[str, bool] = {}  # nodes step 3 found reachable or not, for step 5
+    placed = _repair_due(ctx, reach) if due.starting or due.retrying else []
+    binding = _start_binding(ctx, placed)
+    active = _bind(ctx, binding, reach) if due.binding or binding else {}
+    return notices.give_due(ctx, [r for r in placed if r.id not in binding], active)
 
 
 def _shown(ctx: Ctx, first: int) -> list[Event]:

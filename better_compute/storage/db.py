@@ -158,21 +158,23 @@ class Database:
         replay can damage the ledger; running the same simulate on a copy of the ledger it
         started from gives it again (the replay is deterministic). Syncing cost most of each
         checkpoint: a replay writes about a gigabyte of WAL (openb at --compress 100: some
-        36 pages for each of 7,000 commits), and each checkpoint waited for its 200 MB to reach
-        the disk, about 120 ms of its 125; the replay took 10.0 s with syncing, 8.9 s without.
-        On the way out it checkpoints and syncs the file (and the WAL, when a reader kept the
-        checkpoint from emptying it): milliseconds, since the WAL's pages are dropped unwritten.
+        36 pages for each of 7,000 commits), and each checkpoint (then every 50,000 pages)
+        waited for its 200 MB to reach the disk, about 120 ms of its 125; the replay took
+        10.0 s with syncing, 8.9 s without. On the way out it checkpoints and syncs the file
+        (and the WAL, when a reader kept the checkpoint from emptying it): tens of milliseconds,
+        since the WAL's pages are dropped unwritten.
 
-        Checkpoints come every 50,000 pages (about 200 MB of WAL, removed when the replay
-        closes) rather than 1,000: each one writes back every page it holds (openb: 9.1 s with
-        10,000, 8.6 s with 50,000). Statement journals (a savepoint's undo, thousands of them)
-        stay in memory instead of a temporary file each. The page cache is 64 MiB instead of 2:
-        a replay's ledger outgrows 2 MiB early, and each page read again after that came from
-        the WAL (32,000 reads in openb's replay, 7,000 with 64 MiB). It is a ceiling, not an
-        allocation: a small ledger uses what it holds."""
+        Checkpoints come every 10,000 pages (about 40 MB of WAL, removed when the replay closes)
+        rather than 1,000: each one writes back every page it holds. Without syncing, 2,000 to
+        50,000 pages measured alike (openb: medians of four from 8.7 to 9.0 s, within the noise);
+        10,000 keeps the WAL a fifth of 50,000's. Statement journals (a savepoint's undo,
+        thousands of them) stay in memory instead of a temporary file each. The page cache is
+        64 MiB instead of 2: a replay's ledger outgrows 2 MiB early, and each page read again
+        after that came from the WAL (32,000 reads in openb's replay, 7,000 with 64 MiB). It is
+        a ceiling, not an allocation: a small ledger uses what it holds."""
         synchronous = int(self.conn.execute("PRAGMA synchronous").fetchone()[0])
         self.conn.execute("PRAGMA synchronous = OFF")
-        self.conn.execute("PRAGMA wal_autocheckpoint = 50000")
+        self.conn.execute("PRAGMA wal_autocheckpoint = 10000")
         self.conn.execute("PRAGMA temp_store = MEMORY")
         self.conn.execute("PRAGMA cache_size = -65536")
         try:

@@ -212,3 +212,79 @@ def test_placement_reads_named_nodes_through_their_index(db: Database) -> None:
     plan = [str(r[3]) for r in conn.execute("EXPLAIN QUERY PLAN " + sql)]
     assert any("bookings_node_window (node_id=?" in line for line in plan), plan
     db.close()
+
+
+def _counted_gpu_by_gpu(conn: sqlite3.Connection, pool_id: str, now: int) -> tuple[int, ...]:
+    """pool_inventory_counts as it was written before nodes carried GPU counts: every GPU."""
+    row = conn.execute(
+        "SELECT (SELECT COUNT(*) FROM nodes WHERE pool_id = :pool),"
+        " (SELECT COUNT(*) FROM nodes n JOIN atoms a ON a.node_id = n.name"
+        "  WHERE n.pool_id = :pool),"
+        " (SELECT COUNT(*) FROM nodes n JOIN atoms a ON a.node_id = n.name"
+        "  WHERE n.pool_id = :pool AND n.schedulable != 0 AND a.healthy != 0 AND NOT EXISTS"
+        '  (SELECT 1 FROM maintenance m WHERE m.node_id = n.name AND m."end" > :now'
+        "   AND m.start < :now + 1))",
+        {"pool": pool_id, "now": now},
+    ).fetchone()
+    return tuple(int(x) for x in row)
+
+
+def test_pool_counts_from_the_nodes_agree_with_counting_every_gpu(db: Database) -> None:
+    """repo.pool_inventory_counts reads the nodes' GPU counts (kept by triggers on atoms):
+    through GPUs marked unhealthy and well again, added and removed, nodes cordoned and back,
+    and maintenance windows, it answers what counting every GPU answers, at several instants."""
+    rng = random.Random(11)
+    conn = db.conn
+    names = [str(r[0]) for r in conn.execute("SELECT name FROM nodes ORDER BY name")]
+    pools = [str(row["id"]) for row in repo.pool_rows(conn)]
+    for _ in range(80):
+        node = rng.choice(names)
+        with db.write():
+            what = rng.randrange(5)
+            if what == 0:
+                conn.execute(
+                    "UPDATE atoms SET healthy = 1 - healthy WHERE node_id = ? AND idx = ?",
+                    (node, rng.randrange(8)),
+                )
+            elif what == 1:
+                conn.execute(
+                    "UPDATE nodes SET schedulable = 1 - schedulable WHERE name = ?", (node,)
+                )
+            elif what == 2:
+                start = NOW_MS + rng.randrange(-2, 3) * HOUR
+                conn.execute(
+                    'INSERT INTO maintenance(node_id, start, "end", reason) VALUES (?, ?, ?, ?)',
+                    (node, start, start + rng.choice((1, 5)) * HOUR, "test"),
+                )
+            elif what == 3:
+                conn.execute(
+                    "INSERT INTO atoms(node_id, idx, model, healthy) SELECT ?, MAX(idx) + 1,"
+                    " 'h100', ? FROM atoms WHERE node_id = ?",
+                    (node, rng.randrange(2), node),
+                )
+            else:
+                conn.execute(
+                    "DELETE FROM atoms WHERE node_id = ? AND idx ="
+                    " (SELECT MAX(idx) FROM atoms WHERE node_id = ?) AND idx >= 8",
+                    (node, node),
+                )
+        for now in (NOW_MS - HOUR, NOW_MS, NOW_MS + HOUR, NOW_MS + DAY):
+            for pool_id in pools:
+                got = repo.pool_inventory_counts(conn, pool_id, now)
+                assert got == _counted_gpu_by_gpu(conn, pool_id, now), (pool_id, now)
+    db.close()
+
+
+def test_pool_counts_read_the_nodes_index_and_no_gpu(db: Database) -> None:
+    conn = db.conn
+    pool_id = repo.pool_rows(conn)[0]["id"]
+    seen: list[str] = []
+    conn.set_trace_callback(seen.append)
+    try:
+        repo.pool_inventory_counts(conn, pool_id, NOW_MS)
+    finally:
+        conn.set_trace_callback(None)
+    sql = next(s for s in seen if "FROM nodes" in s)
+    plan = " ".join(str(r[3]) for r in conn.execute("EXPLAIN QUERY PLAN " + sql))
+    assert "nodes_fit (pool_id=?)" in plan and "atoms" not in plan, plan
+    db.close()

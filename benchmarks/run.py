@@ -26,7 +26,8 @@ What it measures, each figure a median of `--repeat` runs (at least 5) in this o
 - replay (item 1): `simulate` of openb's default task list at `--compress 100` on openb's nodes,
   as a whole process on a fresh ledger, against benchmarks/baseline_replay.py's `replay` of the
   same tasks (the floor). A full replay takes a minute or more, so it runs `--replay-repeat` times
-  (default once; 0 skips it); the baseline, under a second, runs `--repeat` times.
+  (default once; 0 skips it); the baseline, under a second, runs `--repeat` times, the two
+  alternating round by round after the baseline's warm-up.
 
 The growth curves (item 3 as a chart in docs/) come from benchmarks/growth.py, which reuses this
 script's pools through the same `--workdir`.
@@ -643,12 +644,17 @@ def replay(workdir: Path, data: Path, compress: str, runs: int, repeat: int) -> 
     """`simulate --workload openb_pod_list_default.csv --format openb --compress K` on a fresh
     ledger of the openb nodes (init --now, inventory import: untimed), `runs` times; and
     benchmarks/baseline_replay.py's `replay` of the same tasks on the same nodes, `repeat` times
-    after one warm-up (its `load`, untimed, before each: the replay consumes its nodes)."""
+    after one warm-up (its `load`, untimed, before each: the replay consumes its nodes).
+
+    The two alternate, a simulate then a floor, round after round: this machine's speed drifts
+    over minutes (the floor alone has measured 0.56 to 0.68 s within an hour), and a floor
+    timed only after all the simulates compared two different machines."""
     tasks, nodes = data / "openb_pod_list_default.csv", data / "openb_node_list_gpu_node.csv"
     db = workdir / "replay.db"
     exe = cli(db)[0]
     got = Replay(runs, [], [], [], [], {}, [], baseline_replay.Outcome(0, 0, 0, 0))
-    for _ in range(runs):
+
+    def one_simulate() -> None:
         _scrub(db)
         run_measured([exe, "--db", str(db), "--now", NOW_TEXT, "init"])
         run_measured(
@@ -664,14 +670,22 @@ def replay(workdir: Path, data: Path, compress: str, runs: int, repeat: int) -> 
         got.wall_s.append(float(report["wallSeconds"]))
         got.rss_kb.append(sample.rss_kb)
         got.report = report
-    for i in range(repeat + 1):
+
+    def one_floor(timed: bool) -> None:
         fleet, work = baseline_replay.load(tasks, nodes, Fraction(compress))
         cpu = time.process_time()
         outcome = baseline_replay.replay(fleet, work)
-        if i:
+        if timed:
             got.baseline_cpu_s.append(time.process_time() - cpu)
             got.baseline_s.append(outcome.seconds)
             got.baseline = outcome
+
+    one_floor(timed=False)  # the warm-up
+    for i in range(max(runs, repeat)):
+        if i < runs:
+            one_simulate()
+        if i < repeat:
+            one_floor(timed=True)
     _scrub(db)
     return got
 

@@ -10,6 +10,7 @@ and the plan placement makes from each.
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -47,6 +48,7 @@ from better_compute.service.booking import ReserveArgs
 from better_compute.service.context import Ctx
 from better_compute.service.fleet import Fleet
 from better_compute.storage import repo
+from better_compute.storage import simulation as store
 from better_compute.storage.conn import Ledger
 from better_compute.storage.db import open_ledger
 
@@ -529,3 +531,75 @@ def test_simulate_ticks_what_another_process_made_due_after_the_last_arrival(
     assert seen["reservation.active"] == T0 + 30 * minute
     assert seen["reservation.released"] == T0 + 40 * minute
     db.close()
+
+
+def _contended(seed: int, count: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Eight 8-GPU nodes in two racks, and `count` requests arriving every few minutes for hours
+    each: spot work, two-node gangs on one rack, calendar starts, far more than fits (waits,
+    cut-backs and requeues)."""
+    rng = random.Random(seed)
+    doc = {"pools": [{"name": "p", "nodes": [
+        {**_node(f"n{i}"), "labels": {"rack": f"r{i // 4}"}} for i in range(8)
+    ]}]}  # fmt: skip
+    lines, at = [], T0
+    for _ in range(count):
+        at += rng.randint(0, 15) * 60_000
+        line: dict[str, Any] = {
+            "at": at,
+            "tenant": rng.choice(["a", "b", "c"]),
+            "gpus": rng.choice([1, 1, 2, 4, 8]),
+            "duration": rng.randint(10, 600) * 60_000,
+        }
+        kind = rng.random()
+        if kind < 0.3:
+            line["spot"] = True
+        elif kind < 0.4:
+            line.update(gang=2, gpus=8, topologyKey="rack")
+        if rng.random() < 0.25:
+            line["start"] = at + rng.randint(1, 48) * HOUR
+        lines.append(line)
+    return doc, lines
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_fleet_a_replay_keeps_is_the_ledger_at_every_use(db_dir: Path, seed: int) -> None:
+    """Each time a contended replay consults its fleet, the pool index it is handed holds what
+    one built afresh from the ledger at that instant holds: the same bookings by node and by
+    reservation, and every node filed alike. The catch-up after this process's own commits
+    (reading bookings back, or taking what placing.commit wrote, or dropping a release's) is
+    what keeps it so."""
+    path = pgtest.ledger(str(db_dir / f"contended{seed}.db"))
+    db = setup.init(path, T0, force=True, manual=True, admin=ME, group=None)[0]
+    doc, lines = _contended(seed, 120)
+    setup.inventory_import(Ctx(db, T0), parse_inventory(doc))
+    workload = db_dir / f"w{seed}.jsonl"
+    workload.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    real = Fleet.index
+    checked = [0]
+
+    def index(self: Fleet, conn: Any, pool_id: str, now: int, **kw: Any) -> Any:
+        pool = real(self, conn, pool_id, now, **kw)
+        fresh = fleet_engine.PoolIndex.build(
+            now,
+            repo.load_nodes(conn, pool_id),
+            store.pool_maintenance_after(conn, pool_id, now),
+            (fleet_engine.BookingRow(*r) for r in store.pool_bookings_after(conn, pool_id, now)),
+        )
+        assert _held(pool) == _held(fresh), now
+        assert (pool.bucket_of, pool.odd) == (fresh.bucket_of, fresh.odd), now
+        checked[0] += 1
+        return pool
+
+    ctx = Ctx(db, T0, who=Principal(ME, admin=True))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Fleet, "index", index)
+        report = simulate.simulate(ctx, str(workload), "jsonl", Fraction(1))
+    db.close()
+    assert checked[0] > len(lines)  # every request, and the retries of those that waited
+    assert report.placed_after_waiting > 0 and report.cut_back > 0, report
+
+
+def _held(pool: fleet_engine.PoolIndex) -> tuple[object, ...]:
+    by_node = {n: sorted(b) for n, b in pool.booked.items() if b}
+    by_rsv = {r: sorted(h) for r, h in pool.by_rsv.items() if h}
+    return by_node, by_rsv

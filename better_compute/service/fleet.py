@@ -10,7 +10,11 @@ with the write lock held:
   on PostgreSQL a count kept on the clock row, storage/simulation.data_version): everything is
   dropped and reloaded;
 - this process's own commits name every reservation whose bookings or state they changed, in
-  the events they write: those reservations' bookings are read again (one indexed query).
+  the events they write: those reservations' bookings are read again (one indexed query),
+  except where the events themselves say what they are. A reservation whose only change is its
+  placement by this process (placing.commit hands the fleet the rows it has just written) is
+  held as written; one whose only change is its release holds nothing any more (a release
+  ends its bookings at its instant, which the fleet's horizon has reached).
 
 What the index plans is still booked through placing.commit, which re-checks inside the
 transaction that the atoms are free (a lost race excludes the node and plans again).
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 
 from better_compute.engine.fleet import BookingRow, PoolIndex
 from better_compute.lifecycle.notices import EXPIRING, STARTING
+from better_compute.model import Reservation
 from better_compute.storage import repo
 from better_compute.storage import simulation as store
 from better_compute.storage.repo import Conn
@@ -31,6 +36,8 @@ from better_compute.storage.repo import Conn
 #: and expiring notices only tell). Any other event on a reservation, of whatever type, makes
 #: the fleet read its bookings again.
 UNCHANGED = ("reservation.created", "reservation.binding", "reservation.active", STARTING, EXPIRING)
+PLACED = "reservation.placed"
+RELEASED = "reservation.released"
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,9 @@ class Fleet:
         self.looked: Looked | None = None
         self.version: int | None = None
         self.seen = 0  # the last event seq whose changes the indexes hold
+        #: The bookings placing.commit wrote in this process since the last catch-up, by
+        #: reservation, as (pool, row): see booked().
+        self.written: dict[str, list[tuple[str, BookingRow]]] = {}
         self.reloads = 0  # full reloads after another process's commit (for tests and docs)
 
     def index(self, conn: Conn, pool_id: str, now: int, *, version: int | None = None) -> PoolIndex:
@@ -67,6 +77,7 @@ class Fleet:
             if self.version is not None:
                 self.reloads += 1
             self.pools.clear()
+            self.written.clear()
             self.version = version
             self.seen = repo.last_event_seq(conn)
         else:
@@ -83,21 +94,49 @@ class Fleet:
         pool.advance(now)
         return pool
 
+    def booked(self, rsv: Reservation) -> None:
+        """placing.commit has just booked `rsv`, placed with its allocations: the catch-up that
+        finds its placement the only change to it since takes these rows instead of reading
+        them back. Forgotten at the next catch-up, whatever it finds."""
+        if rsv.during is None:  # not placed: nothing booked
+            return
+        start, end = rsv.during.start, rsv.during.end
+        self.written[rsv.id] = [
+            (rsv.pool_id, BookingRow(rsv.id, a.node_id, atom, start, end, rsv.spot, True))
+            for a in rsv.allocations
+            for atom in a.atoms
+        ]
+
     def _catch_up(self, conn: Conn) -> None:
-        """Read again the bookings of every reservation this process's commits changed."""
+        """Bring the indexes up to this process's own commits (module docstring)."""
         last, touched = store.touched_since(conn, self.seen, UNCHANGED)
         self.seen = last
+        written, self.written = self.written, {}
         if not touched or not self.pools:
             return
-        found = store.bookings_of(conn, touched)
-        for rsv_id in touched:
-            rows = found.get(rsv_id, [])
+        found: dict[str, list[tuple[str, BookingRow]]] = {}
+        unread = []
+        for rsv_id, types in touched.items():
+            if types == {PLACED} and rsv_id in written:
+                found[rsv_id] = written[rsv_id]
+            elif types == {RELEASED}:
+                found[rsv_id] = []
+            else:
+                unread.append(rsv_id)
+        if unread:
+            read = store.bookings_of(conn, sorted(unread))
+            for rsv_id in unread:
+                found[rsv_id] = [(p, BookingRow(*r)) for p, r in read.get(rsv_id, [])]
+        for rsv_id in sorted(touched):
+            rows = found[rsv_id]
             for pool_id, pool in self.pools.items():
-                pool.set_reservation(rsv_id, [BookingRow(*r) for p, r in rows if p == pool_id])
+                pool.set_reservation(rsv_id, [r for p, r in rows if p == pool_id])
 
     def after_rollback(self, conn: Conn) -> None:
         """A write transaction that consulted the index rolled back: if the index caught up
-        with events that were never committed (their seqs will be used again), start afresh."""
+        with events that were never committed (their seqs will be used again), start afresh.
+        What placing.commit handed over is forgotten: it may be what was rolled back."""
+        self.written.clear()
         if repo.last_event_seq(conn) < self.seen:
             self.pools.clear()
             self.version = None

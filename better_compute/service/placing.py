@@ -260,7 +260,10 @@ def commit(
             repo.insert_allocation(conn, rsv, member.node_id, member.atoms, window)
             for member in chosen.members
         )
-    return evolve(placed, allocations=allocations)
+    placed = evolve(placed, allocations=allocations)
+    if ctx.fleet is not None:
+        ctx.fleet.booked(placed)
+    return placed
 
 
 def place_now(

@@ -172,18 +172,21 @@ def pool_bookings_after(conn: Conn, pool_id: str, after: int) -> list[BookedRow]
     return _booking_rows(rows)
 
 
-def touched_since(conn: Conn, seq: int, unchanged: Sequence[str] = ()) -> tuple[int, list[str]]:
-    """(the latest event seq, the reservations named by events after `seq`): every change to a
-    reservation's bookings or state is written with an event on it. Events of the `unchanged`
-    types (which change neither) do not count."""
+def touched_since(
+    conn: Conn, seq: int, unchanged: Sequence[str] = ()
+) -> tuple[int, dict[str, set[str]]]:
+    """(the latest event seq, the reservations named by events after `seq` with those events'
+    types): every change to a reservation's bookings or state is written with an event on it.
+    Events of the `unchanged` types (which change neither) do not count."""
     # A range of the primary key: the few newest events, never the reservation index.
     rows = conn.execute("SELECT seq, reservation_id, type FROM events WHERE seq > ?", (seq,))
-    skip, last, touched = set(unchanged), seq, set()
+    skip, last = set(unchanged), seq
+    touched: dict[str, set[str]] = {}
     for at, rsv_id, type_ in rows:
         last = max(last, int(at))
         if rsv_id is not None and type_ not in skip:
-            touched.add(str(rsv_id))
-    return last, sorted(touched)
+            touched.setdefault(str(rsv_id), set()).add(str(type_))
+    return last, touched
 
 
 def bookings_of(conn: Conn, rsv_ids: Sequence[str]) -> dict[str, list[tuple[str, BookedRow]]]:

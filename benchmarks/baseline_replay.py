@@ -6,15 +6,17 @@ no gangs, no preemption, no calendar. Each arrival first frees what ended by the
 what waits (oldest first), then takes the node with the fewest free GPUs of an accepted model
 that still fits (best fit, ties by name); what fits nowhere waits for the next release.
 
-    python benchmarks/baseline_replay.py [--compress 100] [--tasks FILE] [--nodes FILE]
+    python benchmarks/baseline_replay.py [--compress 100] [--tasks FILE] [--nodes FILE] [--json]
 
-prints the wall seconds of the replay alone (parsing excluded) and what it placed.
+prints the wall seconds of the replay alone (parsing excluded) and what it placed; with --json,
+one document with its CPU seconds too (benchmarks/run.py runs it so, a fresh process a round).
 """
 
 from __future__ import annotations
 
 import argparse
 import heapq
+import json
 import time
 from dataclasses import dataclass
 from fractions import Fraction
@@ -112,9 +114,22 @@ def main() -> None:
     parser.add_argument("--compress", default="100")
     parser.add_argument("--tasks", type=Path, default=DATA / "openb_pod_list_default.csv")
     parser.add_argument("--nodes", type=Path, default=DATA / "openb_node_list_gpu_node.csv")
+    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     args = parser.parse_args()
     nodes, tasks = load(args.tasks, args.nodes, Fraction(args.compress))
+    cpu = time.process_time()
     out = replay(nodes, tasks)
+    cpu = time.process_time() - cpu
+    if args.json:
+        doc = {
+            "seconds": out.seconds,
+            "cpuSeconds": cpu,
+            "placedAtOnce": out.placed_at_once,
+            "placedAfterWaiting": out.placed_after_waiting,
+            "neverPlaced": out.never_placed,
+        }
+        print(json.dumps(doc))
+        return
     print(
         f"{len(tasks)} tasks on {len(nodes)} nodes in {out.seconds:.3f} s:"
         f" {out.placed_at_once} at once, {out.placed_after_waiting} after waiting,"

@@ -19,8 +19,9 @@ from better_compute.service import setup
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
 
-def _synchronous(conn: sqlite3.Connection) -> int:
-    return int(conn.execute("PRAGMA synchronous").fetchone()[0])
+def _settings(conn: sqlite3.Connection) -> list[int]:
+    names = ("synchronous", "wal_autocheckpoint", "temp_store", "cache_size")
+    return [int(conn.execute(f"PRAGMA {name}").fetchone()[0]) for name in names]
 
 
 def _wal(path: Path) -> Path:
@@ -36,18 +37,18 @@ def test_replaying_writes_unsynced_and_leaves_the_ledger_checkpointed(
     db = setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)[0]
     other = sqlite3.connect(path)  # keeps the WAL from being removed when `db` closes
     try:
-        before = _synchronous(db.conn)
-        assert before != 0
+        before = _settings(db.conn)
+        assert before[0] != 0
         expected = pytest.raises(RuntimeError) if fails else contextlib.nullcontext()
         with expected, db.replaying():
-            assert _synchronous(db.conn) == 0
+            assert _settings(db.conn) == [0, 10000, 2, -65536]
             for n in range(50):
                 with db.write() as conn:
                     conn.execute("INSERT INTO meta(key, value) VALUES (?, ?)", (f"test:{n}", n))
             assert _wal(path).stat().st_size > 0  # the commits are in the WAL
             if fails:
                 raise RuntimeError("the replay failed")
-        assert _synchronous(db.conn) == before
+        assert _settings(db.conn) == before
         assert _wal(path).stat().st_size == 0  # all of it checkpointed into the file
         rows = other.execute("SELECT COUNT(*) FROM meta WHERE key LIKE 'test:%'").fetchone()
         assert rows[0] == 50

@@ -101,6 +101,10 @@ def _is_locked(exc: sqlite3.OperationalError) -> bool:
     return "locked" in text or "busy" in text
 
 
+#: A replay's connection settings (Database.replaying says why each).
+REPLAY = {"synchronous": 0, "wal_autocheckpoint": 10000, "temp_store": 2, "cache_size": -65536}
+
+
 class Database:
     """One connection in autocommit mode; transactions are explicit.
 
@@ -153,7 +157,7 @@ class Database:
         is on disk.
 
         Inside, commits and checkpoints hand pages to the operating system without waiting for
-        the disk (`synchronous = OFF`). A killed or crashed replay still leaves the file whole:
+        the disk (`synchronous = OFF`, 0). A killed or crashed replay still leaves the file whole:
         the operating system holds what was written. A power cut or an OS crash during the
         replay can damage the ledger; running the same simulate on a copy of the ledger it
         started from gives it again (the replay is deterministic). Syncing cost most of each
@@ -168,20 +172,20 @@ class Database:
         rather than 1,000: each one writes back every page it holds. Without syncing, 2,000 to
         50,000 pages measured alike (openb: medians of four from 8.7 to 9.0 s, within the noise);
         10,000 keeps the WAL a fifth of 50,000's. Statement journals (a savepoint's undo,
-        thousands of them) stay in memory instead of a temporary file each. The page cache is
-        64 MiB instead of 2: a replay's ledger outgrows 2 MiB early, and each page read again
-        after that came from the WAL (32,000 reads in openb's replay, 7,000 with 64 MiB). It is
-        a ceiling, not an allocation: a small ledger uses what it holds."""
-        synchronous = int(self.conn.execute("PRAGMA synchronous").fetchone()[0])
-        self.conn.execute("PRAGMA synchronous = OFF")
-        self.conn.execute("PRAGMA wal_autocheckpoint = 10000")
-        self.conn.execute("PRAGMA temp_store = MEMORY")
-        self.conn.execute("PRAGMA cache_size = -65536")
+        thousands of them) stay in memory (`temp_store`, 2) instead of a temporary file each.
+        The page cache is 64 MiB instead of 2: a replay's ledger outgrows 2 MiB early, and each
+        page read again after that came from the WAL (32,000 reads in openb's replay, 7,000 with
+        64 MiB). It is a ceiling, not an allocation: a small ledger uses what it holds. On the
+        way out the connection gets its own settings back."""
+        before = {name: int(self.conn.execute(f"PRAGMA {name}").fetchone()[0]) for name in REPLAY}
+        for name, value in REPLAY.items():
+            self.conn.execute(f"PRAGMA {name} = {value}")
         try:
             yield
         finally:
             self._to_disk()
-            self.conn.execute(f"PRAGMA synchronous = {synchronous}")
+            for name, value in before.items():  # the connection as it was
+                self.conn.execute(f"PRAGMA {name} = {value}")
 
     def _to_disk(self) -> None:
         """Everything committed so far on the disk, for a connection that wrote without syncing:

@@ -534,21 +534,21 @@ def test_simulate_ticks_what_another_process_made_due_after_the_last_arrival(
 
 
 def _contended(seed: int, count: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Eight 8-GPU nodes in two racks, and `count` requests arriving every few minutes for hours
-    each: spot work, two-node gangs on one rack, calendar starts, far more than fits (waits,
-    cut-backs and requeues)."""
+    """Eight 8-GPU nodes in two racks, and `count` requests arriving every few minutes for up
+    to three hours each: spot work, two-node gangs on one rack, calendar starts, more than fits
+    (waits, cut-backs and requeues)."""
     rng = random.Random(seed)
     doc = {"pools": [{"name": "p", "nodes": [
         {**_node(f"n{i}"), "labels": {"rack": f"r{i // 4}"}} for i in range(8)
     ]}]}  # fmt: skip
     lines, at = [], T0
     for _ in range(count):
-        at += rng.randint(0, 15) * 60_000
+        at += rng.randint(0, 10) * 60_000
         line: dict[str, Any] = {
             "at": at,
             "tenant": rng.choice(["a", "b", "c"]),
             "gpus": rng.choice([1, 1, 2, 4, 8]),
-            "duration": rng.randint(10, 600) * 60_000,
+            "duration": rng.randint(10, 180) * 60_000,
         }
         kind = rng.random()
         if kind < 0.3:
@@ -561,7 +561,7 @@ def _contended(seed: int, count: int) -> tuple[dict[str, Any], list[dict[str, An
     return doc, lines
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1, 2])
 def test_the_fleet_a_replay_keeps_is_the_ledger_at_every_use(db_dir: Path, seed: int) -> None:
     """Each time a contended replay consults its fleet, the pool index it is handed holds what
     one built afresh from the ledger at that instant holds: the same bookings by node and by
@@ -570,7 +570,7 @@ def test_the_fleet_a_replay_keeps_is_the_ledger_at_every_use(db_dir: Path, seed:
     what keeps it so."""
     path = pgtest.ledger(str(db_dir / f"contended{seed}.db"))
     db = setup.init(path, T0, force=True, manual=True, admin=ME, group=None)[0]
-    doc, lines = _contended(seed, 120)
+    doc, lines = _contended(seed, 60)
     setup.inventory_import(Ctx(db, T0), parse_inventory(doc))
     workload = db_dir / f"w{seed}.jsonl"
     workload.write_text("".join(json.dumps(line) + "\n" for line in lines))

@@ -8,13 +8,16 @@ nothing it committed: the operating system holds the pages (tests/test_simulate.
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
+import time
 from pathlib import Path
 
 import pgtest
 import pytest
 
 from better_compute.service import setup
+from better_compute.storage.db import open_ledger
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
@@ -54,6 +57,75 @@ def test_replaying_writes_unsynced_and_leaves_the_ledger_checkpointed(
         assert rows[0] == 50
     finally:
         other.close()
+        db.close()
+
+
+def _write(db: object, first: int, count: int) -> None:
+    for n in range(first, first + count):
+        with db.write() as conn:  # type: ignore[attr-defined]
+            conn.execute("INSERT INTO meta(key, value) VALUES (?, ?)", (f"test:{n}", n))
+
+
+@pytest.mark.sqlite_only(reason="SQLite's WAL file, through a symlink")
+def test_a_reader_does_not_hold_up_the_end_and_what_it_keeps_is_synced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader inside a transaction when the replay ends keeps the checkpoint from emptying the
+    WAL: the end does not wait for it (for the whole busy timeout, every writer held off), and
+    syncs the WAL that stays, which SQLite keeps beside the file a symlinked path names."""
+    real = tmp_path / "real" / "replay.db"
+    real.parent.mkdir()
+    db = setup.init(str(real), T0, force=True, manual=True, admin="admin", group=None)[0]
+    db.close()
+    link = tmp_path / "link.db"
+    link.symlink_to(real)
+    db = open_ledger(str(link))
+    db.set_busy_timeout(5000)
+    reader = sqlite3.connect(real)
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    try:
+        with db.replaying():
+            _write(db, 0, 20)
+            reader.execute("BEGIN")
+            reader.execute("SELECT COUNT(*) FROM meta").fetchone()  # a snapshot, held open
+            _write(db, 20, 20)
+            began = time.monotonic()
+        assert time.monotonic() - began < 2  # not the 5 s busy timeout
+        assert _wal(real).stat().st_size > 0  # the reader kept some of it
+        assert str(_wal(real)) in synced and str(real) in synced
+        assert int(db.conn.execute("PRAGMA busy_timeout").fetchone()[0]) == 5000
+    finally:
+        reader.close()
+        db.close()
+
+
+@pytest.mark.sqlite_only(reason="SQLite's settings")
+def test_a_failed_replay_reports_its_own_error_when_the_end_fails_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "replay.db"
+    db = setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)[0]
+    before = _settings(db.conn)
+
+    def broken(self: object) -> None:
+        raise OSError("the disk is full")
+
+    monkeypatch.setattr(type(db), "_to_disk", broken)
+    try:
+        with pytest.raises(RuntimeError, match="the replay failed"), db.replaying():
+            raise RuntimeError("the replay failed")
+        assert _settings(db.conn) == before
+        with pytest.raises(OSError, match="the disk is full"), db.replaying():
+            pass  # a replay that went well: the end's own error is the one to report
+        assert _settings(db.conn) == before
+    finally:
         db.close()
 
 

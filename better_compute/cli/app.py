@@ -156,8 +156,8 @@ def emit(as_json: bool, doc: JsonValue, human_view: HumanView = None) -> None:
 @contextmanager
 def progress_bar(as_json: bool, what: str) -> Iterator[Callable[[int, int], None]]:
     """A transient progress bar on stderr, only for people at a terminal; yields `advance`.
-    Hidden (--json, a pipe), it is a no-op: rich is not imported, and a replay of thousands of
-    requests does not call into it at each one."""
+    Hidden (--json, a pipe), it is a no-op that a replay of thousands of requests calls for
+    nothing; with --json, rich is not even imported."""
     if as_json or G.json or not err.is_terminal:
         yield _no_progress
         return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import os
@@ -182,18 +183,36 @@ class Database:
             self.conn.execute(f"PRAGMA {name} = {value}")
         try:
             yield
-        finally:
+        except BaseException:
+            with contextlib.suppress(Exception):  # the replay's own error is the one to report
+                self._settle(before)
+            raise
+        self._settle(before)
+
+    def _settle(self, before: dict[str, int]) -> None:
+        """The end of a replay: its writes on disk, the connection's own settings back."""
+        try:
             self._to_disk()
-            for name, value in before.items():  # the connection as it was
+        finally:
+            for name, value in before.items():
                 self.conn.execute(f"PRAGMA {name} = {value}")
 
     def _to_disk(self) -> None:
         """Everything committed so far on the disk, for a connection that wrote without syncing:
         a checkpoint that empties the WAL into the file, then the file and what is left of the
-        WAL synced (a reader can keep a checkpoint from emptying it)."""
+        WAL synced. The checkpoint does not wait: a reader in a transaction would keep it from
+        emptying the WAL for as long as the busy timeout, holding off every writer meanwhile,
+        and the sync of what it leaves does the same work. SQLite puts the WAL beside the file
+        a symlinked path names."""
         if not self.conn.in_transaction:
-            self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-        for path in (self._where, self._where.with_name(self._where.name + "-wal")):
+            timeout = int(self.conn.execute("PRAGMA busy_timeout").fetchone()[0])
+            self.conn.execute("PRAGMA busy_timeout = 0")
+            try:
+                self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            finally:
+                self.conn.execute(f"PRAGMA busy_timeout = {timeout}")
+        real = Path(os.path.realpath(self._where))
+        for path in (real, real.with_name(real.name + "-wal")):
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:

@@ -16,6 +16,7 @@ Transactions mirror SQLite's (docs/postgres.md):
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 import time
@@ -229,8 +230,11 @@ class PgDatabase:
         self.conn.raw.execute("SET synchronous_commit = off")
         try:
             yield
-        finally:
-            self.conn.raw.execute("RESET synchronous_commit")
+        except BaseException:
+            with contextlib.suppress(Exception):  # the replay's own error is the one to report
+                self.conn.raw.execute("RESET synchronous_commit")
+            raise
+        self.conn.raw.execute("RESET synchronous_commit")
 
     def principal(self, os_user: str) -> str:
         """The session's role: who the server authenticated, whatever the OS user is."""

@@ -18,7 +18,7 @@ import argparse
 import heapq
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from fractions import Fraction
 from pathlib import Path
 
@@ -120,15 +120,8 @@ def main() -> None:
     cpu = time.process_time()
     out = replay(nodes, tasks)
     cpu = time.process_time() - cpu
-    if args.json:
-        doc = {
-            "seconds": out.seconds,
-            "cpuSeconds": cpu,
-            "placedAtOnce": out.placed_at_once,
-            "placedAfterWaiting": out.placed_after_waiting,
-            "neverPlaced": out.never_placed,
-        }
-        print(json.dumps(doc))
+    if args.json:  # the Outcome's fields, and the CPU time
+        print(json.dumps({**asdict(out), "cpu_seconds": cpu}))
         return
     print(
         f"{len(tasks)} tasks on {len(nodes)} nodes in {out.seconds:.3f} s:"

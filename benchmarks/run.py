@@ -50,7 +50,6 @@ import platform
 import shutil
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -678,17 +677,11 @@ def replay(workdir: Path, data: Path, compress: str, runs: int, repeat: int) -> 
         0.97 s here against 0.55 to 0.67 s in a process of its own)."""
         floor = [sys.executable, str(Path(baseline_replay.__file__)), "--json"]
         floor += ["--compress", compress, "--tasks", str(tasks), "--nodes", str(nodes)]
-        out = subprocess.run(floor, capture_output=True, text=True, check=True).stdout
-        doc = json.loads(out)
+        doc = json.loads(run_measured(floor)[1])
         if timed:
-            got.baseline_cpu_s.append(float(doc["cpuSeconds"]))
-            got.baseline_s.append(float(doc["seconds"]))
-            got.baseline = baseline_replay.Outcome(
-                float(doc["seconds"]),
-                int(doc["placedAtOnce"]),
-                int(doc["placedAfterWaiting"]),
-                int(doc["neverPlaced"]),
-            )
+            got.baseline_cpu_s.append(float(doc.pop("cpu_seconds")))
+            got.baseline = baseline_replay.Outcome(**doc)
+            got.baseline_s.append(got.baseline.seconds)
 
     one_floor(timed=False)  # the warm-up
     for i in range(max(runs, repeat)):

@@ -274,6 +274,7 @@ def build(path: str, nodes: int, future: int, seed: int) -> tuple[Database, Coun
         group=None,
         fill=parse_inventory(inventory_doc(nodes)),
     )
+    assert isinstance(db, Database)  # a path, so the SQLite ledger
     counts = populate(db, nodes, future, seed)
     return db, counts, time.perf_counter() - t0
 

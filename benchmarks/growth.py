@@ -26,6 +26,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -73,7 +74,12 @@ def _y(ms: float) -> float:
 
 
 def _panel(
-    x0: float, title: str, xlabel: str, xs: list[int], rows: list[dict[str, float]], fmt_x
+    x0: float,
+    title: str,
+    xlabel: str,
+    xs: list[int],
+    rows: list[dict[str, float]],
+    fmt_x: Callable[[int], str],
 ) -> list[str]:
     lo, hi = math.log10(xs[0]), math.log10(xs[-1])
     span = W - LEFT - RIGHT

@@ -47,6 +47,7 @@ def jobs(base: str, big: Path, commands: Callable[..., Mapping[str, Any]]) -> di
     url = copy(base, big)
     with psycopg.connect(url) as conn:
         row = conn.execute("SELECT id FROM reservations ORDER BY seq LIMIT 1").fetchone()
+    assert row is not None, "the copied pool holds reservations"
     return {PREFIX + name: job for name, job in commands(url, row[0]).items()}
 
 

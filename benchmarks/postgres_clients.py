@@ -65,10 +65,11 @@ def one_round(base: str, clients: int) -> None:
         exits[f"{code} {what}"] += 1
     total = time.perf_counter() - started
     with psycopg.connect(url) as conn:
-        doubles = conn.execute(
+        found = conn.execute(
             "SELECT COUNT(*) FROM bookings a JOIN bookings b ON a.node_id = b.node_id"
             ' AND a.atom = b.atom AND a.id < b.id AND a."end" > b.start AND b."end" > a.start'
-        ).fetchone()[0]
+        ).fetchone()
+        doubles = found[0] if found is not None else 0
     with psycopg.connect(base, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA {schema} CASCADE")
     print(

@@ -817,8 +817,8 @@ def main() -> int:
         if path.exists() and not opts.rebuild:
             print(f"{pool.label}: reusing {path}")
         else:
-            for stale in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
-                stale.unlink(missing_ok=True)  # the benchmark's own scratch files
+            for scratch in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+                scratch.unlink(missing_ok=True)  # the benchmark's own scratch files
             print(BUILDERS[opts.builder](path, pool, opts.seed))
         paths[key] = migrated(path)
     big = paths["big"]

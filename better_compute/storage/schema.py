@@ -606,25 +606,6 @@ ALTER TABLE meta ADD COLUMN writes BIGINT NOT NULL DEFAULT 0;
 """
 
 
-MIGRATION_11 = """
--- Issue 8, replay: a released reservation leaves the indexes of what is due. A release used to
--- move its row within each of them (out of its live state, into 'released'), so every release
--- wrote four index pages more, and the indexes grew with the ledger's whole history while every
--- tick and every `simulate` step seeks only live and pending rows. Their queries say
--- `state <> 'released'` too, which is how SQLite (and PostgreSQL) know the index serves them.
-DROP INDEX reservations_ends;
-DROP INDEX reservations_deadlines;
-DROP INDEX reservations_starts;
-DROP INDEX reservations_retries;
-CREATE INDEX reservations_ends ON reservations(state, during_end) WHERE state <> 'released';
-CREATE INDEX reservations_deadlines ON reservations(state, preempt_deadline)
-  WHERE state <> 'released';
-CREATE INDEX reservations_starts ON reservations(state, during_start) WHERE state <> 'released';
-CREATE INDEX reservations_retries ON reservations(state, next_attempt_at)
-  WHERE state <> 'released';
-"""
-
-
 class Dialects(NamedTuple):
     """A migration whose SQL differs by backend. A plain string serves both."""
 
@@ -756,6 +737,25 @@ CREATE TRIGGER node_gpus_delete AFTER DELETE ON atoms
   FOR EACH ROW EXECUTE FUNCTION node_gpus_keep();
 """,
 )
+
+
+MIGRATION_11 = """
+-- Issue 8, replay: a released reservation leaves the indexes of what is due. A release used to
+-- move its row within each of them (out of its live state, into 'released'), so every release
+-- wrote four index pages more, and the indexes grew with the ledger's whole history while every
+-- tick and every `simulate` step seeks only live and pending rows. Their queries say
+-- `state <> 'released'` too, which is how SQLite (and PostgreSQL) know the index serves them.
+DROP INDEX reservations_ends;
+DROP INDEX reservations_deadlines;
+DROP INDEX reservations_starts;
+DROP INDEX reservations_retries;
+CREATE INDEX reservations_ends ON reservations(state, during_end) WHERE state <> 'released';
+CREATE INDEX reservations_deadlines ON reservations(state, preempt_deadline)
+  WHERE state <> 'released';
+CREATE INDEX reservations_starts ON reservations(state, during_start) WHERE state <> 'released';
+CREATE INDEX reservations_retries ON reservations(state, next_attempt_at)
+  WHERE state <> 'released';
+"""
 
 
 MIGRATION_12_INDEXES = """

@@ -12,6 +12,7 @@ import csv
 import io
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from better_compute.errors import InvalidInput
@@ -226,20 +227,25 @@ def parse_inventory(doc: object) -> Inventory:
     )
 
 
-def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    # json.loads would silently keep the last of two equal keys; a file with both is a mistake.
-    d: dict[str, object] = {}
-    for k, v in pairs:
-        if k in d:
-            raise InvalidInput(f"inventory has the key {json.dumps(k)} twice in one object")
-        d[k] = v
-    return d
+def keys_once(what: str) -> Callable[[list[tuple[str, object]]], dict[str, object]]:
+    """json.loads' object_pairs_hook refusing a key given twice in one object: json.loads would
+    silently keep the last of the two, and a file with both is a mistake (`what` names it)."""
+
+    def hook(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        d: dict[str, object] = {}
+        for k, v in pairs:
+            if k in d:
+                raise InvalidInput(f"{what} has the key {json.dumps(k)} twice in one object")
+            d[k] = v
+        return d
+
+    return hook
 
 
 def load_inventory_text(text: str) -> Inventory:
     """Parse inventory JSON text; bad JSON names the line and column."""
     try:
-        doc = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+        doc = json.loads(text, object_pairs_hook=keys_once("inventory"))
     except json.JSONDecodeError as e:
         raise InvalidInput(
             f"inventory is not valid JSON: line {e.lineno} column {e.colno}: {e.msg}"

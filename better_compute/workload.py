@@ -13,7 +13,15 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from better_compute.errors import BetterComputeError, InvalidInput
-from better_compute.inventory import MAX_GPUS, MODEL_RE, NAME_RE, csv_int, csv_rows, normal_model
+from better_compute.inventory import (
+    MAX_GPUS,
+    MODEL_RE,
+    NAME_RE,
+    csv_int,
+    csv_rows,
+    keys_once,
+    normal_model,
+)
 from better_compute.timeparse import MAX_MS, parse_duration, parse_time
 
 #: The one tenant of an openb replay: the trace names no users or teams.
@@ -157,7 +165,9 @@ def _instant(d: dict[str, object], key: str, base: int) -> int | None:
     if value is None:
         return None
     if isinstance(value, int) and not isinstance(value, bool):
-        value = str(value) if value >= 0 else "-"
+        if value < 0:
+            raise InvalidInput(f"{key} must be epoch ms (0 or more) or a TIME, got {value}")
+        value = str(value)
     if not isinstance(value, str):
         raise InvalidInput(f"{key} must be epoch ms or a TIME such as +2h, got {_what(value)}")
     try:
@@ -206,9 +216,13 @@ def _models(d: dict[str, object]) -> tuple[str, ...]:
     return models
 
 
+#: A line's object, each key once (the object_pairs_hook raises InvalidInput, not ValueError).
+_REQUEST_KEYS_ONCE = keys_once("the request")
+
+
 def _request(line: int, raw: str, base: int, compress: Fraction) -> Request:
     try:
-        d = json.loads(raw)
+        d = json.loads(raw, object_pairs_hook=_REQUEST_KEYS_ONCE)
     except (ValueError, RecursionError):
         raise InvalidInput("not a JSON object (one request per line)") from None
     if not isinstance(d, dict):
@@ -221,7 +235,8 @@ def _request(line: int, raw: str, base: int, compress: Fraction) -> Request:
         raise InvalidInput("at is required: epoch ms or a TIME such as +2h")
     if at < base:
         raise InvalidInput(
-            f"at {at} is before the ledger's instant {base}; a replay only moves forward"
+            f"at {at} is before the replay's start {base} (the ledger's instant, or --now when"
+            " later); a replay only moves forward"
         )
     tenant = d.get("tenant")
     if not isinstance(tenant, str) or not NAME_RE.fullmatch(tenant):

@@ -258,6 +258,15 @@ OK = '"at": "+1h", "tenant": "acme", "gpus": 1, "duration": "1h"'
         ("{" + OK + ', "model": "H 100"}', "line 3: model"),
         ("{" + OK + ', "topologyKey": "rack"}', "line 3: --topology-key applies only to a gang"),
         ("{" + OK + ', "pool": "nope"}', "line 3: "),
+        # each key once: json.loads would keep the last of two
+        ("{" + OK + ', "gpus": 2}', 'line 3: the request has the key "gpus" twice'),
+        ('{"at": -1000, "tenant": "acme", "gpus": 1, "duration": "1h"}', "line 3: at must be"),
+        # a window that ends after the end of time, as reserve refuses it
+        (
+            '{"at": "9999-12-31T23:00:00Z", "tenant": "acme", "gpus": 1, "duration": "1h"}',
+            "line 3: that window would end after 9999-12-31T23:59:59.999Z",
+        ),
+        ("{" + OK + ', "start": "9999-12-31T23:30:00Z"}', "line 3: that window would end after"),
     ],
 )
 def test_a_bad_line_is_refused_by_number_before_anything_is_written(

@@ -255,13 +255,17 @@ def record_outcome(
 
 def check_horizon(ctx: Ctx, args: ReserveArgs) -> None:
     """Every instant must be printable: the latest end (after a spot notice) stays in year 9999."""
-    latest_end = (
-        max(args.start or ctx.now, ctx.now) + ctx.settings.spot_notice_ms + args.duration_ms
-    )
+    check_horizon_at(ctx.now, ctx.settings.spot_notice_ms, args)
+
+
+def check_horizon_at(
+    now: int, spot_notice_ms: int, args: ReserveArgs, fix: str = "an earlier --start or --for"
+) -> None:
+    """check_horizon for a request acting at `now` (simulate checks each line before writing;
+    `fix` says what to change, in the words of where the request came from)."""
+    latest_end = max(args.start or now, now) + spot_notice_ms + args.duration_ms
     if latest_end > MAX_MS:
-        raise InvalidInput(
-            f"that window would end after {iso(MAX_MS)}; use an earlier --start or --for"
-        )
+        raise InvalidInput(f"that window would end after {iso(MAX_MS)}; use {fix}")
 
 
 def _admit(ctx: Ctx, args: ReserveArgs) -> tuple[Row, int]:

@@ -136,7 +136,8 @@ def simulate(
     if until is not None and until < base:
         raise InvalidInput(f"--until must not be before the ledger's instant ({base})")
     workload = parse_workload(setup.read_text(ctx, file, "workload"), fmt, base, compress)
-    plan = [(r, _args(r, pool)) for r in workload.requests if until is None or r.at < until]
+    notice = ctx.settings.spot_notice_ms
+    plan = [(r, _args(r, pool, notice)) for r in workload.requests if until is None or r.at < until]
     _check_pools(ctx, plan)
     _create_tenants(ctx.at(base), workload.tenants)
     run = _Run(base, first_event, set(), seq_floor=seq_floor)
@@ -147,8 +148,9 @@ def simulate(
         return _report(ctx, run, workload, requests, end, clock.elapsed_s() - began)
 
 
-def _args(r: Request, pool: str | None) -> ReserveArgs:
-    """The reserve a request makes, checked as `reserve` would check its flags (line N: …)."""
+def _args(r: Request, pool: str | None, spot_notice_ms: int) -> ReserveArgs:
+    """The reserve a request makes, checked as `reserve` would check its flags (line N: …),
+    its window included: it must end by the end of time, acting at its arrival."""
     args = ReserveArgs(
         tenant=r.tenant,
         pool=r.pool if r.pool is not None else pool,
@@ -163,6 +165,9 @@ def _args(r: Request, pool: str | None) -> ReserveArgs:
     )
     try:
         booking.validate(args)
+        booking.check_horizon_at(
+            r.at, spot_notice_ms, args, "an earlier at or start, or a shorter duration"
+        )
     except BetterComputeError as exc:
         raise InvalidInput(f"line {r.line}: {exc.message}") from None
     return args

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pgtest
 import pytest
 
 from better_compute.service import setup
+from better_compute.storage import db as db_module
 from better_compute.storage.db import open_ledger
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -141,3 +143,75 @@ def test_replaying_on_postgres_restores_synchronous_commit(db_dir: Path) -> None
         assert db.conn.raw.execute(show).fetchone()[0] == before  # type: ignore[attr-defined]
     finally:
         db.close()
+
+
+# ---------------------------------------------------------------- other writers meanwhile
+
+
+def _waiting(path: Path) -> Path:
+    return path.with_name(path.name + "-waiting")
+
+
+@pytest.mark.sqlite_only(reason="SQLite's write lock and the file beside the ledger")
+def test_a_waiting_writer_says_so_and_a_replay_stands_aside_until_it_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "replay.db"
+    replay = setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)[0]
+    writer = open_ledger(str(path))
+    try:
+        with replay.replaying():
+            started = time.monotonic()
+            replay.let_writers_in()  # nobody has said anything: no pause
+            assert time.monotonic() - started < 0.05
+            # Another holds the lock; the writer waits, and says so after a wait step.
+            holder = threading.Thread(target=_hold_then_commit, args=(str(path), 0.3))
+            holder.start()
+            time.sleep(0.05)
+            started = time.monotonic()
+            with writer.write() as conn:
+                waited = time.monotonic() - started
+                conn.execute("INSERT INTO meta(key, value) VALUES ('test:writer', '1')")
+            holder.join()
+            assert 0.1 < waited < 5, waited
+            assert _waiting(path).exists()
+            # The replay sees the new word and stands aside until a commit moves data_version:
+            # here nobody commits, so it gives up after STAND_ASIDE_S ...
+            started = time.monotonic()
+            replay.let_writers_in()
+            assert 0.2 < time.monotonic() - started < 2
+            # ... and the same word does not stop it twice.
+            started = time.monotonic()
+            replay.let_writers_in()
+            assert time.monotonic() - started < 0.05
+            # A new word, and a writer committing 100 ms later: the replay goes on once it has
+            # (given all the time it may need here, so that only the commit can end the wait).
+            monkeypatch.setattr(db_module, "STAND_ASIDE_S", 10.0)
+            writer._say_waiting()  # what a waiting writer does
+            later = threading.Timer(0.1, _commit_one, args=(str(path),))
+            later.start()
+            started = time.monotonic()
+            replay.let_writers_in()
+            stood = time.monotonic() - started
+            later.join()
+            assert 0.08 < stood < 5, stood
+            seen = replay.conn.execute("SELECT value FROM meta WHERE key = 'test:later'")
+            assert seen.fetchone() is not None
+    finally:
+        writer.close()
+        replay.close()
+
+
+def _hold_then_commit(path: str, seconds: float) -> None:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("INSERT INTO meta(key, value) VALUES ('test:holder', '1')")
+    time.sleep(seconds)
+    conn.execute("COMMIT")
+    conn.close()
+
+
+def _commit_one(path: str) -> None:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("INSERT INTO meta(key, value) VALUES ('test:later', '1')")
+    conn.close()

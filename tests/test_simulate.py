@@ -218,6 +218,22 @@ def test_until_leaves_work_active_and_bookings_ahead(fleet: Cli, db_dir: Path) -
     assert fleet.ok("tick", "--until", "+3h", now=None)["changes"]
 
 
+def test_utilisation_ends_with_the_replay(fleet: Cli, db_dir: Path) -> None:
+    """Buckets are whole minutes (30 h 17 min / 24: 76 min each), so 24 of them would run 7 min
+    past --until; the last ends at --until and averages over its own 69 minutes. The booking
+    runs 3 min past --until: counted up to --until only, it is 2 GPUs in every bucket."""
+    lines = [{"at": "+0s", "tenant": "acme", "gpus": 2, "duration": "30h20m"}]
+    workload = write_jsonl(db_dir / "w.jsonl", lines)
+    report = fleet.ok(
+        "simulate", "--workload", workload, "--format", "jsonl", "--until", "+30h17m", now=None
+    )
+    buckets = report["utilisation"]
+    assert len(buckets) == 24
+    assert buckets[0]["start"] == NOW_MS and buckets[-1]["end"] == NOW_MS + (30 * 60 + 17) * MIN
+    assert all(b["end"] - b["start"] == 76 * MIN for b in buckets[:-1])
+    assert [b["booked"] for b in buckets] == [2.0] * 24
+
+
 def test_refused_requests_are_never_placed_and_the_replay_goes_on(fleet: Cli, db_dir: Path) -> None:
     fleet.ok("tenant", "create", "acme")
     fleet.ok("quota", "set", "--tenant", "acme", "--gpus", "2")
@@ -403,3 +419,50 @@ def test_the_time_forms_of_a_line(fleet: Cli, db_dir: Path) -> None:
         (NOW_MS + 2 * 3_600_000, 90 * MIN),
     ]
     assert NOW == "2026-09-28T08:00:00Z"
+
+
+# ---------------------------------------------------------------- other writers meanwhile
+
+
+@pytest.mark.sqlite_only(reason="processes sharing one SQLite file; PostgreSQL queues lock waiters")
+def test_other_writers_get_the_lock_while_a_replay_commits_back_to_back(
+    fleet: Cli, db_dir: Path
+) -> None:
+    """A replay commits every request microseconds after the last, and SQLite's busy handler
+    sleeps between its tries: without standing aside (Database.let_writers_in), each writer
+    below failed UNAVAILABLE after its whole busy timeout."""
+    lines = [
+        {"at": NOW_MS + n * 10 * SEC, "tenant": "acme", "gpus": 1, "duration": 60 * SEC}
+        for n in range(6000)
+    ]
+    workload = write_jsonl(db_dir / "w.jsonl", lines)
+    fleet.ok("config", "set", "db.busyTimeoutMs", "3000")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BETTER_COMPUTE_")}
+    proc = subprocess.Popen(
+        [*ENTRY, "--db", str(fleet.db), "--json", "simulate", "--workload", str(workload),
+         "--format", "jsonl"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            with sqlite3.connect(f"file:{fleet.db}?mode=ro", uri=True, timeout=30) as conn:
+                if conn.execute("SELECT COUNT(*) FROM reservations").fetchone()[0] >= 100:
+                    break
+            time.sleep(0.05)
+        waits = []
+        for k in range(3):
+            started = time.monotonic()
+            done = subprocess.run(
+                [*ENTRY, "--db", str(fleet.db), "tenant", "create", f"meanwhile{k}"],
+                capture_output=True, text=True, env=env, timeout=60,
+            )  # fmt: skip
+            waits.append(time.monotonic() - started)
+            assert done.returncode == 0, done.stderr
+        assert proc.poll() is None, "the replay ended before the writers were done: make it longer"
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert max(waits) < 3, waits
+    ids = [t["id"] for t in fleet.ok("tenant", "list")]
+    assert {"meanwhile0", "meanwhile1", "meanwhile2"} <= set(ids)

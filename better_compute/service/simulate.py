@@ -241,6 +241,7 @@ def _replay(
                 if k == len(at_arrival) - 1:
                     due.after = arrival - 1  # the arrivals may have made something due now
                     due.tick_through(arrival, first=False, due_now=starts_now)
+            ctx.db.let_writers_in()
             i += 1
             if progress is not None:
                 progress(i, len(plan))
@@ -248,6 +249,7 @@ def _replay(
     while more:  # after the last arrival: the ticks left, a few to a transaction
         with ctx.db.write():
             more = due.tick_for(TRAILING_HOLD_S)
+        ctx.db.let_writers_in()
     if until is not None and due.last < until:
         ticking.tick(_with(_at(ctx, until, system=True), fleet), shown=False)
         due.last = until
@@ -416,14 +418,15 @@ def _utilisation(
     ctx: Ctx, spans: list[tuple[str, int, int]], start: int, end: int
 ) -> tuple[Utilisation, ...]:
     """GPUs booked on average in each of at most MAX_BUCKETS equal buckets from the replay's
-    start to its end, against the allocatable GPUs (today's) of the pools the run booked in."""
+    start to its end (whole minutes each; the last one ends with the replay, and averages over
+    its own length), against the allocatable GPUs (today's) of the pools the run booked in."""
     if end <= start:
         return ()
     step = max(1, math.ceil((end - start) / MAX_BUCKETS / MINUTE_MS)) * MINUTE_MS
     count = math.ceil((end - start) / step)
     gpu_ms = [0] * count
     for _pool, s, e in spans:
-        s, e = max(s, start), min(e, start + count * step)
+        s, e = max(s, start), min(e, end)
         first = (s - start) // step
         while s < e:
             bucket_end = start + (first + 1) * step
@@ -433,12 +436,8 @@ def _utilisation(
     conn = ctx.db.conn
     for pool_id in sorted({p for p, _s, _e in spans}):
         allocatable += repo.pool_inventory_counts(conn, pool_id, end)[2]
+    bounds = [(start + k * step, min(end, start + (k + 1) * step)) for k in range(count)]
     return tuple(
-        Utilisation(
-            start + k * step,
-            start + (k + 1) * step,
-            round(gpu_ms[k] / step, 2),
-            allocatable,
-        )
-        for k in range(count)
+        Utilisation(lo, hi, round(gpu_ms[k] / (hi - lo), 2), allocatable)
+        for k, (lo, hi) in enumerate(bounds)
     )

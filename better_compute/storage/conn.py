@@ -81,6 +81,10 @@ class Ledger(Protocol):
 
     def replaying(self) -> AbstractContextManager[None]: ...
 
+    def let_writers_in(self) -> None:
+        """Between a replay's transactions: let a writer that waits for the lock take it."""
+        ...
+
     def principal(self, os_user: str) -> str: ...
 
     def insert_rows(

@@ -7,12 +7,14 @@ import hashlib
 import itertools
 import os
 import sqlite3
+import time
 import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from better_compute import clock
 from better_compute.errors import Forbidden, InvalidInput, Unavailable
 from better_compute.storage.conn import SQLITE, Ledger
 from better_compute.storage.schema import (
@@ -102,6 +104,11 @@ def _is_locked(exc: sqlite3.OperationalError) -> bool:
     return "locked" in text or "busy" in text
 
 
+#: How long a writer waits for the write lock before saying again that it waits
+#: (Database._begin_write), and the most a replay stands aside for it (let_writers_in).
+WAIT_STEP_MS = 50
+STAND_ASIDE_S = 0.25
+
 #: A replay's connection settings (Database.replaying says why each).
 REPLAY = {"synchronous": 0, "wal_autocheckpoint": 10000, "temp_store": 2, "cache_size": -65536}
 
@@ -133,8 +140,13 @@ class Database:
                 str(path), isolation_level=None, timeout=busy_timeout_ms / 1000
             )
         self.conn.row_factory = sqlite3.Row
-        self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        self._busy_ms = int(busy_timeout_ms)
+        self.conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
         self.conn.execute("PRAGMA foreign_keys = ON")
+        #: Where a writer kept waiting for the write lock says so (its time): see _begin_write.
+        self._waiting = Path(os.path.realpath(self._where) + "-waiting")
+        self._announce = True  # False while replaying: see let_writers_in
+        self._waits_seen = 0.0
 
     @property
     def where(self) -> str:
@@ -149,7 +161,31 @@ class Database:
         return os_user
 
     def set_busy_timeout(self, busy_timeout_ms: int) -> None:
-        self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        self._busy_ms = int(busy_timeout_ms)
+        self.conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+
+    def let_writers_in(self) -> None:
+        """Between two of a replay's transactions: when another writer has said, since the last
+        look, that it waits for the write lock (_begin_write), stand aside until it has
+        committed (data_version moves), for at most STAND_ASIDE_S.
+
+        A replay commits back to back, microseconds apart, and SQLite's busy handler sleeps
+        between its tries (up to 100 ms), so without this a writer almost never finds the lock
+        free and fails after the whole busy timeout. One stat per transaction when nobody
+        waits."""
+        try:
+            said = os.stat(self._waiting).st_mtime
+        except OSError:
+            return
+        if said == self._waits_seen:
+            return
+        self._waits_seen = said
+        version = self.conn.execute("PRAGMA data_version").fetchone()[0]
+        stop = clock.elapsed_s() + STAND_ASIDE_S
+        while clock.elapsed_s() < stop:
+            time.sleep(0.001)
+            if self.conn.execute("PRAGMA data_version").fetchone()[0] != version:
+                return
 
     @contextmanager
     def replaying(self) -> Iterator[None]:
@@ -181,12 +217,19 @@ class Database:
         before = {name: int(self.conn.execute(f"PRAGMA {name}").fetchone()[0]) for name in REPLAY}
         for name, value in REPLAY.items():
             self.conn.execute(f"PRAGMA {name} = {value}")
+        # The replay stands aside for other writers (let_writers_in) and takes the lock the
+        # plain way: a wait said before it began is not one to stand aside for.
+        self._announce = False
+        with contextlib.suppress(OSError):
+            self._waits_seen = os.stat(self._waiting).st_mtime
         try:
             yield
         except BaseException:
+            self._announce = True
             with contextlib.suppress(Exception):  # the replay's own error is the one to report
                 self._settle(before)
             raise
+        self._announce = True
         self._settle(before)
 
     def _settle(self, before: dict[str, int]) -> None:
@@ -318,7 +361,10 @@ class Database:
 
     def _begin(self, statement: str) -> None:
         try:
-            self.conn.execute(statement)
+            if statement == "BEGIN IMMEDIATE" and self._announce:
+                self._begin_write()
+            else:
+                self.conn.execute(statement)
         except sqlite3.OperationalError as exc:
             if _read_only(exc):
                 raise read_only_refusal(self.path) from None
@@ -327,6 +373,39 @@ class Database:
                     f"database {self.path} stayed locked past the busy timeout; try again"
                 ) from None
             raise
+
+    def _begin_write(self) -> None:
+        """BEGIN IMMEDIATE, waiting up to the busy timeout as SQLite's busy handler does, but in
+        steps of WAIT_STEP_MS: after each, the writer says it is still waiting by touching the
+        file beside the ledger (`<file>-waiting`), which a replay looks at between its
+        transactions (let_writers_in). Best effort: a file that cannot be written is no
+        error."""
+        step = min(WAIT_STEP_MS, self._busy_ms)
+        deadline = clock.elapsed_s() + self._busy_ms / 1000
+        self.conn.execute(f"PRAGMA busy_timeout = {step}")
+        try:
+            while True:
+                try:
+                    self.conn.execute("BEGIN IMMEDIATE")
+                    return
+                except sqlite3.OperationalError as exc:
+                    if not _is_locked(exc) or clock.elapsed_s() >= deadline:
+                        raise
+                    self._say_waiting()
+        finally:
+            self.conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+
+    def _say_waiting(self) -> None:
+        """Touch `<file>-waiting`, made with the ledger file's permissions (a group's ledger is
+        the group's)."""
+        with contextlib.suppress(OSError):
+            fd = os.open(self._waiting, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                with contextlib.suppress(OSError):
+                    os.fchmod(fd, os.stat(self._where).st_mode & 0o660)
+                os.utime(fd)
+            finally:
+                os.close(fd)
 
     def _commit(self) -> None:
         try:

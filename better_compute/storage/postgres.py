@@ -236,6 +236,10 @@ class PgDatabase:
             raise
         self.conn.raw.execute("RESET synchronous_commit")
 
+    def let_writers_in(self) -> None:
+        """Nothing to do: a writer waiting for the clock row's lock is queued by the server, and
+        the replay's next transaction asks for that lock behind it."""
+
     def principal(self, os_user: str) -> str:
         """The session's role: who the server authenticated, whatever the OS user is."""
         return str(_scalar(self.conn, "SELECT current_user"))

@@ -165,9 +165,10 @@ def test_a_waiting_writer_says_so_and_a_replay_stands_aside_until_it_commits(
             replay.let_writers_in()  # nobody has said anything: no pause
             assert time.monotonic() - started < 0.05
             # Another holds the lock; the writer waits, and says so after a wait step.
-            holder = threading.Thread(target=_hold_then_commit, args=(str(path), 0.3))
+            held = threading.Event()
+            holder = threading.Thread(target=_hold_then_commit, args=(str(path), 0.3, held))
             holder.start()
-            time.sleep(0.05)
+            assert held.wait(30)
             started = time.monotonic()
             with writer.write() as conn:
                 waited = time.monotonic() - started
@@ -187,7 +188,9 @@ def test_a_waiting_writer_says_so_and_a_replay_stands_aside_until_it_commits(
             # A new word, and a writer committing 100 ms later: the replay goes on once it has
             # (given all the time it may need here, so that only the commit can end the wait).
             monkeypatch.setattr(db_module, "STAND_ASIDE_S", 10.0)
-            writer._say_waiting()  # what a waiting writer does
+            marker = _waiting(path)
+            later_ns = marker.stat().st_mtime_ns + 1_000_000_000  # whatever the clock's grain
+            os.utime(marker, ns=(later_ns, later_ns))  # what a writer that waits again does
             later = threading.Timer(0.1, _commit_one, args=(str(path),))
             later.start()
             started = time.monotonic()
@@ -202,9 +205,10 @@ def test_a_waiting_writer_says_so_and_a_replay_stands_aside_until_it_commits(
         replay.close()
 
 
-def _hold_then_commit(path: str, seconds: float) -> None:
+def _hold_then_commit(path: str, seconds: float, held: threading.Event) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("BEGIN IMMEDIATE")
+    held.set()
     conn.execute("INSERT INTO meta(key, value) VALUES ('test:holder', '1')")
     time.sleep(seconds)
     conn.execute("COMMIT")
@@ -215,3 +219,51 @@ def _commit_one(path: str) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("INSERT INTO meta(key, value) VALUES ('test:later', '1')")
     conn.close()
+
+
+@pytest.mark.sqlite_only(reason="the file beside an SQLite ledger")
+def test_the_waiting_file_is_touched_only_as_a_regular_file_of_the_ledgers_kind(
+    tmp_path: Path,
+) -> None:
+    """Anyone who may write the ledger's folder may have put something at `<ledger>-waiting`:
+    a writer never follows a symlink there (it would chmod or create another file), never
+    blocks on a FIFO, and a marker it makes takes the ledger's mode bits."""
+    path = tmp_path / "l.db"
+    db = setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)[0]
+    marker = _waiting(path)
+    try:
+        victim = tmp_path / "victim"
+        victim.write_text("x")
+        victim.chmod(0o600)
+        before = victim.stat()
+        marker.symlink_to(victim)
+        db._say_waiting()
+        after = victim.stat()
+        assert (after.st_mode, after.st_mtime_ns) == (before.st_mode, before.st_mtime_ns)
+        marker.unlink()
+        marker.symlink_to(tmp_path / "nowhere")
+        db._say_waiting()
+        assert not (tmp_path / "nowhere").exists()
+        marker.unlink()
+        os.mkfifo(marker)
+        touch = threading.Thread(target=db._say_waiting, daemon=True)
+        touch.start()
+        touch.join(10)
+        assert not touch.is_alive(), "a writer blocked opening a FIFO"
+        marker.unlink()
+        path.chmod(0o640)
+        db._say_waiting()
+        assert marker.stat().st_mode & 0o777 == 0o640
+    finally:
+        db.close()
+
+
+@pytest.mark.sqlite_only(reason="the file beside an SQLite ledger")
+def test_a_replaced_ledger_starts_without_a_waiting_file(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    db = setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)[0]
+    db._say_waiting()
+    db.close()
+    assert _waiting(path).exists()
+    setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)[0].close()
+    assert not _waiting(path).exists()

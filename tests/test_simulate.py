@@ -428,41 +428,37 @@ def test_the_time_forms_of_a_line(fleet: Cli, db_dir: Path) -> None:
 def test_other_writers_get_the_lock_while_a_replay_commits_back_to_back(
     fleet: Cli, db_dir: Path
 ) -> None:
-    """A replay commits every request microseconds after the last, and SQLite's busy handler
-    sleeps between its tries: without standing aside (Database.let_writers_in), each writer
-    below failed UNAVAILABLE after its whole busy timeout."""
+    """An overloaded replay (4 GPUs for 2 h every second on 16 GPUs: hundreds waiting, each
+    retried by its tick) commits back to back, microseconds apart, while SQLite's busy handler
+    sleeps between its tries. Each writer below must get the lock within its 3 s busy timeout:
+    before, none did (UNAVAILABLE); waiting in steps without the replay standing aside
+    (Database.let_writers_in), about half did."""
     lines = [
-        {"at": NOW_MS + n * 10 * SEC, "tenant": "acme", "gpus": 1, "duration": 60 * SEC}
-        for n in range(6000)
+        {"at": NOW_MS + n * SEC, "tenant": "acme", "gpus": 4, "duration": "2h"} for n in range(4000)
     ]
     workload = write_jsonl(db_dir / "w.jsonl", lines)
     fleet.ok("config", "set", "db.busyTimeoutMs", "3000")
     env = {k: v for k, v in os.environ.items() if not k.startswith("BETTER_COMPUTE_")}
     proc = subprocess.Popen(
         [*ENTRY, "--db", str(fleet.db), "--json", "simulate", "--workload", str(workload),
-         "--format", "jsonl"],
+         "--format", "jsonl", "--until", "+70m"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
     )  # fmt: skip
+    failed = []
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.poll() is None:
-            with sqlite3.connect(f"file:{fleet.db}?mode=ro", uri=True, timeout=30) as conn:
-                if conn.execute("SELECT COUNT(*) FROM reservations").fetchone()[0] >= 100:
-                    break
-            time.sleep(0.05)
-        waits = []
-        for k in range(3):
-            started = time.monotonic()
+        time.sleep(8)  # until hundreds wait and the replay's transactions follow each other
+        assert proc.poll() is None, "the replay ended before the writers came: make it longer"
+        for k in range(4):
             done = subprocess.run(
                 [*ENTRY, "--db", str(fleet.db), "tenant", "create", f"meanwhile{k}"],
                 capture_output=True, text=True, env=env, timeout=60,
             )  # fmt: skip
-            waits.append(time.monotonic() - started)
-            assert done.returncode == 0, done.stderr
+            if done.returncode != 0:
+                failed.append(done.stderr.strip())
         assert proc.poll() is None, "the replay ended before the writers were done: make it longer"
     finally:
         proc.kill()
         proc.wait(timeout=30)
-    assert max(waits) < 3, waits
+    assert failed == []
     ids = [t["id"] for t in fleet.ok("tenant", "list")]
-    assert {"meanwhile0", "meanwhile1", "meanwhile2"} <= set(ids)
+    assert {f"meanwhile{k}" for k in range(4)} <= set(ids)

@@ -166,7 +166,7 @@ def _args(r: Request, pool: str | None, spot_notice_ms: int) -> ReserveArgs:
     try:
         booking.validate(args)
         booking.check_horizon_at(
-            r.at, spot_notice_ms, args, "an earlier at or start, or a shorter duration"
+            r.at, spot_notice_ms, args, "an earlier arrival or start, or a shorter duration"
         )
     except BetterComputeError as exc:
         raise InvalidInput(f"line {r.line}: {exc.message}") from None

@@ -7,6 +7,7 @@ import hashlib
 import itertools
 import os
 import sqlite3
+import stat
 import time
 import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from better_compute import clock
 from better_compute.errors import Forbidden, InvalidInput, Unavailable
+from better_compute.storage import files
 from better_compute.storage.conn import SQLITE, Ledger
 from better_compute.storage.schema import (
     APPLICATION_ID,
@@ -99,6 +101,16 @@ def file_identity(path: Path) -> tuple[int, int] | None:
     return (info.st_dev, info.st_ino)
 
 
+def _like_the_ledger(fd: int, ledger: Path) -> None:
+    """A file just made beside the ledger gets its mode bits (read and write only), its group,
+    and, when made by root, its owner. Best effort: a group this user is not in stays its own."""
+    info = os.stat(ledger)
+    with contextlib.suppress(OSError):
+        os.fchown(fd, info.st_uid if os.geteuid() == 0 else -1, info.st_gid)
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, info.st_mode & 0o660)
+
+
 def _is_locked(exc: sqlite3.OperationalError) -> bool:
     text = str(exc).lower()
     return "locked" in text or "busy" in text
@@ -144,7 +156,7 @@ class Database:
         self.conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
         self.conn.execute("PRAGMA foreign_keys = ON")
         #: Where a writer kept waiting for the write lock says so (its time): see _begin_write.
-        self._waiting = Path(os.path.realpath(self._where) + "-waiting")
+        self._waiting = Path(os.path.realpath(self._where) + files.WAITING)
         self._announce = True  # False while replaying: see let_writers_in
         self._waits_seen = 0.0
 
@@ -173,6 +185,9 @@ class Database:
         between its tries (up to 100 ms), so without this a writer almost never finds the lock
         free and fails after the whole busy timeout. One stat per transaction when nobody
         waits."""
+        if self.conn.in_transaction:  # never while holding the lock itself
+            return
+        version = self.conn.execute("PRAGMA data_version").fetchone()[0]  # before the look
         try:
             said = os.stat(self._waiting).st_mtime
         except OSError:
@@ -180,7 +195,6 @@ class Database:
         if said == self._waits_seen:
             return
         self._waits_seen = said
-        version = self.conn.execute("PRAGMA data_version").fetchone()[0]
         stop = clock.elapsed_s() + STAND_ASIDE_S
         while clock.elapsed_s() < stop:
             time.sleep(0.001)
@@ -396,13 +410,21 @@ class Database:
             self.conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
 
     def _say_waiting(self) -> None:
-        """Touch `<file>-waiting`, made with the ledger file's permissions (a group's ledger is
-        the group's)."""
+        """Touch `<file>-waiting`. Only a regular file is touched, never through a symlink and
+        never blocking (a FIFO): anyone who may write the folder may have put something there.
+        Made fresh, it takes the ledger file's mode bits and group (and owner, for root), as
+        SQLite does for its own files beside it, so every writer of the ledger can touch it."""
+        flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         with contextlib.suppress(OSError):
-            fd = os.open(self._waiting, os.O_WRONLY | os.O_CREAT, 0o600)
             try:
-                with contextlib.suppress(OSError):
-                    os.fchmod(fd, os.stat(self._where).st_mode & 0o660)
+                fd, made = os.open(self._waiting, flags | os.O_CREAT | os.O_EXCL, 0o600), True
+            except FileExistsError:
+                fd, made = os.open(self._waiting, flags), False
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    return
+                if made:
+                    _like_the_ledger(fd, self._where)
                 os.utime(fd)
             finally:
                 os.close(fd)

@@ -16,6 +16,9 @@ from better_compute.errors import Conflict, InvalidInput
 
 #: SQLite finds a database's journals by name (the real path plus these suffixes), not by inode.
 SIDECARS = ("-wal", "-shm", "-journal")
+#: Beside the ledger too, but not SQLite's: the word a writer waiting for the lock leaves for a
+#: replay (storage/db.Database._say_waiting). A replaced ledger starts without it.
+WAITING = "-waiting"
 _TEMP_MARK = ".bc-tmp-"
 
 
@@ -80,7 +83,7 @@ def discard(temp: Path) -> None:
 
 
 def remove_sidecars(path: Path) -> None:
-    for suffix in SIDECARS:
+    for suffix in (*SIDECARS, WAITING):
         with contextlib.suppress(FileNotFoundError):
             sidecar(path, suffix).unlink()
 

@@ -19,7 +19,7 @@ import pytest
 
 from better_compute.service import setup
 from better_compute.storage import db as db_module
-from better_compute.storage.db import open_ledger
+from better_compute.storage.db import Database, open_ledger
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
@@ -27,6 +27,13 @@ T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 def _settings(conn: sqlite3.Connection) -> list[int]:
     names = ("synchronous", "wal_autocheckpoint", "temp_store", "cache_size")
     return [int(conn.execute(f"PRAGMA {name}").fetchone()[0]) for name in names]
+
+
+def _new_ledger(path: Path) -> Database:
+    """A new manual-clock ledger at `path` (replacing any there), open."""
+    db = setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)[0]
+    assert isinstance(db, Database)
+    return db
 
 
 def _wal(path: Path) -> Path:
@@ -39,7 +46,7 @@ def test_replaying_writes_unsynced_and_leaves_the_ledger_checkpointed(
     tmp_path: Path, fails: bool
 ) -> None:
     path = tmp_path / "replay.db"
-    db = setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)[0]
+    db = _new_ledger(path)
     other = sqlite3.connect(path)  # keeps the WAL from being removed when `db` closes
     try:
         before = _settings(db.conn)
@@ -77,7 +84,7 @@ def test_a_reader_does_not_hold_up_the_end_and_what_it_keeps_is_synced(
     syncs the WAL that stays, which SQLite keeps beside the file a symlinked path names."""
     real = tmp_path / "real" / "replay.db"
     real.parent.mkdir()
-    db = setup.init(str(real), T0, force=True, manual=True, admin="admin", group=None)[0]
+    db = _new_ledger(real)
     db.close()
     link = tmp_path / "link.db"
     link.symlink_to(real)
@@ -113,7 +120,7 @@ def test_a_failed_replay_reports_its_own_error_when_the_end_fails_too(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "replay.db"
-    db = setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)[0]
+    db = _new_ledger(path)
     before = _settings(db.conn)
 
     def broken(self: object) -> None:
@@ -157,7 +164,7 @@ def test_a_waiting_writer_says_so_and_a_replay_stands_aside_until_it_commits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "replay.db"
-    replay = setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)[0]
+    replay = _new_ledger(path)
     writer = open_ledger(str(path))
     try:
         with replay.replaying():
@@ -229,7 +236,7 @@ def test_the_waiting_file_is_touched_only_as_a_regular_file_of_the_ledgers_kind(
     a writer never follows a symlink there (it would chmod or create another file), never
     blocks on a FIFO, and a marker it makes takes the ledger's mode bits."""
     path = tmp_path / "l.db"
-    db = setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)[0]
+    db = _new_ledger(path)
     marker = _waiting(path)
     try:
         victim = tmp_path / "victim"
@@ -261,9 +268,9 @@ def test_the_waiting_file_is_touched_only_as_a_regular_file_of_the_ledgers_kind(
 @pytest.mark.sqlite_only(reason="the file beside an SQLite ledger")
 def test_a_replaced_ledger_starts_without_a_waiting_file(tmp_path: Path) -> None:
     path = tmp_path / "l.db"
-    db = setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)[0]
+    db = _new_ledger(path)
     db._say_waiting()
     db.close()
     assert _waiting(path).exists()
-    setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)[0].close()
+    _new_ledger(path).close()
     assert not _waiting(path).exists()

@@ -184,10 +184,11 @@ class Database:
         A replay commits back to back, microseconds apart, and SQLite's busy handler sleeps
         between its tries (up to 100 ms), so without this a writer almost never finds the lock
         free and fails after the whole busy timeout. One stat per transaction when nobody
-        waits."""
+        waits. data_version is read only after a new word: a writer that commits in the few
+        microseconds between the two costs one wasted wait, where reading it first would cost a
+        statement per transaction of every replay."""
         if self.conn.in_transaction:  # never while holding the lock itself
             return
-        version = self.conn.execute("PRAGMA data_version").fetchone()[0]  # before the look
         try:
             said = os.stat(self._waiting).st_mtime
         except OSError:
@@ -195,6 +196,7 @@ class Database:
         if said == self._waits_seen:
             return
         self._waits_seen = said
+        version = self.conn.execute("PRAGMA data_version").fetchone()[0]
         stop = clock.elapsed_s() + STAND_ASIDE_S
         while clock.elapsed_s() < stop:
             time.sleep(0.001)

@@ -199,7 +199,7 @@ def test_until_leaves_work_active_and_bookings_ahead(fleet: Cli, db_dir: Path) -
         {"at": "+0s", "tenant": "acme", "gpus": 2, "duration": "2h"},
         {"at": "+10m", "tenant": "acme", "gpus": 1, "duration": "3h", "start": "+1h"},
         {"at": "+20m", "tenant": "globex", "gpus": 4, "duration": 3_600_000, "spot": True},
-        {"at": "+2h", "tenant": "acme", "gpus": 1, "duration": "1h"},  # after --until: not sent
+        {"at": "+2h", "tenant": "latecomer", "gpus": 1, "duration": "1h"},  # after --until
     ]
     workload = write_jsonl(db_dir / "w.jsonl", lines)
     report = fleet.ok(
@@ -207,6 +207,8 @@ def test_until_leaves_work_active_and_bookings_ahead(fleet: Cli, db_dir: Path) -
     )
     assert report["requests"] == 3
     assert ledger_now(fleet) == NOW_MS + 30 * MIN
+    # Only the tenants of the requests sent are created: latecomer arrives after --until.
+    assert "latecomer" not in [t["id"] for t in fleet.ok("tenant", "list")]
     active = fleet.ok("list", "--state", "active")
     assert {r["tenantId"] for r in active} == {"acme", "globex"}
     placed = fleet.ok("list", "--state", "placed")

@@ -70,10 +70,6 @@ class Workload:
     requests: tuple[Request, ...]
     skipped: int
 
-    @property
-    def tenants(self) -> tuple[str, ...]:
-        return tuple(sorted({r.tenant for r in self.requests}))
-
 
 def parse_compress(text: str) -> Fraction:
     """`--compress K`: a number, at least 1 (`100`, `2.5`)."""

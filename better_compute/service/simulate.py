@@ -139,7 +139,7 @@ def simulate(
     notice = ctx.settings.spot_notice_ms
     plan = [(r, _args(r, pool, notice)) for r in workload.requests if until is None or r.at < until]
     _check_pools(ctx, plan)
-    _create_tenants(ctx.at(base), sorted({r.tenant for r, _args in plan}))  # those sent only
+    _create_tenants(ctx.at(base), sorted({r.tenant for r, _ in plan}))  # those sent only
     run = _Run(base, first_event, set(), seq_floor=seq_floor)
     with ctx.db.replaying():  # a what-if ledger: thousands of commits, none a person waits on
         end = _replay(ctx, plan, run, until, progress)

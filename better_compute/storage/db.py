@@ -156,7 +156,7 @@ class Database:
         self.conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
         self.conn.execute("PRAGMA foreign_keys = ON")
         #: Where a writer kept waiting for the write lock says so (its time): see _begin_write.
-        self._waiting = Path(os.path.realpath(self._where) + files.WAITING)
+        self._waiting = files.sidecar(Path(os.path.realpath(self._where)), files.WAITING)
         self._announce = True  # False while replaying: see let_writers_in
         self._waits_seen = 0.0
 
@@ -264,14 +264,10 @@ class Database:
         and the sync of what it leaves does the same work. SQLite puts the WAL beside the file
         a symlinked path names."""
         if not self.conn.in_transaction:
-            timeout = int(self.conn.execute("PRAGMA busy_timeout").fetchone()[0])
-            self.conn.execute("PRAGMA busy_timeout = 0")
-            try:
+            with self._busy_timeout(0):
                 self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-            finally:
-                self.conn.execute(f"PRAGMA busy_timeout = {timeout}")
         real = Path(os.path.realpath(self._where))
-        for path in (real, real.with_name(real.name + "-wal")):
+        for path in (real, files.sidecar(real, "-wal")):
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
@@ -396,10 +392,8 @@ class Database:
         file beside the ledger (`<file>-waiting`), which a replay looks at between its
         transactions (let_writers_in). Best effort: a file that cannot be written is no
         error."""
-        step = min(WAIT_STEP_MS, self._busy_ms)
         deadline = clock.elapsed_s() + self._busy_ms / 1000
-        self.conn.execute(f"PRAGMA busy_timeout = {step}")
-        try:
+        with self._busy_timeout(min(WAIT_STEP_MS, self._busy_ms)):
             while True:
                 try:
                     self.conn.execute("BEGIN IMMEDIATE")
@@ -408,6 +402,13 @@ class Database:
                     if not _is_locked(exc) or clock.elapsed_s() >= deadline:
                         raise
                     self._say_waiting()
+
+    @contextmanager
+    def _busy_timeout(self, ms: int) -> Iterator[None]:
+        """SQLite's busy timeout `ms` for what runs inside; the connection's own after it."""
+        self.conn.execute(f"PRAGMA busy_timeout = {int(ms)}")
+        try:
+            yield
         finally:
             self.conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
 

@@ -240,7 +240,9 @@ def _request(line: int, raw: str, base: int, compress: Fraction) -> Request:
     gpus = _int(d, "gpus", 1, MAX_GPUS)
     if gpus is None:
         raise InvalidInput(f"gpus is required: an integer from 1 to {MAX_GPUS}")
-    spot = d.get("spot", False)
+    spot = d.get("spot")
+    if spot is None:  # null is absent, as for every optional key
+        spot = False
     if not isinstance(spot, bool):
         raise InvalidInput(f"spot must be true or false, got {_what(spot)}")
     arrival = _arrive(base, at, compress)

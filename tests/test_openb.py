@@ -66,6 +66,33 @@ def test_zero_gpu_rows_are_skipped_and_counted_and_pool_can_be_named(
     ]
 
 
+def test_a_node_list_without_gpu_nodes_is_refused(empty: Cli, db_dir: Path) -> None:
+    path = db_dir / "nodes.csv"
+    for body, without in (("", 0), ("c-1,1,1,0,\nc-2,1,1,0,\n", 2)):
+        path.write_text(NODE_HEADER + body)
+        error = empty.fails(2, "inventory", "import", "--format", "openb-nodes", path)
+        assert error["message"] == (
+            f"the node list has no node with GPUs ({without} without); nothing was imported"
+        )
+    assert empty.ok("pool", "list") == []
+
+
+def test_an_existing_pool_may_be_named_by_its_id_and_counts_read_well(
+    empty: Cli, db_dir: Path
+) -> None:
+    path = db_dir / "nodes.csv"
+    path.write_text(NODE_HEADER + "a-1,1,1,8,T4\n")
+    empty.ok("inventory", "import", "--format", "openb-nodes", "--pool", "trace", path)
+    pool_id = empty.ok("pool", "show", "trace")["id"]
+    path.write_text(NODE_HEADER + "a-1,1,1,8,T4\na-2,1,1,4,T4\nc-1,1,1,0,\n")
+    out = empty.ok(
+        "inventory", "import", "--format", "openb-nodes", "--pool", pool_id, path, json=False
+    )
+    assert out.strip() == "imported 1 pool, 2 nodes, 0 tenants (1 row without GPUs skipped)"
+    assert [n["name"] for n in empty.ok("node", "list", "--pool", "trace")] == ["a-1", "a-2"]
+    assert [p["name"] for p in empty.ok("pool", "list")] == ["trace"]
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [

@@ -302,6 +302,24 @@ def test_a_bad_line_is_refused_by_number_before_anything_is_written(
     assert "newco" not in [t["id"] for t in fleet.ok("tenant", "list")]
 
 
+def test_a_pool_only_the_flag_names_is_not_blamed_on_a_line(fleet: Cli, db_dir: Path) -> None:
+    path = db_dir / "w.jsonl"
+    path.write_text('{"at": "+0s", "tenant": "newco", "gpus": 1, "duration": "1h"}\n')
+    args = ("simulate", "--workload", path, "--format", "jsonl", "--pool", "nope")
+    error = fleet.fails(3, *args)
+    assert error["message"].startswith("no pool 'nope'"), error
+    assert "newco" not in [t["id"] for t in fleet.ok("tenant", "list")]
+
+
+def test_null_is_absent_for_every_optional_key(fleet: Cli, db_dir: Path) -> None:
+    optional = ("start", "gang", "topologyKey", "spot", "model", "key", "pool")
+    line = {"at": "+0s", "tenant": "acme", "gpus": 1, "duration": "1h"}
+    path = write_jsonl(db_dir / "w.jsonl", [{**line, **dict.fromkeys(optional)}])
+    report = fleet.ok("simulate", "--workload", path, "--format", "jsonl")
+    assert (report["requests"], report["placedAtOnce"]) == (1, 1)
+    assert fleet.ok("list", "--tenant", "acme")[0]["spot"] is False
+
+
 def test_simulate_refuses_a_real_clock_ledger_and_non_admins(db_dir: Path) -> None:
     real = Cli(db_dir / "real.db")
     real.ok("init", now=None)

@@ -8,6 +8,7 @@ Also tidy_help: two fixes to Typer's help that every command needs.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 #: Command path -> one runnable line (no square brackets: the help is rich markup).
@@ -98,7 +99,8 @@ def attach(app: Any, prefix: tuple[str, ...] = ()) -> None:
     for info in app.registered_commands:
         name = info.name or info.callback.__name__.strip("_").replace("_", "-")
         example = EXAMPLES.get(" ".join((*prefix, name)))
-        doc = info.help if info.help is not None else (info.callback.__doc__ or "")
+        # cleandoc: a docstring's later lines keep their indent, which the help would show
+        doc = info.help if info.help is not None else inspect.cleandoc(info.callback.__doc__ or "")
         if example is not None and "Example:" not in doc:
             info.help = f"{doc.rstrip()}\n\nExample: {example}"
     for group in app.registered_groups:

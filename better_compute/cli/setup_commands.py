@@ -123,12 +123,9 @@ def inventory_import(
         nodes = setup.read_openb_nodes(c, str(file), pool)
         inv, skipped = nodes.inventory, nodes.skipped
     with progress_bar(as_json, "importing nodes") as advance:
-        counts: dict[str, JsonValue] = dict(setup.inventory_import(c, inv, advance))
-    text = f"imported {counts['pools']} pools, {counts['nodes']} nodes, {counts['tenants']} tenants"
-    if skipped is not None:
-        counts["skipped"] = skipped
-        text += f" ({skipped} rows without GPUs skipped)"
-    emit(as_json, counts, text)
+        counts = setup.inventory_import(c, inv, advance)
+    doc: dict[str, JsonValue] = dict(counts) if skipped is None else {**counts, "skipped": skipped}
+    emit(as_json, doc, lambda: human.imported(counts, skipped))
 
 
 @inventory_app.command("export")

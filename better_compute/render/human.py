@@ -137,10 +137,7 @@ def preview(p: Preview) -> RenderableType:
         if p.preemptible is not None:
             count, at = p.preemptible
             lines.append(
-                Text(
-                    f"would fit from {iso(at)} by preempting {count} spot"
-                    f" reservation{'' if count == 1 else 's'}"
-                )
+                Text(f"would fit from {iso(at)} by preempting {counted(count, 'spot reservation')}")
             )
     return Group(*lines)
 
@@ -270,6 +267,21 @@ def created(db: str, demo: bool, counts: dict[str, int], manual: bool, at: int, 
     what = f" with the demo inventory ({counts['nodes']} nodes)" if demo else ""
     clock_text = f"a manual clock at {iso(at)} (--now moves it)" if manual else "the real clock"
     return f"created {db}{what}; it runs on {clock_text}; {admin} is its admin"
+
+
+def counted(n: int, noun: str) -> str:
+    """`1 pool`, `2 pools`: every noun here makes its plural with an s."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def imported(counts: dict[str, int], skipped: int | None) -> str:
+    """`inventory import` for people; `skipped`: an openb node list's rows without GPUs."""
+    text = "imported " + ", ".join(
+        counted(counts[key], key[:-1]) for key in ("pools", "nodes", "tenants")
+    )
+    if skipped is None:
+        return text
+    return text + f" ({counted(skipped, 'row')} without GPUs skipped)"
 
 
 def simulation(r: Report) -> RenderableType:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import os
 import stat
@@ -471,8 +472,13 @@ def read_inventory(ctx: Ctx, file: str) -> Inventory:
 
 
 def read_openb_nodes(ctx: Ctx, file: str, pool: str | None) -> OpenbNodes:
-    """Read and parse an openb node list (CSV) as one pool, `openb` unless named."""
-    return parse_openb_nodes(read_text(ctx, file, "node list"), "openb" if pool is None else pool)
+    """Read and parse an openb node list (CSV) as one pool, `openb` unless named. Like every
+    --pool, an existing pool may be named by its id too (ids are never names: `pool_…`)."""
+    name = "openb" if pool is None else pool
+    if name.startswith("pool_"):
+        with ctx.db.read() as conn, contextlib.suppress(NotFound):
+            name = str(repo.find_pool(conn, name)["name"])
+    return parse_openb_nodes(read_text(ctx, file, "node list"), name)
 
 
 def read_text(ctx: Ctx, file: str, what: str) -> str:

@@ -175,13 +175,16 @@ def _args(r: Request, pool: str | None, spot_notice_ms: int) -> ReserveArgs:
 
 def _check_pools(ctx: Ctx, plan: list[tuple[Request, ReserveArgs]]) -> None:
     """Every pool the requests name exists (and a request naming none has one pool to go to),
-    before anything is written."""
-    refs = {args.pool: r.line for r, args in reversed(plan)}
+    before anything is written. A line is blamed only for a pool it names itself: the pool of
+    the others is --pool's (or the ledger's only one)."""
+    refs = {args.pool: r.line if r.pool is not None else 0 for r, args in reversed(plan)}
     with ctx.db.read() as conn:
         for ref, line in sorted(refs.items(), key=lambda kv: kv[1]):
             try:
                 repo.find_pool(conn, ref)
             except BetterComputeError as exc:
+                if line == 0:
+                    raise
                 raise type(exc)(f"line {line}: {exc.message}") from None
 
 

@@ -12,12 +12,14 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pgtest
 import pytest
 
-from better_compute.service import setup
+from better_compute.service import setup, ticking
+from better_compute.service.context import Ctx
 from better_compute.storage import db as db_module
 from better_compute.storage.db import Database, open_ledger
 
@@ -274,3 +276,37 @@ def test_a_replaced_ledger_starts_without_a_waiting_file(tmp_path: Path) -> None
     assert _waiting(path).exists()
     _new_ledger(path).close()
     assert not _waiting(path).exists()
+
+
+@pytest.mark.sqlite_only(reason="the file beside an SQLite ledger")
+def test_tick_until_stands_aside_between_ticks_but_not_for_its_own_or_an_old_word(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`tick --until` commits tick after tick, as a replay commits request after request: a
+    writer's word said during the run makes it stand aside; a word said before the run began,
+    or by its own connection (its own tick waited for the lock), does not."""
+    monkeypatch.setattr(db_module, "STAND_ASIDE_S", 3.0)  # far above 61 ticks' own time
+    path = tmp_path / "l.db"
+    db = _new_ledger(path)
+    marker = _waiting(path)
+    hour = 3_600_000
+
+    def run(first: int, said: Callable[[], None]) -> float:
+        """Seconds for 61 ticks over the hour from `first`, `said` run after the tenth."""
+        started = time.monotonic()
+        ticking.tick_until(
+            Ctx(db, first), first + hour, 60_000, lambda done, _: said() if done == 10 else None
+        )
+        return time.monotonic() - started
+
+    def another_says_so() -> None:  # what a writer that waits does, whatever the clock's grain
+        later_ns = marker.stat().st_mtime_ns + 1_000_000_000
+        os.utime(marker, ns=(later_ns, later_ns))
+
+    try:
+        marker.touch()  # an old word, said before the run
+        assert run(T0, lambda: None) < 1.5
+        assert run(T0 + hour, db._say_waiting) < 1.5  # its own word
+        assert 2.4 < run(T0 + 2 * hour, another_says_so) < 6  # nobody commits: the whole wait
+    finally:
+        db.close()

@@ -82,7 +82,8 @@ class Ledger(Protocol):
     def replaying(self) -> AbstractContextManager[None]: ...
 
     def let_writers_in(self) -> None:
-        """Between a replay's transactions: let a writer that waits for the lock take it."""
+        """Between a replay's (or `tick --until`'s) transactions: let a writer that waits for
+        the lock take it."""
         ...
 
     def principal(self, os_user: str) -> str: ...

@@ -158,7 +158,8 @@ class Database:
         #: Where a writer kept waiting for the write lock says so (its time): see _begin_write.
         self._waiting = files.sidecar(Path(os.path.realpath(self._where)), files.WAITING)
         self._announce = True  # False while replaying: see let_writers_in
-        self._waits_seen = 0.0
+        #: The word on the waiting file last looked at (None: not yet), or this connection's own.
+        self._waits_seen: float | None = None
 
     @property
     def where(self) -> str:
@@ -177,9 +178,11 @@ class Database:
         self.conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
 
     def let_writers_in(self) -> None:
-        """Between two of a replay's transactions: when another writer has said, since the last
-        look, that it waits for the write lock (_begin_write), stand aside until it has
-        committed (data_version moves), for at most STAND_ASIDE_S.
+        """Between two of a replay's transactions (or of `tick --until`'s): when another writer
+        has said, since the last look, that it waits for the write lock (_begin_write), stand
+        aside until it has committed (data_version moves), for at most STAND_ASIDE_S. The first
+        look only notes the word: a wait said before the run began is not one to stand aside
+        for, nor is this connection's own.
 
         A replay commits back to back, microseconds apart, and SQLite's busy handler sleeps
         between its tries (up to 100 ms), so without this a writer almost never finds the lock
@@ -192,10 +195,12 @@ class Database:
         try:
             said = os.stat(self._waiting).st_mtime
         except OSError:
-            return
+            said = 0.0  # no word at all
         if said == self._waits_seen:
             return
-        self._waits_seen = said
+        looked, self._waits_seen = self._waits_seen is not None, said
+        if not looked or not said:
+            return
         version = self.conn.execute("PRAGMA data_version").fetchone()[0]
         stop = clock.elapsed_s() + STAND_ASIDE_S
         while clock.elapsed_s() < stop:
@@ -236,8 +241,8 @@ class Database:
         # The replay stands aside for other writers (let_writers_in) and takes the lock the
         # plain way: a wait said before it began is not one to stand aside for.
         self._announce = False
-        with contextlib.suppress(OSError):
-            self._waits_seen = os.stat(self._waiting).st_mtime
+        self._waits_seen = None
+        self.let_writers_in()  # notes the word there is
         try:
             yield
         except BaseException:
@@ -429,6 +434,7 @@ class Database:
                 if made:
                     _like_the_ledger(fd, self._where)
                 os.utime(fd)
+                self._waits_seen = os.fstat(fd).st_mtime  # our own word: not one to yield to
             finally:
                 os.close(fd)
 

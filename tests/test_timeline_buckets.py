@@ -80,7 +80,7 @@ def test_the_packed_fold_is_the_plain_fold(drawn: list[tuple[int, int, int, int]
     count, bits = 30, (30).bit_length()
     rows = sorted((f"n{n}", a, min(f, la), max(f, la)) for n, a, f, la in drawn)
     packed = sorted(
-        ((((int(n[1:]) << 16) + a) << 2 * bits) + (f << bits) + la,) for n, a, f, la in rows
+        (((int(n[1:]) << 16) + a) << 2 * bits) + (f << bits) + la for n, a, f, la in rows
     )
     want = [len({(n, a) for n, a, f, la in rows if f <= i <= la}) for i in range(count)]
     assert buckets.fold(rows, count) == want

@@ -343,9 +343,8 @@ def parse_openb_nodes(text: str, pool: str = "openb") -> OpenbNodes:
         _unique(seen, "node name", name, f"line {line}")
         nodes.append(InventoryNode(name, (), gpus, model))
     if not nodes:  # a header alone, or only CPU nodes: the wrong file, not an empty pool to make
-        raise InvalidInput(
-            f"the node list has no node with GPUs ({skipped} without); nothing was imported"
-        )
+        what = "no nodes" if not skipped else f"no node with GPUs (all {skipped} rows have 0)"
+        raise InvalidInput(f"the node list has {what}; nothing was imported")
     nodes.sort(key=lambda n: n.name)
     return OpenbNodes(Inventory((InventoryPool(pool, (), tuple(nodes)),)), skipped)
 

@@ -3,6 +3,7 @@ the data README's mapping, and model names compare without regard to case everyw
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 from fractions import Fraction
@@ -68,12 +69,13 @@ def test_zero_gpu_rows_are_skipped_and_counted_and_pool_can_be_named(
 
 def test_a_node_list_without_gpu_nodes_is_refused(empty: Cli, db_dir: Path) -> None:
     path = db_dir / "nodes.csv"
-    for body, without in (("", 0), ("c-1,1,1,0,\nc-2,1,1,0,\n", 2)):
+    for body, what in (
+        ("", "no nodes"),
+        ("c-1,1,1,0,\nc-2,1,1,0,\n", "no node with GPUs (all 2 rows have 0)"),
+    ):
         path.write_text(NODE_HEADER + body)
         error = empty.fails(2, "inventory", "import", "--format", "openb-nodes", path)
-        assert error["message"] == (
-            f"the node list has no node with GPUs ({without} without); nothing was imported"
-        )
+        assert error["message"] == f"the node list has {what}; nothing was imported"
     assert empty.ok("pool", "list") == []
 
 
@@ -91,6 +93,54 @@ def test_an_existing_pool_may_be_named_by_its_id_and_counts_read_well(
     assert out.strip() == "imported 1 pool, 2 nodes, 0 tenants (1 row without GPUs skipped)"
     assert [n["name"] for n in empty.ok("node", "list", "--pool", "trace")] == ["a-1", "a-2"]
     assert [p["name"] for p in empty.ok("pool", "list")] == ["trace"]
+    error = empty.fails(
+        3, "inventory", "import", "--format", "openb-nodes", "--pool", "pool_nope", path
+    )
+    assert error["message"].startswith("no pool 'pool_nope'"), error
+
+
+def test_a_node_list_keeps_what_it_does_not_say(empty: Cli, db_dir: Path) -> None:
+    """The list gives GPU counts and models only: a pool's labels, and a node's labels, fabric
+    and (with the same GPU count) NVLink groups, set by a JSON import, stay."""
+    inventory = {
+        "pools": [
+            {
+                "name": "trace",
+                "labels": {"region": "west"},
+                "nodes": [
+                    {
+                        "name": name,
+                        "labels": {"rack": "r1"},
+                        "gpus": {
+                            "count": 8,
+                            "model": "t4",
+                            "nvlinkGroups": 2,
+                            "fabric": {"cluster": "c1", "clique": 3},
+                        },
+                    }
+                    for name in ("a-1", "a-2")
+                ],
+            }
+        ]
+    }
+    (db_dir / "inv.json").write_text(json.dumps(inventory))
+    empty.ok("inventory", "import", db_dir / "inv.json")
+    path = db_dir / "nodes.csv"
+    path.write_text(NODE_HEADER + "a-1,1,1,8,V100\na-2,1,1,4,T4\na-3,1,1,2,T4\n")
+    empty.ok("inventory", "import", "--format", "openb-nodes", "--pool", "trace", path)
+    pool = json.loads(empty.ok("inventory", "export", json=False))["pools"][0]
+    assert pool["labels"] == {"region": "west"}
+    nodes = {n["name"]: n for n in pool["nodes"]}
+    fabric = {"cluster": "c1", "clique": 3}
+    assert nodes["a-1"]["labels"] == {"rack": "r1"}
+    assert nodes["a-1"]["gpus"] == {
+        "count": 8,
+        "model": "v100",
+        "nvlinkGroups": 2,
+        "fabric": fabric,
+    }
+    assert nodes["a-2"]["gpus"] == {"count": 4, "model": "t4", "nvlinkGroups": 1, "fabric": fabric}
+    assert nodes["a-3"]["labels"] == {} and "fabric" not in nodes["a-3"]["gpus"]
 
 
 @pytest.mark.parametrize(

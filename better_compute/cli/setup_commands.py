@@ -106,7 +106,10 @@ def inventory_import(
         typer.Option("--format", help="json (the default) or openb-nodes (an openb node list)."),
     ] = "json",
     pool: Annotated[
-        str | None, typer.Option("--pool", help="openb-nodes: the pool's name (default openb).")
+        str | None,
+        typer.Option(
+            "--pool", help="openb-nodes: the pool to create or fill, by name or id (default openb)."
+        ),
     ] = None,
     as_json: JsonFlag = False,
 ) -> None:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import grp
 import os
 import stat
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from better_compute.errors import Conflict, InvalidInput, NotFound
 from better_compute.inventory import (
@@ -473,12 +472,41 @@ def read_inventory(ctx: Ctx, file: str) -> Inventory:
 
 def read_openb_nodes(ctx: Ctx, file: str, pool: str | None) -> OpenbNodes:
     """Read and parse an openb node list (CSV) as one pool, `openb` unless named. Like every
-    --pool, an existing pool may be named by its id too (ids are never names: `pool_…`)."""
+    --pool, an existing pool may be named by its id too (ids are never names: `pool_…`); an id
+    that names no pool is NOT_FOUND, as for every other command. What the list does not say is
+    kept (_keeping_what_openb_omits)."""
+    text = read_text(ctx, file, "node list")
     name = "openb" if pool is None else pool
-    if name.startswith("pool_"):
-        with ctx.db.read() as conn, contextlib.suppress(NotFound):
+    with ctx.db.read() as conn:
+        if name.startswith("pool_"):
             name = str(repo.find_pool(conn, name)["name"])
-    return parse_openb_nodes(read_text(ctx, file, "node list"), name)
+        parsed = parse_openb_nodes(text, name)
+        return OpenbNodes(_keeping_what_openb_omits(conn, parsed.inventory), parsed.skipped)
+
+
+def _keeping_what_openb_omits(conn: Conn, inv: Inventory) -> Inventory:
+    """The openb list gives a node's GPU count and model, nothing else. An import that upserts
+    the pool and its nodes would reset the rest, which the list never meant to say: so an
+    existing pool keeps its labels, and an existing node its labels, its fabric and, while its
+    GPU count stays, its NVLink groups, as a JSON import repeating them would."""
+    (pool,) = inv.pools
+    pool_id = repo.pool_id_named(conn, pool.name)
+    labels = () if pool_id is None else repo.pool_labels(conn, repo.find_pool(conn, pool_id))
+    known = {n.name: n for n in repo.load_nodes_named(conn, [n.name for n in pool.nodes])}
+    nodes = []
+    for node in pool.nodes:
+        old = known.get(node.name)
+        if old is not None:
+            was = _export_node(old)
+            node = replace(
+                node,
+                labels=was.labels,
+                nvlink_groups=was.nvlink_groups if was.gpus == node.gpus else 1,
+                fabric_cluster=was.fabric_cluster,
+                fabric_clique=was.fabric_clique,
+            )
+        nodes.append(node)
+    return Inventory((replace(pool, labels=labels, nodes=tuple(nodes)),), inv.tenants)
 
 
 def read_text(ctx: Ctx, file: str, what: str) -> str:

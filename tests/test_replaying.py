@@ -304,9 +304,10 @@ def test_tick_until_stands_aside_between_ticks_but_not_for_its_own_or_an_old_wor
         os.utime(marker, ns=(later_ns, later_ns))
 
     try:
-        marker.touch()  # an old word, said before the run
-        assert run(T0, lambda: None) < 1.5
-        assert run(T0 + hour, db._say_waiting) < 1.5  # its own word
+        marker.touch()
+        assert run(T0, lambda: None) < 1.5  # a word from before the run
+        another_says_so()  # between two runs on one connection: before the next one too
+        assert run(T0 + hour, db._say_waiting) < 1.5  # and its own word
         assert 2.4 < run(T0 + 2 * hour, another_says_so) < 6  # nobody commits: the whole wait
     finally:
         db.close()

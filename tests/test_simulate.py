@@ -308,6 +308,12 @@ def test_a_pool_only_the_flag_names_is_not_blamed_on_a_line(fleet: Cli, db_dir: 
     args = ("simulate", "--workload", path, "--format", "jsonl", "--pool", "nope")
     error = fleet.fails(3, *args)
     assert error["message"].startswith("no pool 'nope'"), error
+    # --pool is checked even when every line names its own pool
+    path.write_text(
+        '{"at": "+0s", "tenant": "newco", "gpus": 1, "duration": "1h", "pool": "small"}\n'
+    )
+    error = fleet.fails(3, *args)
+    assert error["message"].startswith("no pool 'nope'"), error
     assert "newco" not in [t["id"] for t in fleet.ok("tenant", "list")]
 
 

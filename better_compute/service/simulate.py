@@ -138,7 +138,7 @@ def simulate(
     workload = parse_workload(setup.read_text(ctx, file, "workload"), fmt, base, compress)
     notice = ctx.settings.spot_notice_ms
     plan = [(r, _args(r, pool, notice)) for r in workload.requests if until is None or r.at < until]
-    _check_pools(ctx, plan)
+    _check_pools(ctx, plan, pool)
     _create_tenants(ctx.at(base), sorted({r.tenant for r, _ in plan}))  # those sent only
     run = _Run(base, first_event, set(), seq_floor=seq_floor)
     with ctx.db.replaying():  # a what-if ledger: thousands of commits, none a person waits on
@@ -173,11 +173,14 @@ def _args(r: Request, pool: str | None, spot_notice_ms: int) -> ReserveArgs:
     return args
 
 
-def _check_pools(ctx: Ctx, plan: list[tuple[Request, ReserveArgs]]) -> None:
+def _check_pools(ctx: Ctx, plan: list[tuple[Request, ReserveArgs]], flag: str | None) -> None:
     """Every pool the requests name exists (and a request naming none has one pool to go to),
-    before anything is written. A line is blamed only for a pool it names itself: the pool of
-    the others is --pool's (or the ledger's only one)."""
+    and so does --pool's (`flag`) even when every line names its own, before anything is
+    written. A line is blamed only for a pool it names itself: the pool of the others is
+    --pool's (or the ledger's only one)."""
     refs = {args.pool: r.line if r.pool is not None else 0 for r, args in reversed(plan)}
+    if flag is not None:
+        refs[flag] = 0
     with ctx.db.read() as conn:
         for ref, line in sorted(refs.items(), key=lambda kv: kv[1]):
             try:

@@ -108,7 +108,7 @@ def tick_until(
     if instants[-1] != until:
         instants.append(until)
     changes: list[Event] = []
-    ctx.db.let_writers_in()  # the first look notes the word there is
+    ctx.db.let_writers_in(first=True)
     for done, instant in enumerate(instants, start=1):
         changes.extend(tick(ctx.at(instant)))
         ctx.db.let_writers_in()  # ticks come back to back: a writer that waits goes first

@@ -81,9 +81,9 @@ class Ledger(Protocol):
 
     def replaying(self) -> AbstractContextManager[None]: ...
 
-    def let_writers_in(self) -> None:
+    def let_writers_in(self, *, first: bool = False) -> None:
         """Between a replay's (or `tick --until`'s) transactions: let a writer that waits for
-        the lock take it."""
+        the lock take it. `first`: the run begins; a wait said before it is not one to yield to."""
         ...
 
     def principal(self, os_user: str) -> str: ...

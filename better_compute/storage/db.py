@@ -158,7 +158,8 @@ class Database:
         #: Where a writer kept waiting for the write lock says so (its time): see _begin_write.
         self._waiting = files.sidecar(Path(os.path.realpath(self._where)), files.WAITING)
         self._announce = True  # False while replaying: see let_writers_in
-        #: The word on the waiting file last looked at (None: not yet), or this connection's own.
+        #: The word on the waiting file last looked at (None: not in this run), or this
+        #: connection's own.
         self._waits_seen: float | None = None
 
     @property
@@ -177,12 +178,15 @@ class Database:
         self._busy_ms = int(busy_timeout_ms)
         self.conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
 
-    def let_writers_in(self) -> None:
+    def let_writers_in(self, *, first: bool = False) -> None:
         """Between two of a replay's transactions (or of `tick --until`'s): when another writer
         has said, since the last look, that it waits for the write lock (_begin_write), stand
-        aside until it has committed (data_version moves), for at most STAND_ASIDE_S. The first
-        look only notes the word: a wait said before the run began is not one to stand aside
-        for, nor is this connection's own.
+        aside until it has committed (data_version moves), for at most STAND_ASIDE_S. The run's
+        `first` look only notes the word: a wait said before the run began is not one to stand
+        aside for, nor is this connection's own (_say_waiting notes it; another writer's word
+        said within the same tick of the file's clock passes for it, and is seen at its next
+        word, WAIT_STEP_MS later). A writer that waited and then commits nothing (a refusal, a
+        tick with nothing due) holds the run up for the whole STAND_ASIDE_S.
 
         A replay commits back to back, microseconds apart, and SQLite's busy handler sleeps
         between its tries (up to 100 ms), so without this a writer almost never finds the lock
@@ -190,6 +194,8 @@ class Database:
         waits. data_version is read only after a new word: a writer that commits in the few
         microseconds between the two costs one wasted wait, where reading it first would cost a
         statement per transaction of every replay."""
+        if first:
+            self._waits_seen = None
         if self.conn.in_transaction:  # never while holding the lock itself
             return
         try:
@@ -241,8 +247,7 @@ class Database:
         # The replay stands aside for other writers (let_writers_in) and takes the lock the
         # plain way: a wait said before it began is not one to stand aside for.
         self._announce = False
-        self._waits_seen = None
-        self.let_writers_in()  # notes the word there is
+        self.let_writers_in(first=True)
         try:
             yield
         except BaseException:

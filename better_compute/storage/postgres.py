@@ -236,7 +236,7 @@ class PgDatabase:
             raise
         self.conn.raw.execute("RESET synchronous_commit")
 
-    def let_writers_in(self) -> None:
+    def let_writers_in(self, *, first: bool = False) -> None:
         """Nothing to do: a writer waiting for the clock row's lock is queued by the server, and
         the replay's next transaction asks for that lock behind it."""
 

@@ -57,6 +57,22 @@ def test_spot_only_allows_spot_and_refuses_regular(run: Cli) -> None:
     assert "spot-only" in message and "--spot" in message
 
 
+def test_extend_is_judged_as_update_is(run: Cli) -> None:
+    """A spot-only principal may not lengthen a regular reservation of its tenant, with extend
+    or with update: more time on regular GPUs is what its own request would be refused."""
+    run.ok("policy", "set", "--tenant", "acme", "--principal", "ci-bot", "--spot-only")
+    run.ok("policy", "set", "--tenant", "acme", "--principal", ME, "--max-gpus", "64")
+    rsv = run.ok("reserve", "--tenant", "acme", "--gpus", "2", "--for", "1h", "--start", "+3h")
+    for change in (["extend", rsv["id"], "--by", "2h"], ["update", rsv["id"], "--for", "3h"]):
+        err = run.fails(FORBIDDEN, "--as", "ci-bot", *change)
+        assert "spot-only" in err["message"], err
+    assert run.ok("get", rsv["id"])["durationMs"] == 3_600_000  # nothing changed
+    spot = run.ok(
+        "--as", "ci-bot", "reserve", "--tenant", "acme", "--gpus", "2", "--for", "1h", "--spot"
+    )
+    assert run.ok("--as", "ci-bot", "extend", spot["id"], "--by", "1h")["durationMs"] == 7_200_000
+
+
 def test_deny_refuses_everything(run: Cli) -> None:
     run.ok("policy", "set", "--tenant", "acme", "--principal", "mallory", "--deny")
     assert "deny" in refused(run, "mallory", "--gpus", "1")

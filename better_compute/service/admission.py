@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from better_compute.errors import Forbidden, QuotaExceeded
-from better_compute.model import JsonValue, Principal
+from better_compute.model import JsonValue, Principal, Reservation
 from better_compute.storage import fleet, repo
 from better_compute.storage.repo import Conn
 
@@ -32,6 +32,20 @@ class Draft:
             "durationMs": self.duration_ms,
             "start": self.start,
         }
+
+
+def draft_of(rsv: Reservation) -> Draft:
+    """A reservation's shape as a new request's draft: what `update` and `extend` are judged as,
+    so that a change cannot get what the request itself would be refused."""
+    return Draft(
+        tenant_id=rsv.tenant_id,
+        pool_id=rsv.pool_id,
+        gpu_count=rsv.quota_charge,
+        gang_size=rsv.gang_size or 1,
+        spot=rsv.spot,
+        duration_ms=rsv.duration_ms,
+        start=rsv.start,
+    )
 
 
 def check_policy(conn: Conn, who: Principal, draft: Draft) -> None:

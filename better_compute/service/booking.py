@@ -37,7 +37,7 @@ from better_compute.service import (
     placing,
     reading,
 )
-from better_compute.service.admission import Draft, check_policy, check_quota
+from better_compute.service.admission import Draft, check_policy, check_quota, draft_of
 from better_compute.service.context import Ctx
 from better_compute.service.preemption import may_preempt, try_preempt
 from better_compute.storage import finding as finding_store
@@ -552,6 +552,8 @@ def extend(ctx: Ctx, rsv_id: str, by_ms: int) -> Reservation:
         if new_end <= ctx.now:
             raise Conflict(f"cannot extend {rsv.id}: its window has already ended")
         extra = Window(old_end, new_end)
+        longer = Window(rsv.during.start, new_end)
+        check_policy(conn, ctx.who, draft_of(replace(rsv, duration_ms=longer.duration)))
         for alloc in rsv.allocations:
             clash = repo.first_clash(conn, alloc.node_id, alloc.atoms, extra, rsv.id)
             if clash is not None:
@@ -581,7 +583,6 @@ def extend(ctx: Ctx, rsv_id: str, by_ms: int) -> Reservation:
                 )
         budgets.check(conn, rsv.tenant_id, rsv.pool_id, rsv.quota_charge, extra, ctx.now)
         repo.move_bookings_end(conn, rsv.id, old_end, new_end)
-        longer = Window(rsv.during.start, new_end)
         repo.save_reservation(conn, replace(rsv, during=longer, duration_ms=longer.duration))
         ctx.event("reservation.extended", rsv.tenant_id, rsv.id, {"from": old_end, "to": new_end})
         return repo.get_reservation(conn, rsv_id)

@@ -17,7 +17,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from better_compute import clock
-from better_compute.errors import InvalidInput
+from better_compute.errors import Forbidden, InvalidInput
 from better_compute.identity import owner_of
 from better_compute.model import SYSTEM, JsonValue, Principal, Settings
 from better_compute.service.authz import resolve
@@ -79,10 +79,30 @@ class Ctx:
 
     @contextmanager
     def write(self) -> Iterator[Conn]:
-        """One write transaction, acting at the instant read once the lock is held."""
+        """One write transaction, acting at the instant read once the lock is held, by a
+        principal whose admin rights are checked again then."""
         with self.db.write() as conn:
+            self._still_admin(conn)
             self.act()
             yield conn
+
+    def _still_admin(self, conn: Conn) -> None:
+        """The principal was resolved before the write lock, which may take seconds to come
+        (db.busyTimeoutMs): an admin removed meanwhile must not act on rights it no longer has.
+        Checked once per transaction (a replay's requests are savepoints of one), and only for
+        a principal resolved as an admin or acting through one; a ledger with no admin list
+        (its file's owner administers it) has nothing that could have changed."""
+        who = self.who
+        needed = who.acting_admin or (who.name if who.admin else None)
+        if needed is None or who is SYSTEM_PRINCIPAL or self.db.memo.get(_ADMIN_MEMO):
+            return
+        admins = ledger.admins(conn)
+        if admins and needed not in admins:
+            raise Forbidden(
+                f"{needed!r} is no longer an admin: it was removed while this command waited"
+                " for the ledger; nothing was written"
+            )
+        self.db.memo[_ADMIN_MEMO] = True
 
     def act(self) -> None:
         """Act at the instant read now, with the write lock held: what write() does on entry,
@@ -121,6 +141,9 @@ class Ctx:
         """The topN pick's seed: from the database and the request, never the process."""
         text = ":".join([repo.db_id(self.db.conn), *map(str, parts)])
         return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8])
+
+
+_ADMIN_MEMO = "authz.admin_checked"
 
 
 def _file_owner(path: str) -> str:

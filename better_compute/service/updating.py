@@ -17,7 +17,7 @@ from better_compute.errors import Conflict, InvalidInput
 from better_compute.lifecycle.tick import retry_window
 from better_compute.model import JsonValue, Plan, Reservation, State, Window
 from better_compute.service import booking, budgets, calendar, placing, reading
-from better_compute.service.admission import Draft, check_policy, check_quota
+from better_compute.service.admission import check_policy, check_quota, draft_of
 from better_compute.service.context import Ctx
 from better_compute.storage import repo
 from better_compute.storage import updating as store
@@ -117,16 +117,7 @@ def _charge(ctx: Ctx, rsv: Reservation) -> int:
 def _admit(ctx: Ctx, old: Reservation, new: Reservation, window: Window) -> None:
     """The new shape judged as a new draft would be; quota counts only the difference."""
     conn = ctx.db.conn
-    draft = Draft(
-        tenant_id=new.tenant_id,
-        pool_id=new.pool_id,
-        gpu_count=new.quota_charge,
-        gang_size=new.gang_size or 1,
-        spot=new.spot,
-        duration_ms=new.duration_ms,
-        start=new.start,
-    )
-    check_policy(conn, ctx.who, draft)
+    check_policy(conn, ctx.who, draft_of(new))
     name = repo.pool_name(conn, new.pool_id)
     calendar.admit(ctx, new, name)  # the pool's calendar policy
     share = new.gpus or 1

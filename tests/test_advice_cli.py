@@ -437,6 +437,44 @@ def test_every_books_a_series_all_placed_under_one_series_id(run: Cli) -> None:
     assert [r["start"] for r in until] == [NOW_MS + 14 * HOUR + i * DAY for i in range(3)]
 
 
+def test_a_series_key_is_compared_as_the_whole_command(run: Cli) -> None:
+    """Review findings: the same series command again returns the series as it is now, even once
+    an occurrence has begun or was cancelled; another --count, --every or --until is a CONFLICT
+    with nothing booked; a series' key and a single reservation's key never name each other."""
+    run.ok("quota", "set", "--tenant", "acme", "--gpus", "1000")
+    rows = nightly(run, "--count", "3")
+    run.ok("tick", now=at(14 * HOUR))
+    run.ok("cancel", rows[2]["id"], now=at(14 * HOUR))
+    again = nightly(run, "--count", "3", now=at(15 * HOUR))
+    assert [r["id"] for r in again] == [r["id"] for r in rows]
+    assert [r["state"] for r in again] == ["active", "placed", "released"]
+    held = run.ok("quota", "show", "--tenant", "acme")
+    for other in (["--count", "5"], ["--count", "1"], ["--until", "+3d"]):
+        err = run.fails(CONFLICT, "reserve", "--tenant", "acme", "--gpus", "8", "--gang", "2",
+                        "--for", "6h", "--start", "+14h", "--every", "1d", *other,
+                        "--key", "nightly")  # fmt: skip
+        assert "other parameters" in err["message"], err
+    err = run.fails(CONFLICT, "reserve", "--tenant", "acme", "--gpus", "8", "--gang", "2",
+                    "--for", "6h", "--start", "+14h", "--every", "1w", "--count", "3",
+                    "--key", "nightly")  # fmt: skip
+    assert "other parameters" in err["message"], err
+    assert run.ok("quota", "show", "--tenant", "acme") == held  # nothing more booked
+    # a single reservation may not take the series' key, nor a series a single one's
+    err = run.fails(CONFLICT, "reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h",
+                    "--key", "nightly")  # fmt: skip
+    assert "names a series" in err["message"]
+    run.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--key", "solo")
+    err = run.fails(CONFLICT, "reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h",
+                    "--every", "1d", "--count", "2", "--key", "solo")  # fmt: skip
+    assert "single reservation" in err["message"]
+    assert run.fails(INVALID, "reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h",
+                     "--key", "job#1")["code"] == "INVALID_INPUT"  # fmt: skip
+    # list --key finds the series by its key
+    listed = run.ok("list", "--key", "nightly")
+    assert [r["id"] for r in listed] == [r["id"] for r in rows]
+    assert [r["id"] for r in run.ok("list", "--key", "solo")] != []
+
+
 def test_a_series_is_all_or_nothing(run: Cli) -> None:
     run.ok("quota", "set", "--tenant", "globex", "--gpus", "1000")
     fill_west(run, start=f"{NOW_MS + 3 * DAY + 14 * HOUR}", hours=1)

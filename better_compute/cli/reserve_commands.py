@@ -186,7 +186,10 @@ def reserve(
         if every is None:
             raise InvalidInput("--count and --until need --every D, such as --every 1d")
         repeat = series.Repeat(
-            parse_duration(every), count, None if until is None else parse_time(until, c.now)
+            parse_duration(every),
+            count,
+            None if until is None else parse_time(until, c.now),
+            until.strip() if until is not None and is_relative(until) else None,
         )
         rows = series.reserve_series(c, args, repeat)
         emit(as_json, [js.reservation(r) for r in rows], lambda: human.reservations(rows))

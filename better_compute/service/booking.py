@@ -48,6 +48,10 @@ from better_compute.timeparse import MAX_MS, iso
 MAX_GANG = 64
 
 
+#: Joins a series' key and an occurrence's number (KEY#1); no key a user gives contains it.
+SERIES_MARK = "#"
+
+
 @dataclass(frozen=True)
 class ReserveArgs:
     tenant: str
@@ -72,6 +76,9 @@ class ReserveArgs:
     #: What people find it by (service/finding.py); not part of placement.
     name: str | None = None
     labels: tuple[tuple[str, str], ...] = ()
+    #: `--every` as written (service/series.Repeat.written) when this is a series: compared on
+    #: a key's reuse with the rest, so another --every, --count or --until is another request.
+    series: str | None = None
 
     def __post_init__(self) -> None:
         # Model names compare without regard to case: stored and compared lowercased, sorted.
@@ -101,6 +108,11 @@ def validate(args: ReserveArgs) -> None:
         raise InvalidInput("--for must be a positive duration such as 90m or 3d")
     if args.key is not None and not args.key.strip():
         raise InvalidInput("--key must not be empty")
+    if args.key is not None and SERIES_MARK in args.key:
+        raise InvalidInput(
+            f"--key must not contain {SERIES_MARK!r}: it numbers the occurrences of a series"
+            f" (KEY{SERIES_MARK}1, KEY{SERIES_MARK}2, …)"
+        )
     if args.start_range is not None and args.start is not None:
         raise InvalidInput("give --start or --start-range, not both")
     if args.duration_range is not None and args.start_range is None:
@@ -119,6 +131,8 @@ def _params(args: ReserveArgs, pool_id: str) -> str:
         tags["startRange"] = args.start_range
     if args.duration_range is not None:
         tags["durationRange"] = args.duration_range
+    if args.series is not None:
+        tags["series"] = args.series
     return json.dumps(
         {
             **tags,
@@ -319,6 +333,13 @@ def _replay(ctx: Ctx, args: ReserveArgs) -> Reservation | None:
         return None
     existing = repo.reservation_by_key(conn, args.tenant, args.key)
     if existing is None:
+        if args.series is None and repo.reservation_by_key(
+            conn, args.tenant, occurrence_key(args.key, 1)
+        ):
+            raise Conflict(
+                f"key {args.key!r} names a series (reserve --every); use a new --key for a"
+                " new request"
+            )
         return None
     rsv, old_params = existing
     pool_id = repo.find_pool(conn, args.pool)["id"] if args.pool is not None else rsv.pool_id
@@ -337,17 +358,32 @@ def reserve(ctx: Ctx, args: ReserveArgs, *, read_back: bool = True) -> Reservati
         return reserve_in(ctx, args, read_back=read_back)
 
 
-def reserve_in(ctx: Ctx, args: ReserveArgs, *, read_back: bool = True) -> Reservation:
+def replayed(ctx: Ctx, args: ReserveArgs) -> Reservation | None:
+    """The reservation args.key already names, when it is the same request; CONFLICT when it
+    is another; None when the key is new. Inside the caller's write transaction."""
+    return _replay(ctx, args)
+
+
+def occurrence_key(key: str, i: int) -> str:
+    """The key of occurrence i (from 1) of a series booked with `key`."""
+    return f"{key}{SERIES_MARK}{i}"
+
+
+def reserve_in(
+    ctx: Ctx, args: ReserveArgs, *, read_back: bool = True, same_as: ReserveArgs | None = None
+) -> Reservation:
     """reserve inside the caller's write transaction (a recurring series books several).
 
     The answer is read back as stored (allocations in their stored order), unless `read_back`
-    is False (simulate, which needs only its id and seq): then it is the value just written."""
+    is False (simulate, which needs only its id and seq): then it is the value just written.
+    `same_as`: the request a key's reuse is compared with, when not `args` itself (a series'
+    occurrence is compared as the whole series' command)."""
     conn = ctx.db.conn
     replay = _replay(ctx, args)
     if replay is not None:
         return replay
     pool, charge = _admit(ctx, args)
-    params = _params(args, pool["id"])
+    params = _params(same_as or args, pool["id"])
     _require_possible(ctx, args, pool)
     check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
     rsv_id, seq = repo.next_id(conn, "rsv"), repo.next_seq(conn, "reservations")

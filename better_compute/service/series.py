@@ -19,6 +19,7 @@ from better_compute.service.booking import ReserveArgs
 from better_compute.service.context import Ctx
 from better_compute.storage import calendar as cal
 from better_compute.storage import repo
+from better_compute.storage.repo import Conn
 from better_compute.timeparse import MAX_MS, human_duration, iso
 
 #: The most occurrences one series may have.
@@ -38,6 +39,18 @@ class Repeat:
     every_ms: int
     count: int | None = None
     until: int | None = None
+    #: --until as written when it was relative to now (`+30d`): a retry of the same command
+    #: line later is the same series, as with --start.
+    until_text: str | None = None
+
+    def written(self) -> str:
+        """The series as a key compares it (booking.ReserveArgs.series)."""
+        end = (
+            f"count={self.count}"
+            if self.count is not None
+            else f"until={self.until_text or self.until}"
+        )
+        return f"every={self.every_ms};{end}"
 
 
 def starts(first: int, repeat: Repeat, duration_ms: int) -> list[int]:
@@ -69,21 +82,36 @@ def starts(first: int, repeat: Repeat, duration_ms: int) -> list[int]:
 
 
 def reserve_series(ctx: Ctx, args: ReserveArgs, repeat: Repeat) -> list[Reservation]:
-    """Book every occurrence or none. Occurrence i (from 1) has the key `KEY#i`, so a retry of
-    the same command returns the same series."""
+    """Book every occurrence or none. Occurrence i (from 1) has the key `KEY#i`, and each is
+    compared on a key's reuse as the whole command (its --every, --count or --until included):
+    the same command again returns the series as it is now, whatever its occurrences did since;
+    any other is a CONFLICT, and a key that names one reservation does not name a series."""
     if args.start_range is not None:
         raise InvalidInput("--every takes --start, not --start-range")
     booking.validate(args)
     booking.check_horizon(ctx, args)
+    whole = replace(args, series=repeat.written())
     with ctx.write() as conn:
+        if args.key is not None:
+            again = booking.replayed(ctx, replace(whole, key=booking.occurrence_key(args.key, 1)))
+            if again is not None:
+                return _series_of(conn, again, args.key)
+            if booking.replayed(ctx, args) is not None:
+                raise Conflict(
+                    f"key {args.key!r} was used by a single reservation; use a new --key for a"
+                    " series"
+                )
         first = ctx.now if args.start is None else args.start
         booked: list[Reservation] = []
         with ctx.db.savepoint("series"):
             series_id: str | None = None
             for i, start in enumerate(starts(first, repeat, args.duration_ms), 1):
-                key = None if args.key is None else f"{args.key}#{i}"
-                # start_text stays: a retry of the same `--start +14h` line is the same series.
-                rsv = booking.reserve_in(ctx, replace(args, start=start, key=key))
+                key = None if args.key is None else booking.occurrence_key(args.key, i)
+                if key is not None and repo.reservation_by_key(conn, args.tenant, key):
+                    raise Conflict(f"key {key!r} is already used; use a new --key for a new series")
+                rsv = booking.reserve_in(
+                    ctx, replace(args, start=start, key=key), same_as=replace(whole, key=key)
+                )
                 if rsv.state != State.PLACED:
                     why = rsv.conditions[0].message if rsv.conditions else rsv.state.value
                     raise Conflict(
@@ -96,6 +124,13 @@ def reserve_series(ctx: Ctx, args: ReserveArgs, repeat: Repeat) -> list[Reservat
                     cal.set_series(conn, rsv.id, series_id)
                 booked.append(rsv)
         return cal.ids_in(conn, [r.id for r in booked])
+
+
+def _series_of(conn: Conn, first: Reservation, key: str) -> list[Reservation]:
+    """The series whose first occurrence a retry found, as it is now."""
+    if first.series_id is None:  # `KEY#1` was a single reservation's key (from before '#' was kept)
+        raise Conflict(f"key {key!r} does not name a series; use a new --key")
+    return cal.series_members(conn, first.series_id)
 
 
 def cancel_series(ctx: Ctx, rsv_id: str) -> list[Reservation]:

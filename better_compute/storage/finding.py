@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from better_compute.model import Reservation
 from better_compute.storage import repo
+from better_compute.storage.listing import KEY_CLAUSE, key_args
 from better_compute.storage.repo import Conn
 
 
@@ -60,10 +61,13 @@ def find(conn: Conn, q: Query, now: int) -> list[Reservation]:
     if q.tenants is not None:
         clauses.append(f"tenant_id IN ({','.join('?' * len(q.tenants)) or 'NULL'})")
         args.extend(q.tenants)
-    for column, value in (("pool_id", q.pool_id), ("idempotency_key", q.key), ("name", q.name)):
+    for column, value in (("pool_id", q.pool_id), ("name", q.name)):
         if value is not None:
             clauses.append(f"{column} = ?")
             args.append(value)
+    if q.key is not None:
+        clauses.append(KEY_CLAUSE.format(column="idempotency_key"))
+        args.extend(key_args(q.key))
     if q.states:
         clauses.append(f"state IN ({','.join('?' * len(q.states))})")
         if "released" not in q.states:  # the state index holds live rows only (migration 12)

@@ -167,14 +167,24 @@ def list_filter(
         clauses.append(f"{alias}pool_id = ?")
         args.append(pool_id)
     if key is not None:
-        clauses.append(f"{alias}idempotency_key = ?")
-        args.append(key)
+        clauses.append(KEY_CLAUSE.format(column=f"{alias}idempotency_key"))
+        args.extend(key_args(key))
     if states:
         clauses.append(f"{alias}state IN ({','.join('?' * len(states))})")
         if "released" not in states:  # the state index holds live rows only (migration 12)
             clauses.append(f"{alias}state <> 'released'")
         args.extend(states)
     return " AND ".join(clauses), args
+
+
+#: A key names its reservation, or the occurrences of its series (KEY#1, KEY#2, …: the range
+#: of keys after "KEY#" and before "KEY$", '$' being the character after '#'), through the
+#: (tenant_id, idempotency_key) index.
+KEY_CLAUSE = "({column} = ? OR ({column} > ? AND {column} < ?))"
+
+
+def key_args(key: str) -> list[object]:
+    return [key, key + "#", key + "$"]
 
 
 def _allocation(conn: Conn, row: tuple[Any, ...]) -> ListedAllocation:

@@ -47,3 +47,14 @@ class Forbidden(BetterComputeError):
 class Unavailable(BetterComputeError):
     code = "UNAVAILABLE"
     exit_code = 7
+
+
+def is_utf8(text: str) -> bool:
+    """Whether the text can be written as UTF-8. Python keeps command-line bytes that are not
+    UTF-8 as lone surrogates, and JSON's \\ud800 escape decodes to one: neither can be printed,
+    put in a JSON document or stored on PostgreSQL, so input carrying one is refused."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

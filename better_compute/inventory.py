@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from better_compute.errors import InvalidInput
+from better_compute.errors import InvalidInput, is_utf8
 from better_compute.model import FABRIC_DOMAIN
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
@@ -77,7 +77,13 @@ def nvlink_group_of(index: int, count: int, groups: int) -> int:
 
 
 def check_label(key: str, value: str, where: str) -> None:
-    """The one length rule for labels, shared by --label, `node label` and the inventory file."""
+    """The one rule for labels, shared by --label, `node label` and the inventory file: what
+    `key=value` on the command line can write (no '=' in the key, a value), within lengths."""
+    if not key or "=" in key or not value:
+        raise InvalidInput(
+            f"{where}: label {_got(key)}: {_got(value)} must have a key without '=' and a value,"
+            " as key=value on the command line, such as rack=r1"
+        )
     for what, text, most in (("key", key, MAX_LABEL_KEY), ("value", value, MAX_LABEL_VALUE)):
         if len(text) > most:
             raise InvalidInput(
@@ -236,6 +242,12 @@ def keys_once(what: str) -> Callable[[list[tuple[str, object]]], dict[str, objec
         for k, v in pairs:
             if k in d:
                 raise InvalidInput(f"{what} has the key {json.dumps(k)} twice in one object")
+            texts = v if isinstance(v, list) else [v]
+            if not all(is_utf8(t) for t in (k, *texts) if isinstance(t, str)):
+                raise InvalidInput(
+                    f"{what} has text that is not UTF-8 (a lone surrogate such as \\ud800) at"
+                    f" the key {json.dumps(k)}"
+                )
             d[k] = v
         return d
 

@@ -16,7 +16,7 @@ import typer
 
 from better_compute import identity
 from better_compute.cli import plain_params
-from better_compute.errors import BetterComputeError, InvalidInput, Unavailable
+from better_compute.errors import BetterComputeError, InvalidInput, Unavailable, is_utf8
 from better_compute.lazy import lazy
 from better_compute.model import JsonValue, Window
 from better_compute.timeparse import parse_time
@@ -259,6 +259,14 @@ def main(prepare: Callable[[Any], None] | None = None, word: str | None = None) 
     `prepare` adjusts the built command first (shell completion's value lookups); with `word`,
     only that command or group is built (see `only`)."""
     argv = sys.argv[1:]
+    for i, arg in enumerate(argv, 1):
+        if not is_utf8(arg):  # bytes the locale could not decode, kept as surrogates by Python
+            _report(
+                "INVALID_INPUT",
+                f"argument {i} is not valid UTF-8 text; give names, labels and reasons in UTF-8",
+                "--json" in argv,
+            )
+            sys.exit(InvalidInput.exit_code)
     command = typer.main.get_command(app if word is None else only(word))
     if prepare is not None:
         prepare(command)

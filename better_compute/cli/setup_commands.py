@@ -84,6 +84,11 @@ def demo(
     ] = None,
 ) -> None:
     """A guided tour on a fresh demo database: calendar, gang, spot, repair, timeline."""
+    if G.json:
+        raise InvalidInput(
+            "demo is a tour for people and prints no JSON; for a ledger to script against, run"
+            " `better-compute --db demo.db --now 2026-01-01T00:00:00Z init --demo`"
+        )
     from better_compute.cli.tour import run_tour
 
     run_tour(out, keep)

@@ -40,6 +40,13 @@ def _validated(p: CalendarPolicy) -> CalendarPolicy:
             f"--min-duration {human_duration(lo)} is longer than --max-duration"
             f" {human_duration(hi)}"
         )
+    lead, horizon = p.min_lead_ms, p.max_horizon_ms
+    if lead is not None and horizon is not None and lead + (lo or 1) > horizon:
+        shortest = f" and the shortest, --min-duration {human_duration(lo)}," if lo else ""
+        raise InvalidInput(
+            f"--min-lead {human_duration(lead)}{shortest} would leave no window that ends within"
+            f" --max-horizon {human_duration(horizon)}; allow a longer horizon or a shorter lead"
+        )
     if any(not 1 <= s <= 64 * 64 for s in p.sizes):
         raise InvalidInput("--sizes must list GPU counts from 1 to 4096, such as 1,4,8,16")
     return replace(p, sizes=tuple(sorted(set(p.sizes))))

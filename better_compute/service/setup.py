@@ -42,6 +42,7 @@ from better_compute.storage.conn import Ledger
 from better_compute.storage.create import create_ledger
 from better_compute.storage.db import is_postgres_url, principal_at
 from better_compute.storage.repo import Conn
+from better_compute.timeparse import iso
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -296,6 +297,11 @@ def node_maintenance(ctx: Ctx, name: str, window: Window, reason: str | None) ->
         raise InvalidInput("--until must be after --from")
     with ctx.write() as conn:
         repo.get_node(conn, name)
+        if window.end <= ctx.now:  # acted at the instant read under the lock (§2)
+            raise InvalidInput(
+                f"the window ends at {iso(window.end)}, which has passed (now {iso(ctx.now)});"
+                " a maintenance window must end later"
+            )
         mid = repo.insert_maintenance(conn, name, window, reason)
         data: dict[str, JsonValue] = {
             "nodeId": name,

@@ -1,0 +1,89 @@
+"""Setting up, as a hostile reviewer tried it (2026-12-02): input that no output could carry,
+a flag dropped silently, a policy nothing can satisfy, two label rules, a backup SQLite deletes,
+and maintenance in the past. Each test fails on the code before its fix."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pgtest
+import pytest
+from conftest import NOW, Cli, invoke
+
+INVALID = 2
+ENTRY = [sys.executable, "-c", "from better_compute.cli import main; main()"]
+
+
+def _import(run: Cli, tmp_path: Path, doc: str) -> dict[str, str]:
+    path = tmp_path / "inv.json"
+    path.write_text(doc)
+    return run.fails(INVALID, "inventory", "import", path)
+
+
+def test_text_that_is_not_utf8_is_refused_and_nothing_is_written(run: Cli, tmp_path: Path) -> None:
+    before = run.ok("node", "list")
+    node = (
+        '{"name": "west-09", "labels": {"owner": "\\ud800"}, "gpus": {"count": 8, "model": "h100"}}'
+    )
+    err = _import(run, tmp_path, '{"pools": [{"name": "west", "nodes": [' + node + "]}]}")
+    assert "not UTF-8" in err["message"] and '"owner"' in err["message"]
+    assert run.ok("node", "list") == before  # the listings still work, nothing was imported
+    # bytes that are not UTF-8 on the command line reach Python as lone surrogates
+    db = pgtest.ledger(str(run.db))
+    for change in ([b"node", b"cordon", b"west-02", b"--reason", b"\xffbad"],
+                   [b"node", b"label", b"west-01", b"k=\xff"]):  # fmt: skip
+        done = subprocess.run(
+            [*ENTRY, "--db", db, "--now", NOW, *change], capture_output=True, check=False
+        )
+        assert done.returncode == INVALID, done.stderr
+        assert done.stderr.startswith(b"error: INVALID_INPUT: argument ")
+        assert done.stderr.count(b"\n") == 1
+    assert run.ok("node", "list") == before
+
+
+def test_labels_follow_one_rule_in_files_and_on_the_command_line(run: Cli, tmp_path: Path) -> None:
+    for labels in ('{"a=b": "x"}', '{"e": ""}'):
+        doc = '{"pools": [{"name": "west", "labels": ' + labels + ', "nodes": []}]}'
+        assert "key=value" in _import(run, tmp_path, doc)["message"]
+    run.fails(INVALID, "node", "label", "west-01", "e=")
+
+
+def test_demo_refuses_the_global_json_flag() -> None:
+    result = invoke(["--json", "demo"])
+    assert result.exit_code == INVALID and result.stdout == ""
+    assert json.loads(result.stderr)["error"]["code"] == "INVALID_INPUT"
+
+
+def test_a_calendar_policy_that_leaves_no_window_is_refused(run: Cli) -> None:
+    err = run.fails(
+        INVALID, "pool", "policy", "set", "west", "--min-lead", "1h", "--max-horizon", "30m"
+    )
+    assert "--max-horizon 30m" in err["message"]
+    run.fails(
+        INVALID, "pool", "policy", "set", "west", "--min-lead", "1h", "--min-duration", "2h",
+        "--max-horizon", "2h",
+    )  # fmt: skip
+    run.ok(
+        "pool", "policy", "set", "west", "--min-lead", "1h", "--min-duration", "1h",
+        "--max-horizon", "2h",
+    )  # fmt: skip
+    run.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--start", "+1h")
+
+
+def test_a_maintenance_window_that_has_passed_is_refused(run: Cli) -> None:
+    err = run.fails(
+        INVALID, "node", "cordon", "west-02", "--from", "2025-01-01T00:00:00Z",
+        "--until", "2025-01-02T00:00:00Z",
+    )  # fmt: skip
+    assert "has passed" in err["message"]
+    assert run.ok("node", "show", "west-02")["maintenance"] == []
+
+
+@pytest.mark.sqlite_only(reason="backup copies an SQLite file")
+def test_a_backup_is_never_written_over_the_ledgers_own_files(run: Cli) -> None:
+    for suffix in ("-wal", "-shm", "-journal"):
+        err = run.fails(INVALID, "backup", f"{run.db}{suffix}", "--force")
+        assert "beside the ledger" in err["message"]

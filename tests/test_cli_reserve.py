@@ -136,6 +136,15 @@ def test_same_key_same_params_returns_the_same_reservation(run: Cli) -> None:
     assert run.ok("events") == events
 
 
+def test_start_now_is_the_same_request_as_no_start(run: Cli) -> None:
+    """Help says --start defaults to now: either way round, a retry is the same request."""
+    first = reserve(run, "a", "--gpus", "1", "--for", "1h")
+    assert reserve(run, "a", "--gpus", "1", "--for", "1h", "--start", "now") == first
+    second = reserve(run, "b", "--gpus", "1", "--for", "1h", "--start", " NOW ")
+    assert reserve(run, "b", "--gpus", "1", "--for", "1h") == second
+    assert len(run.ok("list")) == 2
+
+
 def test_same_key_other_params_is_a_conflict(run: Cli) -> None:
     first = reserve(run, "job-1", "--gpus", "4", "--for", "2h")
     before = run.ok("list")

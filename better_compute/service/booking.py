@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from better_compute.engine.explain import explain as explain_plan
 from better_compute.engine.gang import rank_gangs
@@ -156,12 +157,19 @@ def _same_request(old: str, new: str) -> bool:
     """Equal parameters; the start matches as an instant, or as the same relative text (`+2h`),
     so both a retried command line and the same instant written another way are the same request.
     """
-    before, after = json.loads(old), json.loads(new)
+    before, after = _now_as_omitted(json.loads(old)), _now_as_omitted(json.loads(new))
     text = before.pop("startText", None)
     if text is not None and text == after.pop("startText"):
         before.pop("start"), after.pop("start")
     after.pop("startText", None)
     return bool(before == after)
+
+
+def _now_as_omitted(params: dict[str, Any]) -> dict[str, Any]:
+    """`--start now` asks what leaving --start out asks: the same request either way."""
+    if str(params.get("startText") or "").strip().lower() == "now":
+        params["start"], params["startText"] = None, None
+    return params
 
 
 def _charge(ctx: Ctx, args: ReserveArgs, pool_id: str) -> int:

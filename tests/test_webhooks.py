@@ -224,6 +224,21 @@ def test_the_secret_is_shown_once_then_only_its_fingerprint(run: Cli) -> None:
     assert run.fails(3, "webhook", "delete", added["id"])["code"] == "NOT_FOUND"
 
 
+def test_ids_are_printed_whole_on_a_narrow_terminal(run: Cli) -> None:
+    """Review finding: at 80 columns the tables cut ids to `dlv_ay409jb…`, which redeliver,
+    delete and test then could not find."""
+    url = "http://127.0.0.1:9/hooks/acme/a-long-path/that/goes/on/and/on/and/on"
+    hook = run.ok("webhook", "add", "--tenant", "acme", "--url", url)
+    run.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h")
+    run.ok("tick")
+    delivery = run.ok("webhook", "deliveries")[0]
+    for width in ("60", "80"):
+        for view in (["webhook", "list"], ["webhook", "deliveries"]):
+            code, text, _ = run(*view, json=False, env={"COLUMNS": width})
+            assert code == 0 and hook["id"] in text, text
+        assert delivery["id"] in text, text
+
+
 @pytest.mark.parametrize(
     ("url", "words"),
     [

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from rich.console import RenderableType
+from rich.table import Table
 
 from better_compute.model import Delivery, Event, JsonValue, Webhook
 from better_compute.render.human import short, table_of
@@ -48,11 +49,22 @@ def added(hook: Webhook, secret: str) -> str:
 def webhooks(rows: Sequence[Webhook]) -> RenderableType:
     if not rows:
         return "no webhooks"
-    table = table_of("id", "tenant", "url", "events", "secret")
+    table = table_of()
+    _id_column(table, "id", max(len(h.id) for h in rows))
+    table.add_column("tenant")
+    table.add_column("url", overflow="fold")  # whole, over lines: rows differ at the end
+    table.add_column("events", overflow="fold")
+    table.add_column("secret", overflow="fold")
     for hook in rows:
         events = ",".join(hook.events) or "all"
         table.add_row(hook.id, hook.tenant_id, hook.url, events, hook.fingerprint)
     return table
+
+
+def _id_column(table: Table, header: str, width: int) -> None:
+    """An id column never cut short, whatever the terminal's width: `webhook redeliver`,
+    `delete` and `test` take the id exactly as printed."""
+    table.add_column(header, no_wrap=True, min_width=max(width, len(header)))
 
 
 def delivery(d: Delivery) -> dict[str, JsonValue]:
@@ -73,7 +85,11 @@ def delivery(d: Delivery) -> dict[str, JsonValue]:
 def deliveries(rows: Sequence[Delivery]) -> RenderableType:
     if not rows:
         return "no deliveries"
-    table = table_of("delivery", "webhook", "event", "state", "attempts", "last answer")
+    table = table_of()
+    _id_column(table, "delivery", max(len(d.id) for d in rows))
+    _id_column(table, "webhook", max(len(d.webhook_id) for d in rows))
+    for column in ("event", "state", "attempts", "last answer"):
+        table.add_column(column, overflow="fold")
     for d in rows:
         last = d.history[-1] if d.history else None
         answer = "—"

@@ -187,7 +187,7 @@ def test_tick_until_equals_ticking_at_each_step(db_dir: Path) -> None:
     stepped = Cli(copy_db(source, db_dir / "stepped.db"))
 
     doc = once.ok("tick", "--until", at(3 * HOUR), "--step", "10m")
-    assert doc["now"] == NOW_MS
+    assert doc["now"] == NOW_MS + 3 * HOUR  # where the ledger acted last
     collected: list[Any] = []
     for i in range(0, 19):
         collected.extend(stepped.ok("tick", now=at(i * 10 * MIN))["changes"])
@@ -217,6 +217,13 @@ def test_tick_until_includes_the_last_instant_and_refuses_bad_ranges(solo: Cli) 
     assert solo.fails(2, "tick", "--until", at(-MIN))["code"] == "INVALID_INPUT"
     assert solo.fails(2, "tick", "--until", "+1h", "--step", "soon")["code"] == "INVALID_INPUT"
     assert solo.fails(2, "tick", "--until", "yesterday")["code"] == "INVALID_INPUT"
+    # JSON's now is where the ledger acted last, and time never goes back (review finding)
+    assert solo.ok("tick", "--until", at(HOUR), "--step", "10m")["now"] == NOW_MS + HOUR
+    behind = solo.fails(2, "tick", "--until", at(30 * MIN), now=NOW)  # an older --now
+    assert "before the ledger's time" in behind["message"]
+    assert solo.ok("tick", "--until", at(2 * HOUR), "--step", "30m", now=NOW)["now"] == (
+        NOW_MS + 2 * HOUR
+    )
 
 
 # ---------------------------------------------------------------- events

@@ -25,6 +25,7 @@ from better_compute.service.authz import require_admin
 from better_compute.service.context import NO_NOW_ON_REAL_CLOCK, Ctx
 from better_compute.service.fleet import Looked
 from better_compute.storage import due, ledger, repo, tickwork
+from better_compute.timeparse import iso
 
 
 def tick(ctx: Ctx, *, shown: bool = True) -> list[Event]:
@@ -99,18 +100,27 @@ def tick_until(
     an admin's decision; on a manual clock it is how time passes.
     """
     with ctx.db.read() as conn:
-        real = ledger.clock_state(conn).mode == ledger.REAL
-    if real:
+        state = ledger.clock_state(conn)
+    if state.mode == ledger.REAL:
         if ctx.asked_by_flag:
             raise InvalidInput(NO_NOW_ON_REAL_CLOCK)
         require_admin(ctx.who, "tick ahead of the real clock (tick --until)")
-    instants = list(range(ctx.now, until + 1, step_ms))
+    # An older --now would act at the ledger's time anyway (§2): the steps start there.
+    first = max(ctx.now, state.last_at)
+    if until < first:
+        raise InvalidInput(
+            f"--until {iso(until)} is before the ledger's time {iso(first)}: time only moves"
+            " forward"
+        )
+    instants = list(range(first, until + 1, step_ms))
     if instants[-1] != until:
         instants.append(until)
     changes: list[Event] = []
     ctx.db.let_writers_in(first=True)
     for done, instant in enumerate(instants, start=1):
-        changes.extend(tick(ctx.at(instant)))
+        step = ctx.at(instant)
+        changes.extend(tick(step))
+        ctx.now = step.now  # where the ledger acted last: what the command reports as now
         ctx.db.let_writers_in()  # ticks come back to back: a writer that waits goes first
         if progress is not None:
             progress(done, len(instants))

@@ -13,7 +13,7 @@ import io
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from better_compute.errors import InvalidInput, is_utf8
 from better_compute.model import FABRIC_DOMAIN
@@ -35,6 +35,12 @@ _SIMPLE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 Labels = tuple[tuple[str, str], ...]
 
 
+#: What a file may leave out of a pool or a node that exists, to keep it as it is: an absent
+#: key keeps, as in a JSON merge patch, while `null` or `{}` says "none" (service/setup.py).
+KEEP_POOL = frozenset({"labels"})
+KEEP_NODE = frozenset({"labels", "fabric", "nvlinkGroups"})
+
+
 @dataclass(frozen=True)
 class InventoryNode:
     name: str
@@ -44,6 +50,8 @@ class InventoryNode:
     nvlink_groups: int = 1
     fabric_cluster: str | None = None
     fabric_clique: int | None = None
+    #: The KEEP_NODE keys the file left out (their fields above hold the defaults).
+    omitted: frozenset[str] = field(default=frozenset(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,7 @@ class InventoryPool:
     name: str
     labels: Labels
     nodes: tuple[InventoryNode, ...]
+    omitted: frozenset[str] = field(default=frozenset(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -186,7 +195,8 @@ def _node(value: object, path: str) -> InventoryNode:
         f = _object(g["fabric"], fpath, ("cluster", "clique"))
         cluster = _name(f.get("cluster"), _at(fpath, "cluster"))
         clique = _int(f.get("clique"), _at(fpath, "clique"), 0, MAX_INT)
-    return InventoryNode(name, labels, count, model, groups, cluster, clique)
+    omitted = ({"labels"} - d.keys()) | ({"fabric", "nvlinkGroups"} - g.keys())
+    return InventoryNode(name, labels, count, model, groups, cluster, clique, frozenset(omitted))
 
 
 def _unique(seen: dict[str, str], kind: str, name: str, path: str) -> None:
@@ -213,7 +223,9 @@ def parse_inventory(doc: object) -> Inventory:
             node = _node(n, f"{path}.nodes[{j}]")
             _unique(node_names, "node name", node.name, f"{path}.nodes[{j}].name")
             nodes.append(node)
-        pools.append(InventoryPool(name, labels, tuple(sorted(nodes, key=lambda n: n.name))))
+        omitted = KEEP_POOL - d.keys()
+        ordered = tuple(sorted(nodes, key=lambda n: n.name))
+        pools.append(InventoryPool(name, labels, ordered, frozenset(omitted)))
     tenants: list[InventoryTenant] = []
     tenant_ids: dict[str, str] = {}
     raw_tenants = top.get("tenants")
@@ -353,12 +365,12 @@ def parse_openb_nodes(text: str, pool: str = "openb") -> OpenbNodes:
                 f"line {line}: model must be {_MODEL_WHAT}, got {_got(row['model'])}"
             )
         _unique(seen, "node name", name, f"line {line}")
-        nodes.append(InventoryNode(name, (), gpus, model))
+        nodes.append(InventoryNode(name, (), gpus, model, omitted=KEEP_NODE))
     if not nodes:  # a header alone, or only CPU nodes: the wrong file, not an empty pool to make
         what = "no nodes" if not skipped else f"no node with GPUs (all {skipped} rows have 0)"
         raise InvalidInput(f"the node list has {what}; nothing was imported")
     nodes.sort(key=lambda n: n.name)
-    return OpenbNodes(Inventory((InventoryPool(pool, (), tuple(nodes)),)), skipped)
+    return OpenbNodes(Inventory((InventoryPool(pool, (), tuple(nodes), KEEP_POOL),)), skipped)
 
 
 # --- export --------------------------------------------------------------------------------------

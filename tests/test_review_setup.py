@@ -87,3 +87,30 @@ def test_a_backup_is_never_written_over_the_ledgers_own_files(run: Cli) -> None:
     for suffix in ("-wal", "-shm", "-journal"):
         err = run.fails(INVALID, "backup", f"{run.db}{suffix}", "--force")
         assert "beside the ledger" in err["message"]
+
+
+def _exported(run: Cli) -> tuple[dict[str, object], dict[str, dict[str, object]]]:
+    pool = run.ok("inventory", "export")["pools"][0]
+    return pool, {n["name"]: n for n in pool["nodes"]}
+
+
+def test_a_partial_file_keeps_what_it_leaves_out(run: Cli, tmp_path: Path) -> None:
+    """Review finding: importing one node without its labels and fabric, in a pool given
+    without labels, wiped them all (fabric.domain, which gangs use, included). An absent key
+    keeps what the ledger has; null or {} says none, as in a JSON merge patch."""
+    pool, nodes = _exported(run)
+    path = tmp_path / "part.json"
+    bare = {"name": "west-01", "gpus": {"count": 8, "model": "h100"}}
+    path.write_text(json.dumps({"pools": [{"name": "west", "nodes": [bare]}]}))
+    run.ok("inventory", "import", path)
+    assert _exported(run) == (pool, nodes)  # nothing changed
+    cleared = {**bare, "labels": {}, "gpus": {**bare["gpus"], "fabric": None}}
+    path.write_text(json.dumps({"pools": [{"name": "west", "labels": None, "nodes": [cleared]}]}))
+    run.ok("inventory", "import", path)
+    after, now = _exported(run)
+    assert after["labels"] == {}
+    assert now["west-01"]["labels"] == {} and "fabric" not in now["west-01"]["gpus"]
+    assert now["west-01"]["gpus"]["nvlinkGroups"] == nodes["west-01"]["gpus"]["nvlinkGroups"]
+    assert {k: v for k, v in now.items() if k != "west-01"} == {
+        k: v for k, v in nodes.items() if k != "west-01"
+    }

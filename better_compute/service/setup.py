@@ -486,33 +486,36 @@ def read_openb_nodes(ctx: Ctx, file: str, pool: str | None) -> OpenbNodes:
     with ctx.db.read() as conn:
         if name.startswith("pool_"):
             name = str(repo.find_pool(conn, name)["name"])
-        parsed = parse_openb_nodes(text, name)
-        return OpenbNodes(_keeping_what_openb_omits(conn, parsed.inventory), parsed.skipped)
+        return parse_openb_nodes(text, name)
 
 
-def _keeping_what_openb_omits(conn: Conn, inv: Inventory) -> Inventory:
-    """The openb list gives a node's GPU count and model, nothing else. An import that upserts
-    the pool and its nodes would reset the rest, which the list never meant to say: so an
-    existing pool keeps its labels, and an existing node its labels, its fabric and, while its
-    GPU count stays, its NVLink groups, as a JSON import repeating them would."""
-    (pool,) = inv.pools
+def _keeping_what_is_omitted(conn: Conn, inv: Inventory) -> Inventory:
+    """A file that leaves out a key of a pool or node that exists keeps what the ledger has
+    (inventory.KEEP_POOL, KEEP_NODE): a partial file meant to add one node must not wipe the
+    pool's labels or a node's fabric, and the openb list, which gives a node's GPU count and
+    model only, leaves out all of them. NVLink groups are kept while the GPU count stays."""
+    return replace(inv, pools=tuple(_kept_pool(conn, pool) for pool in inv.pools))
+
+
+def _kept_pool(conn: Conn, pool: InventoryPool) -> InventoryPool:
     pool_id = repo.pool_id_named(conn, pool.name)
-    labels = () if pool_id is None else repo.pool_labels(conn, repo.find_pool(conn, pool_id))
-    known = {n.name: n for n in repo.load_nodes_named(conn, [n.name for n in pool.nodes])}
-    nodes = []
-    for node in pool.nodes:
-        old = known.get(node.name)
-        if old is not None:
-            was = _export_node(old)
-            node = replace(
-                node,
-                labels=was.labels,
-                nvlink_groups=was.nvlink_groups if was.gpus == node.gpus else 1,
-                fabric_cluster=was.fabric_cluster,
-                fabric_clique=was.fabric_clique,
-            )
-        nodes.append(node)
-    return Inventory((replace(pool, labels=labels, nodes=tuple(nodes)),), inv.tenants)
+    if pool_id is not None and "labels" in pool.omitted:
+        pool = replace(pool, labels=repo.pool_labels(conn, repo.find_pool(conn, pool_id)))
+    names = [n.name for n in pool.nodes if n.omitted]
+    known = {n.name: _export_node(n) for n in repo.load_nodes_named(conn, names)}
+    return replace(pool, nodes=tuple(_kept_node(n, known.get(n.name)) for n in pool.nodes))
+
+
+def _kept_node(node: InventoryNode, was: InventoryNode | None) -> InventoryNode:
+    if was is None:
+        return node
+    if "labels" in node.omitted:
+        node = replace(node, labels=was.labels)
+    if "fabric" in node.omitted:
+        node = replace(node, fabric_cluster=was.fabric_cluster, fabric_clique=was.fabric_clique)
+    if "nvlinkGroups" in node.omitted and was.gpus == node.gpus:
+        node = replace(node, nvlink_groups=was.nvlink_groups)
+    return node
 
 
 def read_text(ctx: Ctx, file: str, what: str) -> str:
@@ -571,6 +574,7 @@ def inventory_import(
     counts = {"pools": 0, "nodes": 0, "tenants": 0}
     total = sum(len(p.nodes) for p in inv.pools)
     with ctx.write() as conn:
+        inv = _keeping_what_is_omitted(conn, inv)
         for pool in inv.pools:
             _pool_name(pool.name)
             found = repo.pool_id_named(conn, pool.name)

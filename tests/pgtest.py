@@ -7,11 +7,12 @@ independent and unchanged. The run's database is dropped when pytest finishes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import urllib.parse
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -98,3 +99,34 @@ def redirect(
     if env and env.get("BETTER_COMPUTE_DB"):
         env = {**env, "BETTER_COMPUTE_DB": url_for(str(env["BETTER_COMPUTE_DB"]))}
     return args, env
+
+
+def as_role(url: str, role: str) -> str:
+    """The same ledger, connecting as another role (trust authentication on the test server)."""
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://{role}@{rest.split('@', 1)[1]}"
+
+
+def sql(url: str, *statements: str) -> list[Any]:
+    """Run statements on the test server, autocommitted; the rows of those that return any."""
+    import psycopg
+
+    rows: list[Any] = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        for statement in statements:
+            cur = conn.execute(statement)
+            if cur.description:
+                rows.extend(cur.fetchall())
+    return rows
+
+
+@contextlib.contextmanager
+def login_role(prefix: str) -> Iterator[str]:
+    """A fresh login role on the test server, dropped with what it owns afterwards."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    url = url_for(f"/roles/{name}.db")
+    sql(url, f"CREATE ROLE {name} LOGIN")
+    try:
+        yield name
+    finally:
+        sql(url, f"DROP OWNED BY {name}", f"DROP ROLE {name}")

@@ -3,35 +3,39 @@ its principal before it waits for the lock, and an admin removed meanwhile must 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pgtest
 import pytest
-from conftest import NOW, Cli
+from conftest import ME, NOW, Cli
 
 from better_compute.errors import Forbidden
+from better_compute.model import Principal
 from better_compute.service import setup, ticking
 from better_compute.service.context import open_ctx
 
 
 def test_an_admin_removed_while_waiting_for_the_lock_writes_nothing(run: Cli) -> None:
     run.ok("admin", "add", "alice")
-    alice = open_ctx(pgtest.ledger(str(run.db)), NOW, "alice", None)
-    acting = open_ctx(pgtest.ledger(str(run.db)), NOW, "alice", "bob")  # alice's --as bob
+    # As open_ctx resolves them (on PostgreSQL a principal is the session's role, so it is set
+    # here): alice as an admin, and bob through alice's --as.
+    base = open_ctx(pgtest.ledger(str(run.db)), NOW, ME, None)
+    alice = replace(base, who=Principal("alice", admin=True))
+    acting = replace(base, who=Principal("bob", admin=False, acting_admin="alice"))
     try:
-        assert alice.who.admin and acting.who.acting_admin == "alice"
         run.ok("admin", "remove", "alice")  # committed while alice's commands were under way
         with pytest.raises(Forbidden, match="'alice' is no longer an admin"):
             setup.tenant_create(alice, "zz")
         with pytest.raises(Forbidden, match="'alice' is no longer an admin"):
             ticking.tick(acting)  # bob may tick, but only alice's word made this bob
     finally:
-        alice.db.close()
-        acting.db.close()
+        base.db.close()
     assert {"id": "zz"} not in run.ok("tenant", "list")
     # an admin that stays one is not held back, and one added meanwhile needs no new look
-    bob = open_ctx(pgtest.ledger(str(run.db)), NOW, "admin", None)
+    other = open_ctx(pgtest.ledger(str(run.db)), NOW, "admin", None)
     try:
         run.ok("admin", "add", "carol")
-        setup.tenant_create(bob, "yy")
+        setup.tenant_create(other, "yy")
     finally:
-        bob.db.close()
+        other.db.close()
     assert {"id": "yy"} in run.ok("tenant", "list")

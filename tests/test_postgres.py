@@ -60,32 +60,11 @@ def _ledger() -> str:
     return pgtest.url_for(f"/pg-only/{uuid.uuid4().hex}.db")
 
 
-def _as_role(url: str, role: str) -> str:
-    """The same ledger, connecting as another role (trust authentication on the test server)."""
-    scheme, rest = url.split("://", 1)
-    return f"{scheme}://{role}@{rest.split('@', 1)[1]}"
-
-
-def _sql(url: str, *statements: str) -> list[Any]:
-    import psycopg
-
-    rows: list[Any] = []
-    with psycopg.connect(url, autocommit=True) as conn:
-        for statement in statements:
-            cur = conn.execute(statement)
-            if cur.description:
-                rows.extend(cur.fetchall())
-    return rows
-
-
 @pytest.fixture
 def role(request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh login role with the README's GRANTs for ordinary users."""
-    name = f"bc_user_{uuid.uuid4().hex[:8]}"
-    url = _ledger()
-    _sql(url, f"CREATE ROLE {name} LOGIN")
-    yield name
-    _sql(url, f"DROP OWNED BY {name}", f"DROP ROLE {name}")
+    with pgtest.login_role("bc_user") as name:
+        yield name
 
 
 @postgres
@@ -94,7 +73,7 @@ def test_init_makes_the_session_role_the_first_admin() -> None:
     doc = _json(invoke(["--db", url, "--now", NOW, "--json", "init"]))
     assert doc["admin"] == ME
     assert _json(invoke(["--db", url, "--json", "admin", "list"])) == [ME]
-    assert ME != "" and _sql(url, "SELECT current_user")[0][0] == ME
+    assert ME != "" and pgtest.sql(url, "SELECT current_user")[0][0] == ME
 
 
 def _json(result: Any) -> Any:
@@ -109,8 +88,8 @@ def test_an_ordinary_role_acts_as_itself_and_may_not_claim_another(role: str) ->
     url = _ledger()
     _json(invoke(["--db", url, "--now", NOW, "--json", "init", "--demo"]))
     schema = url.rsplit("%3D", 1)[1]
-    _sql(url, *grants(schema, role))
-    mine = _as_role(url, role)
+    pgtest.sql(url, *grants(schema, role))
+    mine = pgtest.as_role(url, role)
     rsv = _json(
         invoke(
             ["--db", mine, "--json", "reserve", "--tenant", "acme", "--gpus", "2", "--for", "1h"]
@@ -126,7 +105,7 @@ def test_an_ordinary_role_acts_as_itself_and_may_not_claim_another(role: str) ->
     import psycopg
 
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
-        _sql(mine, f"INSERT INTO admins VALUES ('{role}', 0, '{role}')")
+        pgtest.sql(mine, f"INSERT INTO admins VALUES ('{role}', 0, '{role}')")
 
 
 def grants(schema: str, role: str) -> list[str]:
@@ -148,10 +127,10 @@ def grants(schema: str, role: str) -> list[str]:
 @postgres
 def test_init_refuses_a_schema_holding_other_tables_and_replaces_only_with_force() -> None:
     url = _ledger()
-    _sql(url, "CREATE TABLE payroll (id INT)")
+    pgtest.sql(url, "CREATE TABLE payroll (id INT)")
     result = invoke(["--db", url, "--now", NOW, "init"])
     assert result.exit_code == 2 and "not a better-compute ledger" in result.stderr
-    assert _sql(url, "SELECT count(*) FROM payroll") == [(0,)]
+    assert pgtest.sql(url, "SELECT count(*) FROM payroll") == [(0,)]
     other = _ledger()
     _json(invoke(["--db", other, "--now", NOW, "--json", "init", "--demo"]))
     again = invoke(["--db", other, "--now", NOW, "init"])
@@ -164,11 +143,11 @@ def test_init_refuses_a_schema_holding_other_tables_and_replaces_only_with_force
 def test_a_role_without_the_grants_is_forbidden_not_a_bug(role: str) -> None:
     url = _ledger()
     _json(invoke(["--db", url, "--now", NOW, "--json", "init", "--demo"]))
-    result = invoke(["--db", _as_role(url, role), "list"])
+    result = invoke(["--db", pgtest.as_role(url, role), "list"])
     assert result.exit_code == 7 and "GRANTs" in result.stderr  # the schema is out of its sight
     schema = url.rsplit("%3D", 1)[1]
-    _sql(url, f"GRANT USAGE ON SCHEMA {schema} TO {role}")
-    result = invoke(["--db", _as_role(url, role), "list"])
+    pgtest.sql(url, f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+    result = invoke(["--db", pgtest.as_role(url, role), "list"])
     assert result.exit_code == 6, result.stderr
     assert "the server refused your role" in result.stderr
 

@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import itertools
 import os
+import re
 import sqlite3
 import stat
 import time
@@ -59,9 +60,31 @@ def is_postgres_url(path: str) -> bool:
     return path.strip().lower().startswith(POSTGRES_SCHEMES)
 
 
+#: A libpq key/value connection string (`host=db user=ops dbname=gpus`): not a ledger name.
+#: Only libpq's own keywords, so that a file named like `run=3.db` stays a file.
+_KEY_VALUE = re.compile(
+    r"\s*(host|hostaddr|port|dbname|user|password|passfile|service|sslmode|options"
+    r"|connect_timeout|application_name|target_session_attrs)\s*=",
+    re.IGNORECASE,
+)
+
+
+def _refuse_key_value(path: str) -> None:
+    """A ledger is a file path or a postgresql:// URL (PRODUCT.md §3). A key/value string would
+    otherwise become an SQLite file of that name, password and all; the message never repeats
+    the value, since it may hold one."""
+    if _KEY_VALUE.match(path):
+        raise InvalidInput(
+            "a libpq key/value connection string (key=value ...) does not name a ledger: give"
+            " a file path or a URL, postgresql://USER@HOST:PORT/DBNAME, with any password in"
+            " ~/.pgpass or PGPASSWORD, never on the command line"
+        )
+
+
 def _require_path(path: str) -> None:
     if not path.strip():
         raise InvalidInput("--db (or BETTER_COMPUTE_DB) is empty; name a database file")
+    _refuse_key_value(path)
     if is_postgres_url(path):
         raise InvalidInput(
             f"this command works on an SQLite ledger file; for {path.split('@')[-1]!r} use"
@@ -567,6 +590,7 @@ def ledger_exists(path: str) -> bool:
     """Whether `path` already holds a ledger (or, for SQLite, any non-empty file)."""
     if is_postgres_url(path):
         return postgres().ledger_exists(path.strip())  # type: ignore[no-any-return]
+    _refuse_key_value(path)
     return Path(path).is_file() and Path(path).stat().st_size > 0
 
 

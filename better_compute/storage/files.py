@@ -8,7 +8,9 @@ A crash leaves at worst a stray temp file, named so that a later run can tell it
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from better_compute.errors import Conflict, InvalidInput
@@ -110,6 +112,26 @@ def fsync_dir(folder: Path) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def folder_lock(folder: Path) -> Iterator[None]:
+    """Hold an exclusive flock on `folder` (not SQLite's POSIX locks, which closing any fd of a
+    file would drop): processes that give a *new* ledger its name take turns, so each sees what
+    the one before it placed and none removes the sidecars of a ledger another just placed. A
+    folder that cannot be opened or locked (no read permission, some network file systems)
+    goes unlocked: `place` without `overwrite` still never replaces a file that appeared."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
 
 
 def place(temp: Path, target: Path, *, overwrite: bool, shown: str | None = None) -> None:

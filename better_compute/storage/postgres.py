@@ -176,6 +176,16 @@ def _scalar(conn: PgConn, sql: str) -> Any:
 _PASSWORD = re.compile(r"://[^/@]*:[^/@]*@|[?&]password=", re.IGNORECASE)
 
 
+#: What libpq (or the server, for `options=-c…`) says of a URL it cannot use as written, as
+#: opposed to a server it cannot reach: libpq reports both as one OperationalError, but a port
+#: `notaport` or `sslmode=bogus` is bad input (INVALID_INPUT), not an unreachable server.
+_MALFORMED = re.compile(
+    r'invalid (integer value "|port number: |\w+ value: ")|could not match \d+ '
+    r"|invalid SSL protocol version range|when SSL support is not compiled in"
+    r"|unrecognized configuration parameter|invalid value for parameter"
+)
+
+
 def _connect(url: str) -> psycopg.Connection[Any]:
     if _PASSWORD.search(url):
         raise InvalidInput(
@@ -187,11 +197,13 @@ def _connect(url: str) -> psycopg.Connection[Any]:
         raw = psycopg.connect(
             url, autocommit=True, cursor_factory=psycopg.ClientCursor, row_factory=_row_factory
         )
-    except psycopg.OperationalError as exc:
+    except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
         detail = " ".join(str(exc).split())[:300]
+        if isinstance(exc, psycopg.ProgrammingError) or _MALFORMED.search(detail):
+            raise InvalidInput(
+                f"--db {redact(url)!r} is not a usable PostgreSQL URL: {detail}"
+            ) from None
         raise Unavailable(f"cannot connect to {redact(url)}: {detail}") from None
-    except psycopg.ProgrammingError as exc:  # a malformed URL
-        raise InvalidInput(f"--db {redact(url)!r} is not a usable PostgreSQL URL: {exc}") from None
     return raw
 
 
@@ -289,26 +301,41 @@ class PgDatabase:
     def _begin_write(self) -> None:
         """BEGIN and take the clock row. Losing a deadlock or a serialization check here costs
         nothing yet, so it is retried a bounded number of times before UNAVAILABLE; a lock
-        awaited past lock_timeout (db.busyTimeoutMs) is UNAVAILABLE at once, as on SQLite."""
+        awaited past lock_timeout (db.busyTimeoutMs) is UNAVAILABLE at once, as on SQLite.
+        Anything else the server says here (the connection lost while queued for the lock, a
+        role that may read but not write) is mapped as inside any transaction: UNAVAILABLE,
+        FORBIDDEN."""
         raw = self.conn.raw
-        for attempt in range(LOCK_ATTEMPTS):
-            try:
-                raw.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-                row = raw.execute(CLOCK_WRITE).fetchone()
-                self.conn._began_write(None if row is None else int(row[0]))
-                return
-            except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected):
-                raw.execute("ROLLBACK")
-                time.sleep(random.uniform(0, 0.02 * 2**attempt))
-            except (pg_errors.LockNotAvailable, pg_errors.QueryCanceled):
-                raw.execute("ROLLBACK")
-                raise Unavailable(
-                    f"database {self.where} stayed locked past the busy timeout; try again"
-                ) from None
+        with self._mapped():
+            for attempt in range(LOCK_ATTEMPTS):
+                try:
+                    with self._abandoned():
+                        raw.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+                        row = raw.execute(CLOCK_WRITE).fetchone()
+                    self.conn._began_write(None if row is None else int(row[0]))
+                    return
+                except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected):
+                    time.sleep(random.uniform(0, 0.02 * 2**attempt))
+                except (pg_errors.LockNotAvailable, pg_errors.QueryCanceled):
+                    raise Unavailable(
+                        f"database {self.where} stayed locked past the busy timeout; try again"
+                    ) from None
         raise Unavailable(
             f"database {self.where}: {LOCK_ATTEMPTS} attempts to take the write lock lost to"
             " deadlocks or serialization failures; nothing was written, run it again"
         )
+
+    @contextmanager
+    def _abandoned(self) -> Iterator[None]:
+        """ROLLBACK what the body began if it raised, unless the connection is gone with it."""
+        raw = self.conn.raw
+        try:
+            yield
+        except BaseException:
+            if self.conn.in_transaction and not raw.closed:
+                with contextlib.suppress(psycopg.Error):
+                    raw.execute("ROLLBACK")
+            raise
 
     @contextmanager
     def _committed(self) -> Iterator[None]:
@@ -361,13 +388,21 @@ def mapped(where: str) -> Iterator[None]:
         ) from None
     except pg_errors.InsufficientPrivilege as exc:
         detail = " ".join(str(exc).split())[:200]
-        raise Forbidden(
-            f"the server refused your role ({detail}): an admin grants what docs/postgres.md"
-            " lists for ordinary users"
-        ) from None
+        raise Forbidden(f"the server refused your role ({detail}): {_who_can(detail)}") from None
     except psycopg.OperationalError as exc:
         detail = " ".join(str(exc).split())[:300]
         raise Unavailable(f"database {where} cannot be used: {detail}") from None
+
+
+def _who_can(detail: str) -> str:
+    """What to do about a refusal: no GRANT can give what only a table's owner may do (drop and
+    recreate the tables, as `init --force` does), so asking an admin for GRANTs would not help."""
+    if "must be owner" in detail:
+        return (
+            "only the role that owns the ledger's tables (or a member of it) may do this;"
+            " run it as that role"
+        )
+    return "an admin grants what docs/postgres.md lists for ordinary users"
 
 
 # ---------------------------------------------------------------- schema
@@ -468,6 +503,7 @@ def create_database(url: str, *, force: bool, db_id: str, fill: Any = None) -> P
     try:
         raw = db.conn.raw
         with mapped(db.where), raw.transaction():
+            _require_schema(db)
             raw.execute("SELECT pg_advisory_xact_lock(1111706960)")
             version = _version(db)
             if version is None and _tables(db):
@@ -477,7 +513,8 @@ def create_database(url: str, *, force: bool, db_id: str, fill: Any = None) -> P
                 )
             if version is not None and not force:
                 raise Conflict(
-                    f"{db.where} already holds a better-compute ledger; add --force to replace it"
+                    f"{db.where} is not empty, it already holds a better-compute ledger:"
+                    " `init --force` replaces it; `migrate` copies into a new, empty ledger only"
                 )
             writes = 0
             if version is not None:
@@ -500,6 +537,17 @@ def create_database(url: str, *, force: bool, db_id: str, fill: Any = None) -> P
         db.close()
         raise
     return db
+
+
+def _require_schema(db: PgDatabase) -> None:
+    """A search_path naming no schema the role may use (a typo in `options=-csearch_path=…`)
+    leaves nowhere to create the tables: say so, instead of the server's multi-line error."""
+    if _scalar(db.conn, "SELECT current_schema()") is None:
+        path = " ".join(str(_scalar(db.conn, "SELECT current_setting('search_path')")).split())
+        raise InvalidInput(
+            f"{db.where}: no schema on its search_path ({path}) exists, or your role may not use"
+            " it; create the schema (CREATE SCHEMA) or correct the URL's search_path"
+        )
 
 
 def _drop_ledger(db: PgDatabase) -> None:

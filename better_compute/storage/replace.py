@@ -24,6 +24,10 @@ The order, and why each step is where it is:
    file neither checkpoints into nor deletes the new file's `-wal` (SQLite checks that the file
    has not moved first).
 
+A new ledger (where the caller found no file, or an empty one) skips steps 2 to 4: it takes the
+name under a lock on the folder, and only if the name is still free (storage/files.folder_lock),
+so of two processes creating one file the second gets a CONFLICT and the first's ledger stays.
+
 Known limit: a process that *first opens* the ledger in the microseconds between steps 4 and 5
 creates fresh sidecars our lock does not cover; it would have to open, begin and finish a write in
 that window for its pages to reach the new file's WAL.
@@ -37,7 +41,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from better_compute.errors import BetterComputeError, Unavailable
+from better_compute.errors import BetterComputeError, Conflict, Unavailable
 from better_compute.storage import files
 from better_compute.storage.db import DEFAULT_BUSY_TIMEOUT_MS, Database, lock_out_writers
 
@@ -78,8 +82,7 @@ def swap_in(target: Path, temp: Path, *, replacing: bool) -> None:
     """Steps 2 to 6 (see the module docstring). `replacing` says a ledger of ours is there now."""
     try:
         if not replacing:
-            files.remove_sidecars(target)  # a missing or empty file: any -wal there is stale
-            files.place(temp, target, overwrite=target.exists())
+            _place_new(target, temp)
             return
         old = lock_out_writers(target)
         try:
@@ -93,6 +96,23 @@ def swap_in(target: Path, temp: Path, *, replacing: bool) -> None:
             old.close()
     finally:
         files.discard(temp)  # nothing left if renamed; the unused temp if anything failed
+
+
+def _place_new(target: Path, temp: Path) -> None:
+    """Give the new ledger the name where the caller found none (a missing or empty file).
+
+    Another process may have placed a ledger there since the caller looked (two `init`, or two
+    `migrate --to` the same new file): it may be in use already, so it is a CONFLICT and stays
+    as it is, its `-wal` included. Under the folder lock the look, the sidecar sweep and the
+    rename are one step for every process placing a new ledger there."""
+    with files.folder_lock(target.parent):
+        if target.exists() and (not target.is_file() or target.stat().st_size > 0):
+            raise Conflict(
+                f"{str(target)!r} is not empty any more: another process placed a file there"
+                " meanwhile; it is left as it is, and nothing was written"
+            )
+        files.remove_sidecars(target)  # a missing or empty file: any -wal there is stale
+        files.place(temp, target, overwrite=target.exists())
 
 
 def _checkpoint_fully(target: Path, old: Database) -> None:

@@ -11,7 +11,7 @@ from conftest import ME, NOW, Cli
 
 from better_compute.errors import Forbidden
 from better_compute.model import Principal
-from better_compute.service import setup, ticking
+from better_compute.service import booking, setup, ticking
 from better_compute.service.context import open_ctx
 
 
@@ -22,15 +22,18 @@ def test_an_admin_removed_while_waiting_for_the_lock_writes_nothing(run: Cli) ->
     base = open_ctx(pgtest.ledger(str(run.db)), NOW, ME, None)
     alice = replace(base, who=Principal("alice", admin=True))
     acting = replace(base, who=Principal("bob", admin=False, acting_admin="alice"))
+    ask = booking.ReserveArgs(tenant="acme", pool=None, gpus=1, duration_ms=3_600_000)
     try:
         run.ok("admin", "remove", "alice")  # committed while alice's commands were under way
         with pytest.raises(Forbidden, match="'alice' is no longer an admin"):
             setup.tenant_create(alice, "zz")
         with pytest.raises(Forbidden, match="'alice' is no longer an admin"):
-            ticking.tick(acting)  # bob may tick, but only alice's word made this bob
+            booking.reserve(acting, ask)  # bob may book for acme, but only alice made this bob
+        ticking.tick(alice)  # the lifecycle's own work needs no rights (§6)
     finally:
         base.db.close()
     assert {"id": "zz"} not in run.ok("tenant", "list")
+    assert run.ok("list", "--tenant", "acme") == []
     # an admin that stays one is not held back, and one added meanwhile needs no new look
     other = open_ctx(pgtest.ledger(str(run.db)), NOW, "admin", None)
     try:

@@ -43,7 +43,7 @@ from better_compute.service.context import Ctx
 from better_compute.service.preemption import may_preempt, try_preempt
 from better_compute.storage import finding as finding_store
 from better_compute.storage import fleet, repo, simulation
-from better_compute.storage.conn import Row
+from better_compute.storage.conn import Conn, Row
 from better_compute.timeparse import MAX_MS, iso
 
 MAX_GANG = 64
@@ -77,9 +77,9 @@ class ReserveArgs:
     #: What people find it by (service/finding.py); not part of placement.
     name: str | None = None
     labels: tuple[tuple[str, str], ...] = ()
-    #: `--every` as written (service/series.Repeat.written) when this is a series: compared on
-    #: a key's reuse with the rest, so another --every, --count or --until is another request.
-    series: str | None = None
+    #: `--every` as given (service/series.Repeat.written) when this is a series: compared on a
+    #: key's reuse with the rest, so another --every, --count or --until is another request.
+    series: tuple[tuple[str, object], ...] | None = None
 
     def __post_init__(self) -> None:
         # Model names compare without regard to case: stored and compared lowercased, sorted.
@@ -109,11 +109,6 @@ def validate(args: ReserveArgs) -> None:
         raise InvalidInput("--for must be a positive duration such as 90m or 3d")
     if args.key is not None and not args.key.strip():
         raise InvalidInput("--key must not be empty")
-    if args.key is not None and SERIES_MARK in args.key:
-        raise InvalidInput(
-            f"--key must not contain {SERIES_MARK!r}: it numbers the occurrences of a series"
-            f" (KEY{SERIES_MARK}1, KEY{SERIES_MARK}2, …)"
-        )
     if args.start_range is not None and args.start is not None:
         raise InvalidInput("give --start or --start-range, not both")
     if args.duration_range is not None and args.start_range is None:
@@ -133,7 +128,7 @@ def _params(args: ReserveArgs, pool_id: str) -> str:
     if args.duration_range is not None:
         tags["durationRange"] = args.duration_range
     if args.series is not None:
-        tags["series"] = args.series
+        tags["series"] = dict(args.series)
     return json.dumps(
         {
             **tags,
@@ -155,21 +150,35 @@ def _params(args: ReserveArgs, pool_id: str) -> str:
 
 def _same_request(old: str, new: str) -> bool:
     """Equal parameters; the start matches as an instant, or as the same relative text (`+2h`),
-    so both a retried command line and the same instant written another way are the same request.
-    """
-    before, after = _now_as_omitted(json.loads(old)), _now_as_omitted(json.loads(new))
-    text = before.pop("startText", None)
-    if text is not None and text == after.pop("startText"):
-        before.pop("start"), after.pop("start")
-    after.pop("startText", None)
+    so both a retried command line and the same instant written another way are the same request;
+    `--start now` also matches no --start. A series' --until matches the same way. A series
+    occurrence booked before series were compared whole has no `series`: it is compared without."""
+    before, after = json.loads(old), json.loads(new)
+    if (_is_now(before) and after["start"] is None) or (_is_now(after) and before["start"] is None):
+        before["start"] = after["start"] = before["startText"] = after["startText"] = None
+    if not _same_time(before, after, "start", "startText"):
+        return False
+    if "series" not in before:
+        after.pop("series", None)
+    if "series" in before and "series" in after:
+        old_series, new_series = before.pop("series"), after.pop("series")
+        if not _same_time(old_series, new_series, "until", "untilText"):
+            return False
+        if old_series != new_series:
+            return False
     return bool(before == after)
 
 
-def _now_as_omitted(params: dict[str, Any]) -> dict[str, Any]:
-    """`--start now` asks what leaving --start out asks: the same request either way."""
-    if str(params.get("startText") or "").strip().lower() == "now":
-        params["start"], params["startText"] = None, None
-    return params
+def _is_now(params: dict[str, Any]) -> bool:
+    return str(params.get("startText") or "").strip().lower() == "now"
+
+
+def _same_time(before: dict[str, Any], after: dict[str, Any], at: str, text: str) -> bool:
+    """Whether `at` is the same instant, or was written as the same relative `text`; both are
+    taken out of the two, which then compare on the rest."""
+    old_text, new_text = before.pop(text, None), after.pop(text, None)
+    old_at, new_at = before.pop(at, None), after.pop(at, None)
+    return bool(old_at == new_at or (old_text is not None and old_text == new_text))
 
 
 def _charge(ctx: Ctx, args: ReserveArgs, pool_id: str) -> int:
@@ -328,7 +337,7 @@ def _require_possible(ctx: Ctx, args: ReserveArgs, pool: Row) -> None:
         )
 
 
-def _replay(ctx: Ctx, args: ReserveArgs) -> Reservation | None:
+def replayed(ctx: Ctx, args: ReserveArgs) -> Reservation | None:
     """A key already used by the tenant: the same request returns its reservation as it is (even
     if a policy's limits or the pools changed since), other parameters are a CONFLICT (PRODUCT.md
     §7). Only to a principal that acts for the tenant: to anyone else a key is no way to learn
@@ -341,13 +350,8 @@ def _replay(ctx: Ctx, args: ReserveArgs) -> Reservation | None:
         return None
     existing = repo.reservation_by_key(conn, args.tenant, args.key)
     if existing is None:
-        if args.series is None and repo.reservation_by_key(
-            conn, args.tenant, occurrence_key(args.key, 1)
-        ):
-            raise Conflict(
-                f"key {args.key!r} names a series (reserve --every); use a new --key for a"
-                " new request"
-            )
+        if args.series is None:
+            _require_single_key(conn, args.tenant, args.key)
         return None
     rsv, old_params = existing
     pool_id = repo.find_pool(conn, args.pool)["id"] if args.pool is not None else rsv.pool_id
@@ -366,10 +370,19 @@ def reserve(ctx: Ctx, args: ReserveArgs, *, read_back: bool = True) -> Reservati
         return reserve_in(ctx, args, read_back=read_back)
 
 
-def replayed(ctx: Ctx, args: ReserveArgs) -> Reservation | None:
-    """The reservation args.key already names, when it is the same request; CONFLICT when it
-    is another; None when the key is new. Inside the caller's write transaction."""
-    return _replay(ctx, args)
+def _require_single_key(conn: Conn, tenant: str, key: str) -> None:
+    """A new key for one reservation: without the mark that numbers a series' occurrences
+    (a ledger's older keys may have it, and still replay), and not the key of a series."""
+    if SERIES_MARK in key:
+        raise InvalidInput(
+            f"--key must not contain {SERIES_MARK!r}: it numbers the occurrences of a series"
+            f" (KEY{SERIES_MARK}1, KEY{SERIES_MARK}2, …)"
+        )
+    first = repo.reservation_by_key(conn, tenant, occurrence_key(key, 1))
+    if first is not None and first[0].series_id is not None:
+        raise Conflict(
+            f"key {key!r} names a series (reserve --every); use a new --key for a new request"
+        )
 
 
 def occurrence_key(key: str, i: int) -> str:
@@ -387,7 +400,7 @@ def reserve_in(
     `same_as`: the request a key's reuse is compared with, when not `args` itself (a series'
     occurrence is compared as the whole series' command)."""
     conn = ctx.db.conn
-    replay = _replay(ctx, args)
+    replay = replayed(ctx, args)
     if replay is not None:
         return replay
     pool, charge = _admit(ctx, args)

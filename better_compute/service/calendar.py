@@ -41,11 +41,12 @@ def _validated(p: CalendarPolicy) -> CalendarPolicy:
             f" {human_duration(hi)}"
         )
     lead, horizon = p.min_lead_ms, p.max_horizon_ms
-    if lead is not None and horizon is not None and lead + (lo or 1) > horizon:
-        shortest = f" and the shortest, --min-duration {human_duration(lo)}," if lo else ""
+    if horizon is not None and (lead or 0) + (lo or 1) > horizon:
+        asks = [f"--min-lead {human_duration(lead)}"] if lead else []
+        asks += [f"--min-duration {human_duration(lo)}"] if lo else []
         raise InvalidInput(
-            f"--min-lead {human_duration(lead)}{shortest} would leave no window that ends within"
-            f" --max-horizon {human_duration(horizon)}; allow a longer horizon or a shorter lead"
+            f"{' plus '.join(asks)} would leave no window that ends within --max-horizon"
+            f" {human_duration(horizon)}; allow a longer horizon, or a shorter lead or duration"
         )
     if any(not 1 <= s <= 64 * 64 for s in p.sizes):
         raise InvalidInput("--sizes must list GPU counts from 1 to 4096, such as 1,4,8,16")

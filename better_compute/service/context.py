@@ -91,10 +91,13 @@ class Ctx:
         (db.busyTimeoutMs): an admin removed meanwhile must not act on rights it no longer has.
         Checked once per transaction (a replay's requests are savepoints of one), and only for
         a principal resolved as an admin or acting through one; a ledger with no admin list
-        (its file's owner administers it) has nothing that could have changed."""
+        (its file's owner administers it) has nothing that could have changed. The lifecycle's
+        own work (tick, repair: open to anyone, §6) needs no rights."""
         who = self.who
         needed = who.acting_admin or (who.name if who.admin else None)
-        if needed is None or who is SYSTEM_PRINCIPAL or self.db.memo.get(_ADMIN_MEMO):
+        if needed is None or self.system or who is SYSTEM_PRINCIPAL:
+            return
+        if self.db.memo.get(_ADMIN_MEMO):
             return
         admins = ledger.admins(conn)
         if admins and needed not in admins:

@@ -43,14 +43,12 @@ class Repeat:
     #: line later is the same series, as with --start.
     until_text: str | None = None
 
-    def written(self) -> str:
-        """The series as a key compares it (booking.ReserveArgs.series)."""
-        end = (
-            f"count={self.count}"
-            if self.count is not None
-            else f"until={self.until_text or self.until}"
-        )
-        return f"every={self.every_ms};{end}"
+    def written(self) -> tuple[tuple[str, object], ...]:
+        """The series as a key compares it (booking.ReserveArgs.series): --until as an instant
+        and, when relative, as written, as --start is."""
+        if self.count is not None:
+            return (("everyMs", self.every_ms), ("count", self.count))
+        return (("everyMs", self.every_ms), ("until", self.until), ("untilText", self.until_text))
 
 
 def starts(first: int, repeat: Repeat, duration_ms: int) -> list[int]:
@@ -110,7 +108,7 @@ def reserve_series(ctx: Ctx, args: ReserveArgs, repeat: Repeat) -> list[Reservat
                 if key is not None and repo.reservation_by_key(conn, args.tenant, key):
                     raise Conflict(f"key {key!r} is already used; use a new --key for a new series")
                 rsv = booking.reserve_in(
-                    ctx, replace(args, start=start, key=key), same_as=replace(whole, key=key)
+                    ctx, replace(whole, start=start, key=key), same_as=replace(whole, key=key)
                 )
                 if rsv.state != State.PLACED:
                     why = rsv.conditions[0].message if rsv.conditions else rsv.state.value

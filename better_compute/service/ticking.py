@@ -112,6 +112,8 @@ def tick_until(
             f"--until {iso(until)} is before the ledger's time {iso(first)}: time only moves"
             " forward"
         )
+    if (until - first) // step_ms > 1_000_000:
+        raise InvalidInput("--until/--step make more than a million ticks; use a longer --step")
     instants = list(range(first, until + 1, step_ms))
     if instants[-1] != until:
         instants.append(until)

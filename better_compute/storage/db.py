@@ -60,20 +60,36 @@ def is_postgres_url(path: str) -> bool:
     return path.strip().lower().startswith(POSTGRES_SCHEMES)
 
 
-#: A libpq key/value connection string (`host=db user=ops dbname=gpus`): not a ledger name.
-#: Only libpq's own keywords, so that a file named like `run=3.db` stays a file.
-_KEY_VALUE = re.compile(
-    r"\s*(host|hostaddr|port|dbname|user|password|passfile|service|sslmode|options"
-    r"|connect_timeout|application_name|target_session_attrs)\s*=",
-    re.IGNORECASE,
+#: libpq's connection keywords: a `--db` of `keyword=value` pairs is a connection string.
+_LIBPQ_KEYWORDS = frozenset(
+    {
+        "host",
+        "hostaddr",
+        "port",
+        "dbname",
+        "user",
+        "password",
+        "passfile",
+        "service",
+        "sslmode",
+        "options",
+        "connect_timeout",
+        "application_name",
+        "target_session_attrs",
+    }
 )
+_PAIR = re.compile(r"(?:^|\s)(\w+)\s*=")
 
 
 def _refuse_key_value(path: str) -> None:
-    """A ledger is a file path or a postgresql:// URL (PRODUCT.md §3). A key/value string would
-    otherwise become an SQLite file of that name, password and all; the message never repeats
-    the value, since it may hold one."""
-    if _KEY_VALUE.match(path):
+    """A ledger is a file path or a postgresql:// URL (PRODUCT.md §3). A libpq key/value string
+    (`host=db user=ops`: two or more pairs, or any with a password) would otherwise become an
+    SQLite file of that name, password and all, while a file named like `user=alice.db` stays a
+    file. The message never repeats the value, since it may hold a password."""
+    words = [w.lower() for w in _PAIR.findall(path)]
+    if not words or words[0] not in _LIBPQ_KEYWORDS or not path.lstrip().startswith(words[0]):
+        return
+    if len(words) > 1 or "password" in words:
         raise InvalidInput(
             "a libpq key/value connection string (key=value ...) does not name a ledger: give"
             " a file path or a URL, postgresql://USER@HOST:PORT/DBNAME, with any password in"

@@ -177,14 +177,15 @@ def list_filter(
     return " AND ".join(clauses), args
 
 
-#: A key names its reservation, or the occurrences of its series (KEY#1, KEY#2, …: the range
-#: of keys after "KEY#" and before "KEY$", '$' being the character after '#'), through the
-#: (tenant_id, idempotency_key) index.
-KEY_CLAUSE = "({column} = ? OR ({column} > ? AND {column} < ?))"
+#: A key names its reservation, or the occurrences of its series (KEY#1, KEY#2, …): those whose
+#: key begins with "KEY#". A prefix compared with substr, not a range of keys, which only byte
+#: order (SQLite, PostgreSQL's C collation) would keep to the prefix.
+KEY_CLAUSE = "({column} = ? OR substr({column}, 1, ?) = ?)"
 
 
 def key_args(key: str) -> list[object]:
-    return [key, key + "#", key + "$"]
+    """KEY_CLAUSE's arguments for `key`."""
+    return [key, len(key) + 1, key + "#"]
 
 
 def _allocation(conn: Conn, row: tuple[Any, ...]) -> ListedAllocation:

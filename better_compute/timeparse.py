@@ -63,6 +63,13 @@ def parse_duration(text: str) -> int:
     return ms
 
 
+def check_time(text: str) -> None:
+    """A TIME's form, before the instant it is read against is known (the ledger not opened
+    yet, or its state not read): read against the middle of the range, so that `-1h` passes
+    here and is judged later against the real now."""
+    parse_time(text, (MIN_MS + MAX_MS) // 2)
+
+
 def parse_time(text: str, now: int) -> int:
     """ISO 8601, epoch ms (all digits), `now`, or `+2h` / `-30m` relative to `now` → epoch ms."""
     s = text.strip()

@@ -145,6 +145,13 @@ def test_start_now_is_the_same_request_as_no_start(run: Cli) -> None:
     assert len(run.ok("list")) == 2
 
 
+def test_a_relative_start_in_the_past_books_from_now(run: Cli) -> None:
+    """README: a --start in the past books from now. `-1h` was refused as out of range, its
+    form having been checked against the epoch before the ledger was opened."""
+    rsv = reserve(run, "past", "--gpus", "1", "--for", "1h", "--start", "-1h")
+    assert rsv["state"] == "placed" and rsv["during"]["start"] == NOW_MS
+
+
 def test_same_key_other_params_is_a_conflict(run: Cli) -> None:
     first = reserve(run, "job-1", "--gpus", "4", "--for", "2h")
     before = run.ok("list")

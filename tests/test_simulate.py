@@ -236,6 +236,19 @@ def test_utilisation_ends_with_the_replay(fleet: Cli, db_dir: Path) -> None:
     assert [b["booked"] for b in buckets] == [2.0] * 24
 
 
+def test_utilisation_counts_the_pools_asked_for_when_nothing_fits(fleet: Cli, db_dir: Path) -> None:
+    """Review finding: a run that booked nothing reported `allocatable: 0`, as if there were no
+    GPUs, exactly when its demand found none free (here a gang of every node, one cordoned)."""
+    fleet.ok("node", "cordon", "n0", now=None)
+    lines = [{"at": "+0s", "tenant": "acme", "gpus": 4, "gang": 4, "duration": "1h"}]
+    workload = write_jsonl(db_dir / "w.jsonl", lines)
+    report = fleet.ok(
+        "simulate", "--workload", workload, "--format", "jsonl", "--until", "+2h", now=None
+    )
+    assert report["neverPlaced"] == 1 and report["gpuHoursBooked"] == 0
+    assert {b["allocatable"] for b in report["utilisation"]} == {12}  # n0 is cordoned
+
+
 def test_refused_requests_are_never_placed_and_the_replay_goes_on(fleet: Cli, db_dir: Path) -> None:
     fleet.ok("tenant", "create", "acme")
     fleet.ok("quota", "set", "--tenant", "acme", "--gpus", "2")

@@ -125,6 +125,8 @@ def test_refusals(run: Cli, monkeypatch: Any) -> None:
     assert "window began" in run.fails(4, "update", now["id"], "--for", "1h")["message"]
     run.ok("tick")
     assert "it is active" in run.fails(4, "update", now["id"], "--for", "1h")["message"]
+    # a bad value is bad input whatever the state (it was CONFLICT "window began")
+    assert run.fails(2, "update", now["id"], "--start", "garbage")["code"] == "INVALID_INPUT"
     assert "nothing to change" in run.fails(2, "update", later["id"])["message"]
     assert "in the past" in run.fails(2, "update", later["id"], "--start", "-1h")["message"]
     assert "--gpus must be" in run.fails(2, "update", later["id"], "--gpus", "0")["message"]

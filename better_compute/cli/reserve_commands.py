@@ -24,6 +24,7 @@ from better_compute.cli.app import (
 from better_compute.errors import InvalidInput
 from better_compute.lazy import lazy
 from better_compute.timeparse import (
+    check_time,
     human_duration,
     is_relative,
     parse_duration,
@@ -79,7 +80,7 @@ def _reserve_args(
     key: str | None,
 ) -> ReserveArgs:
     if start is not None:
-        parse_time(start, 0)  # its form is checked before the ledger is opened
+        check_time(start)  # its form is checked before the ledger is opened
     models = models_of(model)
     return booking.ReserveArgs(
         tenant=tenant,

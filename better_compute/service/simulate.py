@@ -360,11 +360,8 @@ def _report(
     buckets: tuple[Utilisation, ...] = ()
     if run.lo_seq is not None and run.hi_seq is not None:
         lo, hi = run.lo_seq, run.hi_seq
-        asked = {
-            rid: max(created, start or created)
-            for rid, created, start in store.reservation_starts(conn, lo, hi)
-            if rid in run.ids
-        }
+        rows = [r for r in store.reservation_starts(conn, lo, hi) if r[0] in run.ids]
+        asked = {rid: max(created, start or created) for rid, _p, created, start in rows}
         first_placed: dict[str, int] = {}
         waited: set[str] = set()
         for type_, rid, when, data in store.placement_events(
@@ -393,7 +390,7 @@ def _report(
             for rid, g, s, e in store.usage_spans(conn, lo, hi)
             if rid in asked
         )
-        buckets = _utilisation(ctx, spans, run.start, end)
+        buckets = _utilisation(ctx, spans, {pool for _r, pool, _c, _s in rows}, run.start, end)
     return Report(
         requests=requests,
         placed_at_once=placed_at_once,
@@ -421,11 +418,12 @@ def _percentile(values: list[int], pct: int) -> int:
 
 
 def _utilisation(
-    ctx: Ctx, spans: list[tuple[str, int, int]], start: int, end: int
+    ctx: Ctx, spans: list[tuple[str, int, int]], pools: set[str], start: int, end: int
 ) -> tuple[Utilisation, ...]:
     """GPUs booked on average in each of at most MAX_BUCKETS equal buckets from the replay's
     start to its end (whole minutes each; the last one ends with the replay, and averages over
-    its own length), against the allocatable GPUs (today's) of the pools the run booked in."""
+    its own length), against the allocatable GPUs (today's) of the pools the run asked for,
+    booked in or not: demand that found no room is what the report is for."""
     if end <= start:
         return ()
     step = max(1, math.ceil((end - start) / MAX_BUCKETS / MINUTE_MS)) * MINUTE_MS
@@ -440,7 +438,7 @@ def _utilisation(
             s, first = bucket_end, first + 1
     allocatable = 0
     conn = ctx.db.conn
-    for pool_id in sorted({p for p, _s, _e in spans}):
+    for pool_id in sorted(pools):
         allocatable += repo.pool_inventory_counts(conn, pool_id, end)[2]
     bounds = [(start + k * step, min(end, start + (k + 1) * step)) for k in range(count)]
     return tuple(

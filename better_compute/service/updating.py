@@ -21,7 +21,7 @@ from better_compute.service.admission import check_policy, check_quota, draft_of
 from better_compute.service.context import Ctx
 from better_compute.storage import repo
 from better_compute.storage import updating as store
-from better_compute.timeparse import MAX_MS, iso, parse_time
+from better_compute.timeparse import MAX_MS, check_time, iso, parse_time
 
 CHANGEABLE = frozenset({State.PENDING, State.PLACED})
 
@@ -43,6 +43,8 @@ def validate(change: Change) -> None:
         raise InvalidInput(f"--gpus must be from 1 to {booking.MAX_GANG}, got {change.gpus}")
     if change.duration_ms is not None and change.duration_ms <= 0:
         raise InvalidInput("--for must be a positive duration such as 90m or 3d")
+    if change.start is not None:
+        check_time(change.start)  # its form, before any state is read: bad input is bad input
 
 
 def may_change(ctx: Ctx, rsv: Reservation) -> None:

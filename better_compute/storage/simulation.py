@@ -65,13 +65,16 @@ def next_due(
     return None if row[0] is None else int(row[0])
 
 
-def reservation_starts(conn: Conn, lo_seq: int, hi_seq: int) -> list[tuple[str, int, int | None]]:
-    """(id, createdAt, requested start) of the reservations with seq in [lo, hi]."""
+def reservation_starts(
+    conn: Conn, lo_seq: int, hi_seq: int
+) -> list[tuple[str, str, int, int | None]]:
+    """(id, pool, createdAt, requested start) of the reservations with seq in [lo, hi]."""
     rows = conn.execute(
-        "SELECT id, created_at, start FROM reservations WHERE seq BETWEEN ? AND ? ORDER BY seq",
+        "SELECT id, pool_id, created_at, start FROM reservations WHERE seq BETWEEN ? AND ?"
+        " ORDER BY seq",
         (lo_seq, hi_seq),
     )
-    return [(str(i), int(c), None if s is None else int(s)) for i, c, s in rows]
+    return [(str(i), str(p), int(c), None if s is None else int(s)) for i, p, c, s in rows]
 
 
 def placement_events(

@@ -154,7 +154,9 @@ def _same_request(old: str, new: str) -> bool:
     `--start now` also matches no --start. A series' --until matches the same way. A series
     occurrence booked before series were compared whole has no `series`: it is compared without."""
     before, after = json.loads(old), json.loads(new)
-    if (_is_now(before) and after["start"] is None) or (_is_now(after) and before["start"] is None):
+    if (_is_now(before) and after.get("start") is None) or (
+        _is_now(after) and before.get("start") is None
+    ):
         before["start"] = after["start"] = before["startText"] = after["startText"] = None
     if not _same_time(before, after, "start", "startText"):
         return False

@@ -498,6 +498,8 @@ def _keeping_what_is_omitted(conn: Conn, inv: Inventory) -> Inventory:
 
 
 def _kept_pool(conn: Conn, pool: InventoryPool) -> InventoryPool:
+    """The pool as the file gives it, with what it leaves out of the pool and of its nodes that
+    exist taken from the ledger (one read of those nodes)."""
     pool_id = repo.pool_id_named(conn, pool.name)
     if pool_id is not None and "labels" in pool.omitted:
         pool = replace(pool, labels=repo.pool_labels(conn, repo.find_pool(conn, pool_id)))
@@ -507,6 +509,7 @@ def _kept_pool(conn: Conn, pool: InventoryPool) -> InventoryPool:
 
 
 def _kept_node(node: InventoryNode, was: InventoryNode | None) -> InventoryNode:
+    """`node` with each key it left out taken from `was`, the node as the ledger has it."""
     if was is None:
         return node
     if "labels" in node.omitted:

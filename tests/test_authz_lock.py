@@ -32,12 +32,22 @@ def test_an_admin_removed_while_waiting_for_the_lock_writes_nothing(run: Cli) ->
         ticking.tick(alice)  # the lifecycle's own work needs no rights (§6)
     finally:
         base.db.close()
+    # an admin acting --as another admin: that one's rights were what it was judged by
+    run.ok("admin", "add", "carol")
+    base = open_ctx(pgtest.ledger(str(run.db)), NOW, ME, None)
+    as_carol = replace(base, who=Principal("carol", admin=True, acting_admin=ME))
+    try:
+        run.ok("admin", "remove", "carol")
+        with pytest.raises(Forbidden, match="'carol' is no longer an admin"):
+            setup.tenant_create(as_carol, "xx")
+    finally:
+        base.db.close()
     assert {"id": "zz"} not in run.ok("tenant", "list")
     assert run.ok("list", "--tenant", "acme") == []
     # an admin that stays one is not held back, and one added meanwhile needs no new look
     other = open_ctx(pgtest.ledger(str(run.db)), NOW, "admin", None)
     try:
-        run.ok("admin", "add", "carol")
+        run.ok("admin", "add", "dave")
         setup.tenant_create(other, "yy")
     finally:
         other.db.close()

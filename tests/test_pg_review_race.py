@@ -102,3 +102,29 @@ def test_concurrent_inits_of_one_new_file_have_one_winner(db_dir: Path) -> None:
         if code == 4:
             assert out == "" and json.loads(err)["error"]["code"] == "CONFLICT"
     assert Cli(target).ok("pool", "list")
+
+
+def test_a_folder_locked_by_someone_else_does_not_hang_init(db_dir: Path) -> None:
+    """Crash review: a cron job wrapped in `flock DIR better-compute … init` held the folder's
+    flock itself, and init waited for it for ever. It waits a moment, then goes unlocked."""
+    import fcntl
+    import time
+
+    from better_compute.storage import files
+
+    fd = os.open(db_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        began = time.monotonic()
+        done = subprocess.run(
+            [*ENTRY, "--db", str(db_dir / "x.db"), "--now", NOW, "init"],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        took = time.monotonic() - began
+    finally:
+        os.close(fd)
+    assert done.returncode == 0, done.stderr
+    assert files.FOLDER_LOCK_WAIT_S <= took < files.FOLDER_LOCK_WAIT_S + 30
+    assert Cli(db_dir / "x.db").ok("pool", "list") == []

@@ -89,22 +89,23 @@ class Ctx:
     def _still_admin(self, conn: Conn) -> None:
         """The principal was resolved before the write lock, which may take seconds to come
         (db.busyTimeoutMs): an admin removed meanwhile must not act on rights it no longer has.
-        Checked once per transaction (a replay's requests are savepoints of one), and only for
-        a principal resolved as an admin or acting through one; a ledger with no admin list
+        Checked once per transaction (a replay's requests are savepoints of one), for both an
+        admin behind --as and a principal resolved as an admin; a ledger with no admin list
         (its file's owner administers it) has nothing that could have changed. The lifecycle's
         own work (tick, repair: open to anyone, §6) needs no rights."""
         who = self.who
-        needed = who.acting_admin or (who.name if who.admin else None)
-        if needed is None or self.system or who is SYSTEM_PRINCIPAL:
+        needed = [n for n in (who.acting_admin, who.name if who.admin else None) if n]
+        if not needed or self.system or who is SYSTEM_PRINCIPAL:
             return
         if self.db.memo.get(_ADMIN_MEMO):
             return
         admins = ledger.admins(conn)
-        if admins and needed not in admins:
-            raise Forbidden(
-                f"{needed!r} is no longer an admin: it was removed while this command waited"
-                " for the ledger; nothing was written"
-            )
+        for name in needed if admins else ():
+            if name not in admins:
+                raise Forbidden(
+                    f"{name!r} is no longer an admin: it was removed while this command waited"
+                    " for the ledger; nothing was written"
+                )
         self.db.memo[_ADMIN_MEMO] = True
 
     def act(self) -> None:

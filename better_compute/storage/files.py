@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -119,19 +120,38 @@ def folder_lock(folder: Path) -> Iterator[None]:
     """Hold an exclusive flock on `folder` (not SQLite's POSIX locks, which closing any fd of a
     file would drop): processes that give a *new* ledger its name take turns, so each sees what
     the one before it placed and none removes the sidecars of a ledger another just placed. A
-    folder that cannot be opened or locked (no read permission, some network file systems)
-    goes unlocked: `place` without `overwrite` still never replaces a file that appeared."""
+    folder that cannot be opened or locked (no read permission, some network file systems), or
+    that someone else holds locked past FOLDER_LOCK_WAIT_S (a cron job wrapped in `flock DIR`:
+    better-compute itself holds it for a moment only), goes unlocked rather than waiting for
+    ever: `place` without `overwrite` still never replaces a file that appeared."""
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         yield
         return
     try:
-        with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        _try_flock(fd, time.monotonic() + FOLDER_LOCK_WAIT_S)
         yield
     finally:
         os.close(fd)  # releases the flock
+
+
+#: How long folder_lock waits for another holder of the folder's flock.
+FOLDER_LOCK_WAIT_S = 2.0
+
+
+def _try_flock(fd: int, deadline: float) -> bool:
+    """Take the exclusive flock, retrying until `deadline`; whether it was taken."""
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        except OSError:
+            return False
 
 
 def place(temp: Path, target: Path, *, overwrite: bool, shown: str | None = None) -> None:

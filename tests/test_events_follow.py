@@ -79,3 +79,31 @@ def test_follow_prints_each_new_event_as_json_lines(tmp_path: Path) -> None:
     assert proc.returncode == 0, err
     assert '"globex"' not in rest  # another tenant's events never reach a tenant-scoped watch
     assert "Traceback" not in err
+
+
+def test_a_reader_that_goes_away_ends_the_watch_quietly(tmp_path: Path) -> None:
+    """Newcomer review: `events --follow --json | head -3` ended with an INTERNAL error ("a bug;
+    please report it") once head had its lines. A closed pipe now ends it as SIGPIPE would,
+    status 141, with nothing on stderr."""
+    path = str(tmp_path / "f.db")
+    db = setup.init(path, NOW, force=True, manual=True, admin="admin", group=None)[0]
+    setup.inventory_import(Ctx(db, NOW), DEMO_INVENTORY)
+    db.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BETTER_COMPUTE_")}
+    argv = [*ENTRY, "--db", path, "--now", str(NOW), "--json", "events", "--follow"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        assert proc.stdout.readline()  # the log so far: the inventory's import
+        proc.stdout.close()  # the reader goes away
+        from better_compute.storage.db import open_database
+
+        db = open_database(path)
+        for key in ("a", "b"):  # new events: the watch writes, and finds no reader
+            booking.reserve(Ctx(db, NOW), ReserveArgs("acme", None, 1, 3_600_000, key=key))
+        db.close()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 141 and proc.stderr.read() == b""

@@ -119,6 +119,8 @@ def handled(fn: F) -> F:
             _fail(Unavailable(f"database {G.db!r} cannot be used: {exc}"), as_json)
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
+        except BrokenPipeError:  # the reader went away (`| head`): not a bug, and no message
+            _reader_gone()
         except Exception as exc:  # the one place a bug becomes a message instead of a traceback
             if os.environ.get("BETTER_COMPUTE_DEBUG"):
                 raise
@@ -252,6 +254,15 @@ def only(word: str) -> typer.Typer:
 def _word_of(command: Any) -> str:
     """The word a registered command answers to (Typer's rule for an unnamed one)."""
     return str(command.name or command.callback.__name__.lower().replace("_", "-"))
+
+
+def _reader_gone() -> None:
+    """End as a process killed by SIGPIPE would (status 128 + 13), without a message: the
+    output was cut where the reader stopped reading. Standard output goes to /dev/null first,
+    so that flushing it at exit raises no second BrokenPipeError."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(141)
 
 
 def main(prepare: Callable[[Any], None] | None = None, word: str | None = None) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 #: Command path -> one runnable line (no square brackets: the help is rich markup).
 EXAMPLES: dict[str, str] = {
     "advice": (
-        "better-compute advice --pool west --gpus 8 --gang 8 --topology-key fabric.domain"
+        "better-compute advice --pool west --gpus 8 --gang 4 --topology-key fabric.domain"
         " --start-range now..+14d --duration 3d"
     ),
     "admin add": "better-compute admin add alice",

@@ -75,9 +75,10 @@ def update(
     ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Change a pending reservation, or a placed one before its window begins. It keeps its
-    nodes and GPUs when the GPUs it holds are all free in the new window, else it is placed
-    afresh like a new request (CONFLICT, nothing changed, when it cannot fit).
+    """Change a pending reservation, or a placed one before its window begins.
+
+    It keeps its nodes and GPUs when the GPUs it holds are all free in the new window, else it
+    is placed afresh like a new request (CONFLICT, nothing changed, when it cannot fit).
 
     Example: better-compute update rsv_… --start 2026-10-02T08:00:00Z --for 12h
     """

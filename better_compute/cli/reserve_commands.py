@@ -280,7 +280,9 @@ def get(rsv: RsvArg, as_json: JsonFlag = False) -> None:
 def list_(
     tenant: TenantFilter = None,
     pool: Annotated[str | None, typer.Option("--pool", help="Pool id or name.")] = None,
-    state: Annotated[list[str] | None, typer.Option("--state", help="Repeatable.")] = None,
+    state: Annotated[
+        list[str] | None, typer.Option("--state", help="Repeatable.", metavar="STATE")
+    ] = None,
     key: Annotated[str | None, typer.Option("--key", help="Only this idempotency key.")] = None,
     name: Annotated[
         str | None, typer.Option("--name", help="Only this exact name.", metavar="TEXT")

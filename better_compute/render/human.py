@@ -102,7 +102,7 @@ def reservation(rsv: Reservation) -> RenderableType:
 
 
 def reservations(rows: Sequence[Reservation]) -> RenderableType:
-    table = table_of(title=f"{len(rows)} reservations")
+    table = table_of(title=counted(len(rows), "reservation"))
     named = any(r.name is not None for r in rows)  # the name column only when some have one
     for col in ("id", *(("name",) if named else ()), "tenant", "state", "asks", "window", "nodes"):
         table.add_column(col, no_wrap=col in ("id", "state", "window"))
@@ -258,7 +258,7 @@ def policies(rows: Sequence[Policy]) -> RenderableType:
 def ledger_copy(c: LedgerCopy) -> str:
     return (
         f"{c.bytes} bytes, schema version {c.schema_version},"
-        f" {c.reservations} reservations, {c.events} events"
+        f" {counted(c.reservations, 'reservation')}, {counted(c.events, 'event')}"
     )
 
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from better_compute import clock
 from better_compute.errors import Conflict, InvalidInput
 
 #: SQLite finds a database's journals by name (the real path plus these suffixes), not by inode.
@@ -130,7 +131,7 @@ def folder_lock(folder: Path) -> Iterator[None]:
         yield
         return
     try:
-        _try_flock(fd, time.monotonic() + FOLDER_LOCK_WAIT_S)
+        _try_flock(fd, clock.elapsed_s() + FOLDER_LOCK_WAIT_S)
         yield
     finally:
         os.close(fd)  # releases the flock
@@ -147,7 +148,7 @@ def _try_flock(fd: int, deadline: float) -> bool:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
         except BlockingIOError:
-            if time.monotonic() >= deadline:
+            if clock.elapsed_s() >= deadline:
                 return False
             time.sleep(0.01)
         except OSError:

@@ -274,6 +274,9 @@ class Event:
 
 SYSTEM = "system"
 
+#: Joins a series' key and an occurrence's number (KEY#1); no new key a user gives contains it.
+SERIES_MARK = "#"
+
 
 @dataclass(frozen=True)
 class Principal:

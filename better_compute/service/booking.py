@@ -17,6 +17,7 @@ from better_compute.lifecycle import states
 from better_compute.lifecycle.tick import retry_window
 from better_compute.model import (
     NVLINK_ALL,
+    SERIES_MARK,
     Binding,
     JsonValue,
     NodePlan,
@@ -47,10 +48,6 @@ from better_compute.storage.conn import Conn, Row
 from better_compute.timeparse import MAX_MS, iso
 
 MAX_GANG = 64
-
-
-#: Joins a series' key and an occurrence's number (KEY#1); no key a user gives contains it.
-SERIES_MARK = "#"
 
 
 @dataclass(frozen=True)

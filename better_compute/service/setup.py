@@ -479,14 +479,14 @@ def read_inventory(ctx: Ctx, file: str) -> Inventory:
 def read_openb_nodes(ctx: Ctx, file: str, pool: str | None) -> OpenbNodes:
     """Read and parse an openb node list (CSV) as one pool, `openb` unless named. Like every
     --pool, an existing pool may be named by its id too (ids are never names: `pool_…`); an id
-    that names no pool is NOT_FOUND, as for every other command. What the list does not say is
-    kept (_keeping_what_openb_omits)."""
+    that names no pool is NOT_FOUND, as for every other command. What the list does not say,
+    inventory_import keeps (_keeping_what_is_omitted)."""
     text = read_text(ctx, file, "node list")
     name = "openb" if pool is None else pool
-    with ctx.db.read() as conn:
-        if name.startswith("pool_"):
+    if name.startswith("pool_"):
+        with ctx.db.read() as conn:
             name = str(repo.find_pool(conn, name)["name"])
-        return parse_openb_nodes(text, name)
+    return parse_openb_nodes(text, name)
 
 
 def _keeping_what_is_omitted(conn: Conn, inv: Inventory) -> Inventory:

@@ -141,18 +141,19 @@ def folder_lock(folder: Path) -> Iterator[None]:
 FOLDER_LOCK_WAIT_S = 2.0
 
 
-def _try_flock(fd: int, deadline: float) -> bool:
-    """Take the exclusive flock, retrying until `deadline`; whether it was taken."""
+def _try_flock(fd: int, deadline: float) -> None:
+    """Take the exclusive flock, retrying until `deadline`; past it, or where the file system
+    cannot lock, go on without it (folder_lock)."""
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
+            return
         except BlockingIOError:
             if clock.elapsed_s() >= deadline:
-                return False
+                return
             time.sleep(0.01)
         except OSError:
-            return False
+            return
 
 
 def place(temp: Path, target: Path, *, overwrite: bool, shown: str | None = None) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
-from better_compute.model import Binding, Condition, ReleaseReason, State
+from better_compute.model import SERIES_MARK, Binding, Condition, ReleaseReason, State
 from better_compute.storage.conn import Conn, plain_rows
 from better_compute.storage.repo import (
     _ATOMS_TEXT,
@@ -185,7 +185,7 @@ KEY_CLAUSE = "({column} = ? OR substr({column}, 1, ?) = ?)"
 
 def key_args(key: str) -> list[object]:
     """KEY_CLAUSE's arguments for `key`."""
-    return [key, len(key) + 1, key + "#"]
+    return [key, len(key) + 1, key + SERIES_MARK]
 
 
 def _allocation(conn: Conn, row: tuple[Any, ...]) -> ListedAllocation:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,8 +21,8 @@ def _demo(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def scratch() -> Path:
-    return Path(tempfile.mkdtemp(prefix="bc-demo-test-"))
+def scratch(tmp_path: Path) -> Path:
+    return tmp_path
 
 
 def test_the_tour_shows_every_scenario_and_leaves_nothing(scratch: Path) -> None:

@@ -7,12 +7,14 @@ paths, and rolls back: the shortlist is SQL, so only a real database tests it.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -51,6 +53,16 @@ def ledger() -> tuple[Database, str]:
             repo.insert_tenant(conn, "t")
         _DB["db"] = (db, pool_id)
     return _DB["db"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ledger_removed_after() -> Iterator[None]:
+    """The module's ledger goes when its tests are done."""
+    yield
+    if "db" in _DB:
+        db, _ = _DB.pop("db")
+        db.close()
+        shutil.rmtree(db.path.parent, ignore_errors=True)
 
 
 @contextmanager

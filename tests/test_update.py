@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import sqlite3
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +203,15 @@ def _template() -> Path:
         db.close()
         _TEMPLATE.append(path)
     return _TEMPLATE[0]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _template_removed_after() -> Iterator[None]:
+    """The session's template ledger goes when this module's tests are done."""
+    yield
+    for path in _TEMPLATE:
+        shutil.rmtree(path.parent, ignore_errors=True)
+    _TEMPLATE.clear()
 
 
 def _ledger(path: Path) -> tuple[list[Any], list[Any], list[Any]]:

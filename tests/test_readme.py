@@ -46,4 +46,9 @@ def test_readme_commands_run(tmp_path: Path) -> None:
         result.stdout
     )
     assert "reservation.repaired" in result.stdout
+    # preview --start-range shows the window reserve --start-range then books: both read the
+    # ledger at the same instant (a stale BETTER_COMPUTE_NOW would preview an earlier one).
+    shown = re.search(r"fits for (\S+ → \S+)", result.stdout)
+    assert shown is not None
+    assert re.search(r"window\s+" + re.escape(shown.group(1)), result.stdout)
     assert "FORBIDDEN" in result.stderr

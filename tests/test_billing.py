@@ -192,6 +192,35 @@ def test_a_window_closes_at_release_and_at_expiry(world: World) -> None:
     assert (e.start, e.end, e.quantity) == (T0, T0 + HOUR, 8.0)
 
 
+def test_a_release_after_the_end_bills_to_the_end_as_the_tick_would(world: World) -> None:
+    """A user's release that comes after the end (no tick ran in between) closes the window at
+    the end and releases the reservation as `expired`: the ledger a timely tick leaves."""
+    late = world.reserve(8, models=("h100",), duration_ms=HOUR)
+    world.tick(T0)
+    world.now = T0 + 90 * MIN
+    done = booking.release(world.ctx(), late.id)
+    assert done.release_reason == ReleaseReason.EXPIRED
+    assert done.during is not None and done.during.end == T0 + HOUR
+    [u] = world.of(late.id)
+    assert (u.start, u.end, u.quantity) == (T0, T0 + HOUR, 8.0)
+
+
+def test_a_release_after_a_preemption_deadline_bills_to_the_deadline(one_node: World) -> None:
+    w = one_node
+    victim = w.reserve(8, tenant="globex", spot=True, duration_ms=6 * HOUR)
+    w.tick(T0)
+    w.now = T0 + 10 * MIN
+    w.reserve(8, duration_ms=HOUR)  # preempts the spot job: deadline T0 + 12 min
+    deadline = T0 + 10 * MIN + NOTICE
+    w.now = T0 + 30 * MIN
+    done = booking.release(w.ctx(), victim.id)
+    assert done.release_reason == ReleaseReason.PREEMPTED
+    [u] = w.of(victim.id)
+    assert (u.start, u.end) == (T0, deadline)
+    assert u.quantity == hours(8, 12 * MIN)
+    _no_atom_billed_twice(w)
+
+
 def test_preempted_victim_bills_until_its_deadline_and_a_requeued_one_nothing(
     one_node: World,
 ) -> None:

@@ -14,7 +14,7 @@ from better_compute.engine.search import Ask
 from better_compute.errors import Conflict, InvalidInput
 from better_compute.inventory import MODEL_RE, normal_model
 from better_compute.lifecycle import states
-from better_compute.lifecycle.tick import retry_window
+from better_compute.lifecycle.tick import release_due, retry_window
 from better_compute.model import (
     NVLINK_ALL,
     SERIES_MARK,
@@ -575,7 +575,11 @@ def _end_now(ctx: Ctx, rsv_id: str, reason: ReleaseReason, hint: str) -> Reserva
         rsv = mine(ctx, rsv_id)
         states.require(rsv, allowed, verb, hint)
         calendar.require_changeable(ctx, rsv, verb)
-        finish(ctx, rsv, reason, ctx.now)
+        due = release_due(rsv.state, rsv.during, rsv.preempt_deadline, ctx.now)
+        if due is None or rsv.during is None:
+            finish(ctx, rsv, reason, ctx.now)
+        else:  # its end or deadline came before a tick did: released as that tick releases it
+            finish(ctx, rsv, due, min(rsv.during.end, ctx.now))
         return repo.get_reservation(conn, rsv_id)
 
 

@@ -327,6 +327,27 @@ def test_from_and_to_clip_quantities(world: World) -> None:
     assert world.usage(end=T0) == []
 
 
+def test_usage_as_of_an_earlier_now_counts_what_was_used_by_then(world: World) -> None:
+    """A read may ask any --now (§2): as of it, a window closed later was still open, and one
+    opened later did not exist; a period holding nothing of a window lists nothing of it."""
+    short = world.reserve(8, models=("h100",), duration_ms=2 * HOUR)
+    long_ = world.reserve(8, models=("a100",), duration_ms=6 * HOUR)
+    world.tick(T0)
+    later = world.reserve(4, models=("h100",), duration_ms=2 * HOUR, start=T0 + 2 * HOUR)
+    world.tick(T0 + 3 * HOUR)  # short closed at 10:00; later active since this tick, 11:00
+    world.now = T0 + HOUR  # as of 09:00
+    got = {u.reservation_id: u for u in world.everything()}
+    assert set(got) == {short.id, long_.id}
+    assert (got[short.id].end, got[short.id].quantity) == (None, 8.0)
+    assert (got[long_.id].end, got[long_.id].quantity) == (None, 8.0)
+    world.now = T0 + 210 * MIN
+    got = {u.reservation_id: u for u in world.everything()}
+    assert (got[short.id].end, got[short.id].quantity) == (T0 + 2 * HOUR, 16.0)
+    assert got[later.id].quantity == 2.0
+    # after every reservation's end, an open window (no tick closed it) holds nothing of it
+    assert world.usage(start=T0 + 7 * HOUR) + world.usage(start=T0 + 7 * HOUR, dead=True) == []
+
+
 @pytest.mark.parametrize("span", [(HOUR, 30 * MIN), (HOUR, HOUR)])
 def test_to_must_be_after_from(world: World, span: tuple[int, int]) -> None:
     with pytest.raises(InvalidInput, match="--to must be after --from"):

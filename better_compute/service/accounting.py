@@ -12,6 +12,7 @@ from better_compute.service import authz
 from better_compute.service.authz import require_admin
 from better_compute.service.context import Ctx
 from better_compute.storage import repo
+from better_compute.storage.conn import Row
 
 HOUR_MS = 3_600_000
 METER_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
@@ -62,28 +63,36 @@ def usage(
         seen = authz.visible_tenants(conn, ctx.who)
         tenants = [tenant] if tenant is not None else seen
         rows = repo.usage_rows(conn, dead_letter=dead_letter, tenants=tenants, start=start, end=end)
-    windows = []
-    # The reservation's end caps an open window: a tick may not have closed it yet.
-    for r in rows:
-        lo = max(r["start"], start) if start is not None else r["start"]
-        open_until = max(r["start"], min(ctx.now, r["during_end"] or ctx.now))
-        hi_raw = r["end"] if r["end"] is not None else open_until
-        hi = min(hi_raw, end) if end is not None else hi_raw
-        quantity = round(r["gpus"] * max(0, hi - lo) / HOUR_MS, 6)
-        windows.append(
-            UsageWindow(
-                r["meter"],
-                r["tenant_id"],
-                r["reservation_id"],
-                r["allocation_id"],
-                r["node_id"],
-                r["gpus"],
-                lo,
-                r["end"] if r["end"] is None or end is None else min(r["end"], end),
-                quantity,
-            )
-        )
-    return windows
+    return [w for w in (_counted(r, start, end, ctx.now) for r in rows) if w is not None]
+
+
+def _counted(r: Row, start: int | None, end: int | None, now: int) -> UsageWindow | None:
+    """One window as of `now`, counted only inside [start, end); None when it began after now,
+    or when a period was asked and the window holds nothing of it.
+
+    As of an earlier `--now` (a read may ask any instant, PRODUCT.md §2), a window closed after
+    it was still open then. An open window counts up to now, never past its reservation's end:
+    a tick may not have closed it yet."""
+    if r["start"] > now:
+        return None
+    closed = r["end"] is not None and r["end"] <= now
+    lo = r["start"] if start is None else max(r["start"], start)
+    hi = r["end"] if closed else max(r["start"], min(now, r["during_end"] or now))
+    hi = hi if end is None else min(hi, end)
+    if (start is not None or end is not None) and hi <= lo:
+        return None
+    shown_end = r["end"] if closed else None
+    return UsageWindow(
+        r["meter"],
+        r["tenant_id"],
+        r["reservation_id"],
+        r["allocation_id"],
+        r["node_id"],
+        r["gpus"],
+        lo,
+        shown_end if shown_end is None or end is None else min(shown_end, end),
+        round(r["gpus"] * max(0, hi - lo) / HOUR_MS, 6),
+    )
 
 
 def policy_set(

@@ -69,7 +69,9 @@ def test_reservation_json_has_the_contract_keys_in_order(run: Cli) -> None:
         "nextAttemptAt",
         "name",
         "labels",
+        "seriesId",  # null unless one of a series: every document has the same keys
     ]
+    assert rsv["seriesId"] is None
 
 
 def test_calendar_reservation_is_placed_for_its_window(run: Cli) -> None:

@@ -114,3 +114,11 @@ def test_a_partial_file_keeps_what_it_leaves_out(run: Cli, tmp_path: Path) -> No
     assert {k: v for k, v in now.items() if k != "west-01"} == {
         k: v for k, v in nodes.items() if k != "west-01"
     }
+
+
+def test_a_tenants_creation_is_its_own_event(run: Cli) -> None:
+    """tenant.created names the tenant, like quota.set and policy.set, so `events --tenant T`
+    starts with it."""
+    run.ok("tenant", "create", "t9")
+    [created] = run.ok("events", "--tenant", "t9")
+    assert created["type"] == "tenant.created" and created["tenantId"] == "t9"

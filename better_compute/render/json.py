@@ -86,7 +86,6 @@ def listed(r: ListedReservation) -> str:
         for i, n, atoms, bound in r.allocations
     )
     labels = dumps(dict(r.labels)) if r.labels else "{}"
-    series = "" if r.series_id is None else f', "seriesId": {_str(r.series_id)}'
     return (
         f'{{"id": {_str(r.id)}, "tenantId": {_str(r.tenant_id)}, "poolId": {_str(r.pool_id)},'
         f' "state": {_str(r.state)}, "devices": [{{"class": "gpu", "count": {_opt_int(r.gpus)},'
@@ -97,7 +96,7 @@ def listed(r: ListedReservation) -> str:
         f' "quotaCharge": {r.quota_charge}, "idempotencyKey": {_opt_str(r.idempotency_key)},'
         f' "releaseReason": {_opt_str(r.release_reason)}, "createdAt": {r.created_at},'
         f' "nextAttemptAt": {_opt_int(r.next_attempt_at)}, "name": {_opt_str(r.name)},'
-        f' "labels": {labels}{series}}}'
+        f' "labels": {labels}, "seriesId": {_opt_str(r.series_id)}}}'
     )
 
 
@@ -135,9 +134,8 @@ def reservation(rsv: Reservation) -> dict[str, JsonValue]:
         "nextAttemptAt": rsv.next_attempt_at,
         "name": rsv.name,
         "labels": dict(rsv.labels),
+        "seriesId": rsv.series_id,  # a recurring reservation's occurrences share it (issue 10)
     }
-    if rsv.series_id is not None:  # a recurring reservation's occurrences share it (issue 10)
-        doc["seriesId"] = rsv.series_id
     return doc
 
 

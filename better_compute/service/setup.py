@@ -364,7 +364,7 @@ def tenant_create(ctx: Ctx, tenant: str) -> None:
         if repo.tenant_exists(conn, tenant):
             raise Conflict(f"tenant {tenant!r} already exists")
         repo.insert_tenant(conn, tenant)
-        ctx.event("tenant.created", None, None, {"tenantId": tenant})
+        ctx.event("tenant.created", tenant, None, {"tenantId": tenant})
 
 
 def tenant_list(ctx: Ctx) -> list[str]:

@@ -197,7 +197,7 @@ def _create_tenants(ctx: Ctx, tenants: Iterable[str]) -> None:
         for tenant in tenants:
             if not repo.tenant_exists(conn, tenant):
                 repo.insert_tenant(conn, tenant)
-                ctx.event("tenant.created", None, None, {"tenantId": tenant})
+                ctx.event("tenant.created", tenant, None, {"tenantId": tenant})
 
 
 def _at(ctx: Ctx, instant: int, *, system: bool = False) -> Ctx:

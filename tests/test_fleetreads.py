@@ -122,6 +122,20 @@ def test_summaries_agree_through_a_ledgers_history(db: Database) -> None:
     db.close()
 
 
+def test_as_of_before_a_release_the_gpus_it_held_were_in_use(db: Database) -> None:
+    """§4: inUse is GPUs with a booking that covers now. As of an instant before a release, the
+    released reservation's kept booking covers it: in use then, not neither in use nor reserved
+    (the timeline of that instant says the same)."""
+    pool_id = repo.pool_rows(db.conn)[0]["id"]
+    args = ReserveArgs(tenant="acme", pool=None, gpus=8, duration_ms=2 * HOUR)
+    held = booking.reserve(Ctx(db, NOW_MS), args)
+    booking.release(Ctx(db, NOW_MS + 30 * 60_000), held.id)
+    assert fleet.pool_use(db.conn, pool_id, NOW_MS + 10 * 60_000) == (8, 0)
+    assert fleet.pool_use(db.conn, pool_id, NOW_MS + 40 * 60_000) == (0, 0)
+    _pool_use_agrees(db, NOW_MS + 10 * 60_000)
+    db.close()
+
+
 def test_reserved_later_counts_an_index(db: Database) -> None:
     pool_id = repo.pool_rows(db.conn)[0]["id"]
     plan = [

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from better_compute.model import Reservation
-from better_compute.storage import ledger, listing, repo
+from better_compute.storage import listing, repo
 from better_compute.storage.repo import Conn
 
 
@@ -16,28 +16,17 @@ def pool_use(conn: Conn, pool_id: str, now: int) -> tuple[int, int]:
     """(GPUs in use at `now`, GPUs reserved only later): what repo.count_atoms_in_use and
     repo.atoms_reserved_later answer, read from indexes alone.
 
-    At or after the ledger's latest instant every booking that ends after `now` belongs to a
-    reservation not released: a release cuts its bookings back to the instant it acts at, never
-    later than the ledger's clock. So in-use needs no look at the reservations, and the GPUs
-    whose latest booking ends after `now` (`atom_bookings`, migration 4) are exactly those in
-    use plus those reserved only later: the second is a count over an index less the first. A
-    read that asks an earlier `--now` (history, where a booking may outlive the release that
-    later cut it) takes the plain queries.
+    A release cuts its bookings back to the instant it acts at, so at any instant the bookings
+    that cover it are the GPUs in use (§4), released reservations' kept history included when
+    an earlier `--now` asks. The GPUs whose latest booking ends after `now` (`atom_bookings`,
+    migration 4) are exactly those in use plus those reserved only later: the second is a
+    count over an index less the first.
     """
-    if now < ledger.clock_state(conn).last_at:
-        return (
-            repo.count_atoms_in_use(conn, pool_id, now),
-            repo.atoms_reserved_later(conn, pool_id, now),
-        )
-    in_use = conn.execute(
-        "SELECT COUNT(*) FROM (SELECT DISTINCT node_id, atom FROM bookings"
-        ' WHERE pool_id = ? AND "end" > ? AND "end" <= ? AND start <= ?) AS held',
-        (pool_id, now, now + repo.longest_booking(conn, pool_id), now),
-    ).fetchone()
+    in_use = repo.count_atoms_in_use(conn, pool_id, now)
     booked = conn.execute(
         "SELECT COUNT(*) FROM atom_bookings WHERE pool_id = ? AND last_end > ?", (pool_id, now)
     ).fetchone()
-    return int(in_use[0]), int(booked[0]) - int(in_use[0])
+    return in_use, int(booked[0]) - in_use
 
 
 def usable_nodes_after(conn: Conn, pool_id: str, after: str, limit: int) -> list[str]:

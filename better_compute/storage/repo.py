@@ -1104,12 +1104,12 @@ def live_atoms(conn: Conn, node: str, now: int) -> set[int]:
 
 
 def count_atoms_in_use(conn: Conn, pool_id: str, now: int) -> int:
-    """(node, atom) pairs booked at `now` by a reservation not released, counted in SQL."""
+    """(node, atom) pairs with a booking that covers `now` (PRODUCT.md §4's inUse), counted in
+    SQL. A released reservation's bookings are cut back to its release, so as of an instant
+    before the release they cover what it held then, and after it nothing."""
     row = conn.execute(
         "SELECT COUNT(*) FROM (SELECT DISTINCT node_id, atom FROM bookings b"
-        " JOIN reservations r ON r.id = b.reservation_id"
-        ' WHERE b.pool_id = ? AND b."end" > ? AND b."end" <= ? AND b.start <= ?'
-        " AND r.state != 'released') AS held",
+        ' WHERE b.pool_id = ? AND b."end" > ? AND b."end" <= ? AND b.start <= ?) AS held',
         (pool_id, now, now + longest_booking(conn, pool_id), now),
     ).fetchone()
     return int(row[0])
@@ -1131,21 +1131,17 @@ def pool_inventory_counts(conn: Conn, pool_id: str, now: int) -> tuple[int, int,
 
 
 def atoms_reserved_later(conn: Conn, pool_id: str, now: int) -> int:
-    """Atoms booked only later than `now` (not in use now) by reservations not released.
+    """Atoms whose next booking begins later than `now` and none covers now (§4's reserved).
 
     The distinct atoms with a booking starting later come from the covering index alone; each
-    is then checked once: some such booking belongs to a reservation not released, and nothing
-    holds the atom now (a range bounded by the longest booking). `+b.pool_id` keeps SQLite on
-    the node's index there rather than walking the pool's future.
+    is then checked once: nothing holds the atom now (a range bounded by the longest booking).
+    A released reservation keeps no booking after its release (count_atoms_in_use).
     """
     row = conn.execute(
         "SELECT COUNT(*) FROM (SELECT DISTINCT node_id, atom FROM bookings"
         ' WHERE pool_id = :pool AND "end" > :now AND start > :now) f'
         " WHERE NOT EXISTS (SELECT 1 FROM bookings c WHERE c.node_id = f.node_id"
-        ' AND c.atom = f.atom AND c.start <= :now AND c."end" > :now AND c."end" <= :bound)'
-        " AND EXISTS (SELECT 1 FROM bookings b JOIN reservations r ON r.id = b.reservation_id"
-        " WHERE b.node_id = f.node_id AND b.atom = f.atom AND b.pool_id || '' = :pool"
-        " AND b.\"end\" > :now AND b.start > :now AND r.state != 'released')",
+        ' AND c.atom = f.atom AND c.start <= :now AND c."end" > :now AND c."end" <= :bound)',
         {"pool": pool_id, "now": now, "bound": now + longest_booking_anywhere(conn)},
     ).fetchone()
     return int(row[0])

@@ -250,6 +250,9 @@ def test_ids_are_printed_whole_on_a_narrow_terminal(run: Cli) -> None:
         ("https://hooks.example:99999/x", "not a valid URL"),
         ("https://hooks.example/a b", "without spaces"),
         ("hooks.example/x", "http or https"),
+        ("http://127.0.0.1:8080/\u00fc", "percent-encode"),
+        ("https://b\u00fccher.example/x", "xn--"),
+        ("http://127.0.0.1:0/x", "port 0"),
     ],
 )
 def test_only_http_urls_without_credentials(run: Cli, url: str, words: str) -> None:
@@ -266,6 +269,10 @@ def test_bad_events_secrets_and_tenants_are_refused(run: Cli) -> None:
     assert "--tenant '*'" in fleet["message"]
     assert run.ok("webhook", "add", "--tenant", "*", "--url", url, "--events", "node.*")
     run.ok("webhook", "delete", run.ok("webhook", "list")[0]["id"])
+    for deeper in ("pool.policy.set", "pool.policy.*"):  # types may have more than one dot
+        hook = run.ok("webhook", "add", "--tenant", "*", "--url", url, "--events", deeper)
+        assert hook["events"] == [deeper]
+        run.ok("webhook", "delete", hook["id"])
     assert run.fails(2, "webhook", "add", "--tenant", "acme", "--url", url, "--secret", "short")
     assert run.fails(3, "webhook", "add", "--tenant", "nobody", "--url", url)["code"] == "NOT_FOUND"
     assert run.fails(3, "webhook", "test", "whk_missing")["code"] == "NOT_FOUND"
@@ -314,6 +321,14 @@ def test_webhook_test_sends_a_signed_test_event_and_reports_the_answer(
     failed = run.ok("webhook", "test", hid)
     assert failed["ok"] is False and failed["status"] == 503 and "503" in failed["error"]
     assert not any(e["type"] == "webhook.test" for e in run.ok("events"))  # never logged
+    # A receiver that trickles its answer a byte at a time trips no socket timeout: the test
+    # still ends after webhook.timeoutMs.
+    run.ok("config", "set", "webhook.timeoutMs", "1000")
+    receiver.plan = lambda path, n: "trickle"
+    began = time.monotonic()
+    slow = run.ok("webhook", "test", hid)
+    assert time.monotonic() - began < 8
+    assert slow["ok"] is False and slow["status"] is None and "timed out" in slow["error"]
 
 
 # ---------------------------------------------------------------- delivery
@@ -716,3 +731,21 @@ def test_the_signature_is_what_the_readme_receiver_checks(secret: str, t: int, b
     assert verify(secret, header, body)
     assert not verify(secret, header, body + b" ")
     assert not verify(secret, header.replace(f"t={t}", f"t={t + 1}"), body)
+
+
+def test_tenants_take_turns_and_first_tries_go_before_retries() -> None:
+    """One tenant's many hanging receivers cannot keep another tenant's webhook, or a receiver
+    that has not failed, waiting behind them: the 16 send slots go by this order."""
+    from better_compute.service.delivery import MAX_IN_FLIGHT, sending_order
+    from better_compute.storage.webhooks import Head
+
+    def head(hook: str, tenant: str, attempts: int = 0) -> Head:
+        return Head(f"dlv_{hook}", hook, tenant, 1, NOW_MS, attempts)
+
+    hanging = [head(f"whk_a{i:02d}", "acme") for i in range(80)]
+    order = sending_order([*hanging, head("whk_z", "globex"), head("whk_zz", "*")])
+    first = [h.webhook_id for h in order[:MAX_IN_FLIGHT]]
+    assert first[:3] == ["whk_a00", "whk_z", "whk_zz"]  # each tenant's first webhook, by id
+    retried = [head(f"whk_a{i:02d}", "acme", attempts=1) for i in range(40)]
+    order = sending_order([*retried, head("whk_b", "acme")])
+    assert order[0].webhook_id == "whk_b"  # never tried: ahead of every retry

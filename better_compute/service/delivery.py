@@ -33,7 +33,7 @@ import ssl
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from better_compute import clock
@@ -134,6 +134,25 @@ def post(hook: Webhook, body: str, timeout_s: float) -> Outcome:
     if 200 <= status < 300:
         return Outcome(status, None)
     return Outcome(status, f"HTTP {status}")
+
+
+def post_within(hook: Webhook, body: str, timeout_s: float) -> Outcome:
+    """post, waiting no longer than `timeout_s` for the whole exchange: urllib's timeout is per
+    socket operation, and a receiver that trickles a byte at a time never trips it. The send
+    goes on in a daemon thread that the process does not wait for (as a tick's do)."""
+    answers: queue.Queue[Outcome] = queue.Queue()
+
+    def send() -> None:
+        try:
+            answers.put(post(hook, body, timeout_s))
+        except Exception as exc:  # a receiver must never crash the command, whatever it sends
+            answers.put(Outcome(None, _reason(exc)))
+
+    threading.Thread(target=send, name=f"webhook test {hook.id}", daemon=True).start()
+    try:
+        return answers.get(timeout=timeout_s)
+    except queue.Empty:
+        return Outcome(None, TIMED_OUT)
 
 
 TIMED_OUT = "timed out waiting for the receiver"
@@ -274,20 +293,35 @@ def _fan_out(ctx: Ctx) -> None:
 
 
 def _claim_heads(ctx: Ctx, token: str, busy: set[str], room: int) -> list[_Claimed]:
-    """Claim the due head of each webhook not already being sent to, in one write transaction."""
+    """Claim the due head of each webhook not already being sent to, in one write transaction,
+    in sending order (sending_order)."""
     claimed: list[_Claimed] = []
     with ctx.write() as conn:
         real_now = clock.real_ms()
         until = real_now + ctx.settings.webhook_timeout_ms + CLAIM_SLACK_MS
-        for delivery_id, hook_id, seq, next_at in webhooks.heads(conn):
+        due = [h for h in webhooks.heads(conn) if h.webhook_id not in busy and h.next_at <= ctx.now]
+        for head in sending_order(due):
             if len(claimed) >= room:
                 break
-            if hook_id in busy or next_at > ctx.now:
-                continue
-            if webhooks.claim(conn, delivery_id, token, until, real_now):
-                hook = webhooks.get_webhook(conn, hook_id)
-                claimed.append(_Claimed(delivery_id, hook, webhooks.event_of(conn, seq)))
+            if webhooks.claim(conn, head.delivery_id, token, until, real_now):
+                hook = webhooks.get_webhook(conn, head.webhook_id)
+                event = webhooks.event_of(conn, head.event_seq)
+                claimed.append(_Claimed(head.delivery_id, hook, event))
     return claimed
+
+
+def sending_order(heads: Sequence[webhooks.Head]) -> list[webhooks.Head]:
+    """Heads never tried before go ahead of retries, and tenants take turns: each tenant's
+    first webhook (by id), then each one's second, and so on. Receivers that hang hold a send
+    slot for up to the timeout each; in this order, however many of them one tenant has, they
+    cannot keep another tenant's webhooks, or a receiver that has not failed, waiting behind
+    them tick after tick."""
+    turn: dict[str, int] = {}
+    ranked = []
+    for head in sorted(heads, key=lambda h: h.webhook_id):
+        turn[head.tenant_id] = turn.get(head.tenant_id, -1) + 1
+        ranked.append((head.attempts > 0, turn[head.tenant_id], head.webhook_id, head))
+    return [r[-1] for r in sorted(ranked, key=lambda r: r[:3])]
 
 
 def _record(ctx: Ctx, job: _Claimed, outcome: Outcome, token: str) -> str:

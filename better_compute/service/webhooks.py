@@ -39,7 +39,8 @@ NAMESPACES = (
 )
 #: The namespaces whose events carry a tenant: the only ones a tenant's webhook can receive.
 TENANT_NAMESPACES = ("policy", "quota", "reservation", "webhook")
-_TYPE = re.compile(r"^([a-z]+)\.([a-zA-Z]+|\*)$")
+#: A type is dotted words after its namespace (`pool.policy.set`); a pattern ends in `.*`.
+_TYPE = re.compile(r"^([a-z]+)(?:\.[a-zA-Z]+)*\.(?:[a-zA-Z]+|\*)$")
 MIN_SECRET, MAX_SECRET = 16, 256
 
 
@@ -48,6 +49,11 @@ def check_url(url: str) -> str:
     if not url or len(url) > 2048 or any(c.isspace() or not c.isprintable() for c in url):
         raise InvalidInput(
             "--url must be an http:// or https:// URL of at most 2048 characters, without spaces"
+        )
+    if not url.isascii():  # an HTTP request line is ASCII: such a URL could never be sent
+        raise InvalidInput(
+            f"--url {url!r} has characters that are not ASCII; percent-encode them (%C3%BC),"
+            " and write a host in its xn-- form"
         )
     try:
         parts = urllib.parse.urlsplit(url)
@@ -63,6 +69,8 @@ def check_url(url: str) -> str:
         )
     if not parts.hostname:
         raise InvalidInput(f"--url {url!r} names no host")
+    if parts.port == 0:
+        raise InvalidInput(f"--url {url!r}: port 0 is no port; give one from 1 to 65535")
     return url
 
 
@@ -204,7 +212,7 @@ def test(ctx: Ctx, hook_id: str, body_of: Callable[[Event], str]) -> TestResult:
         acting_admin=ctx.who.acting_admin,
     )
     timeout = ctx.settings.webhook_timeout_ms / 1000
-    outcome = delivery.post(hook, body_of(event), timeout)
+    outcome = delivery.post_within(hook, body_of(event), timeout)
     return TestResult(hook.id, hook.url, outcome.status, outcome.error)
 
 

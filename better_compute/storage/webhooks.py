@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from functools import partial
+from typing import NamedTuple
 
 from better_compute.errors import NotFound
 from better_compute.model import Delivery, DeliveryAttempt, Event, Webhook
@@ -114,16 +115,31 @@ def enqueue(conn: Conn, delivery_id: str, hook_id: str, event_seq: int, at: int)
     )
 
 
-def heads(conn: Conn) -> list[tuple[str, str, int, int]]:
-    """Each webhook's head of line: (delivery id, webhook id, event seq, next_at), by webhook."""
+class Head(NamedTuple):
+    """A webhook's head of line, with what the order of sending reads (service/delivery.py)."""
+
+    delivery_id: str
+    webhook_id: str
+    tenant_id: str
+    event_seq: int
+    next_at: int
+    attempts: int
+
+
+def heads(conn: Conn) -> list[Head]:
+    """Each webhook's head of line, by webhook."""
     rows = conn.execute(
-        "SELECT d.id, d.webhook_id, d.event_seq, d.next_at FROM deliveries d"
+        "SELECT d.id, d.webhook_id, w.tenant_id, d.event_seq, d.next_at, d.attempts"
+        " FROM deliveries d"
         " JOIN (SELECT webhook_id, MIN(event_seq) AS head_seq FROM deliveries WHERE state = ?"
         "       GROUP BY webhook_id) h ON h.webhook_id = d.webhook_id AND h.head_seq = d.event_seq"
+        " JOIN webhooks w ON w.id = d.webhook_id"
         " ORDER BY d.webhook_id",
         (QUEUED,),
     ).fetchall()
-    return [(_str(r[0]), _str(r[1]), _int(r[2]), _int(r[3])) for r in rows]
+    return [
+        Head(_str(r[0]), _str(r[1]), _str(r[2]), _int(r[3]), _int(r[4]), _int(r[5])) for r in rows
+    ]
 
 
 def claim(conn: Conn, delivery_id: str, token: str, until: int, real_now: int) -> bool:

@@ -354,6 +354,35 @@ def test_tick_delivers_each_tenants_events_signed_and_in_order(
     assert len(receiver.got) == 16
 
 
+def test_a_webhook_whose_creator_lost_the_tenant_sends_nothing(
+    run: Cli, receiver: Receiver
+) -> None:
+    """§6: a principal who may no longer act for a tenant sees none of its events, so a webhook
+    it added (to a URL it chose) is suspended until it may again; its managers see that."""
+    eve, bob = {"BETTER_COMPUTE_PRINCIPAL": "eve"}, {"BETTER_COMPUTE_PRINCIPAL": "bob"}
+    receiver.secrets["/eve"] = SECRET_A
+    url = receiver.url("/eve")
+    hid = run.ok("webhook", "add", "--tenant", "acme", "--url", url, "--secret", SECRET_A, env=eve)
+    run.ok("policy", "set", "--tenant", "acme", "--principal", "bob")  # eve is out
+    reserve(run, "acme", "secret-project")
+    tick(run)
+    assert receiver.got == []
+    [listed] = run.ok("webhook", "list", env=bob)
+    assert listed["id"] == hid["id"] and listed["suspended"] is True
+    assert run.ok("webhook", "list", env=eve) == []
+    run.ok("policy", "set", "--tenant", "acme", "--principal", "eve")  # back in
+    reserve(run, "acme", "after")
+    tick(run, MIN)
+    got = [d for p, d in receiver.got if p == "/eve"]
+    assert got and all(d["reservationId"] != receiver_blind(run, "secret-project") for d in got)
+    assert run.ok("webhook", "list", env=eve)[0]["suspended"] is False
+
+
+def receiver_blind(run: Cli, key: str) -> str:
+    """The id of the reservation with this key (the receiver must never have heard of it)."""
+    return str(run.ok("list", "--key", key)[0]["id"])
+
+
 def test_a_preemption_notice_to_another_tenant_does_not_name_the_preemptor(
     run: Cli, receiver: Receiver
 ) -> None:

@@ -31,6 +31,7 @@ def webhook(hook: Webhook, secret: str | None = None) -> dict[str, JsonValue]:
         "secretFingerprint": hook.fingerprint,
         "createdAt": hook.created_at,
         "createdBy": hook.created_by,
+        "suspended": hook.suspended,
     }
     if secret is not None:
         doc["secret"] = secret
@@ -57,7 +58,8 @@ def webhooks(rows: Sequence[Webhook]) -> RenderableType:
     table.add_column("secret", overflow="fold")
     for hook in rows:
         events = ",".join(hook.events) or "all"
-        table.add_row(hook.id, hook.tenant_id, hook.url, events, hook.fingerprint)
+        tenant = f"{hook.tenant_id} (suspended)" if hook.suspended else hook.tenant_id
+        table.add_row(hook.id, tenant, hook.url, events, hook.fingerprint)
     return table
 
 

@@ -40,7 +40,8 @@ from better_compute import clock
 from better_compute.errors import Unavailable
 from better_compute.model import Event, Webhook
 from better_compute.service.context import Ctx
-from better_compute.storage import repo, webhooks
+from better_compute.storage import ledger, repo, webhooks
+from better_compute.storage.repo import Conn
 
 SIGNATURE_HEADER = "X-Better-Compute-Signature"
 #: The first retry waits about this long; each next one twice as long, up to the cap.
@@ -278,12 +279,28 @@ def _start(
     threading.Thread(target=send, name=f"webhook {job.hook.id}", daemon=True).start()
 
 
+def receiving(conn: Conn, hook: Webhook, admins: Sequence[str] | None = None) -> bool:
+    """Whether a webhook still sends: with the rights of the principal who added it, who must
+    still be an admin (a `*` webhook) or may still act for its tenant (§6). Otherwise it is
+    suspended: a principal who lost a tenant keeps no window onto its events through a URL it
+    chose. A ledger from before the admin list (no admins recorded) suspends nothing."""
+    admins = ledger.admins(conn) if admins is None else admins
+    if not admins or hook.created_by in admins:
+        return True
+    return hook.tenant_id != "*" and ledger.acts_for(conn, hook.created_by, hook.tenant_id)
+
+
 def _fan_out(ctx: Ctx) -> None:
-    """Queue each webhook's new events, then move its cursor to the log's end."""
+    """Queue each webhook's new events, then move its cursor to the log's end. A suspended
+    webhook (receiving) queues nothing: the events logged while it is suspended are not its."""
     with ctx.write() as conn:
         last = repo.last_event_seq(conn)
+        admins = ledger.admins(conn)
         for hook in webhooks.webhooks(conn):
             if hook.cursor >= last:
+                continue
+            if not receiving(conn, hook, admins):
+                webhooks.set_cursor(conn, hook.id, last)
                 continue
             tenant = None if hook.tenant_id == "*" else hook.tenant_id
             for event in repo.events(conn, tenant=tenant, reservation=None, since=hook.cursor):
@@ -300,11 +317,14 @@ def _claim_heads(ctx: Ctx, token: str, busy: set[str], room: int) -> list[_Claim
         real_now = clock.real_ms()
         until = real_now + ctx.settings.webhook_timeout_ms + CLAIM_SLACK_MS
         due = [h for h in webhooks.heads(conn) if h.webhook_id not in busy and h.next_at <= ctx.now]
+        admins = ledger.admins(conn)
         for head in sending_order(due):
             if len(claimed) >= room:
                 break
+            hook = webhooks.get_webhook(conn, head.webhook_id)
+            if not receiving(conn, hook, admins):
+                continue  # suspended: what it queued before waits, unsent
             if webhooks.claim(conn, head.delivery_id, token, until, real_now):
-                hook = webhooks.get_webhook(conn, head.webhook_id)
                 event = webhooks.event_of(conn, head.event_seq)
                 claimed.append(_Claimed(head.delivery_id, hook, event))
     return claimed

@@ -172,8 +172,11 @@ def _mine(conn: Conn, ctx: Ctx, hook_id: str) -> Webhook:
 
 
 def list_(ctx: Ctx) -> list[Webhook]:
+    """The webhooks this principal manages, each marked suspended when its creator may no
+    longer see its events (delivery.receiving): deleting it, or restoring the creator's
+    policy, is the manager's call."""
     with ctx.db.read() as conn:
-        return _visible(conn, ctx)
+        return [replace(h, suspended=not delivery.receiving(conn, h)) for h in _visible(conn, ctx)]
 
 
 def delete(ctx: Ctx, hook_id: str) -> Webhook:

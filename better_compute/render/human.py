@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Group, RenderableType
@@ -46,18 +46,31 @@ def _window(rsv: Reservation) -> str:
     return f"{iso(rsv.during.start)} → {iso(rsv.during.end)}"
 
 
-def short(ms: int) -> str:
-    """`09-28 08:00` (UTC): for table cells, where a full ISO time would wrap."""
+def short(ms: int, year: bool = False) -> str:
+    """`09-28 08:00` (UTC): for table cells, where a full ISO time would wrap; with `year`,
+    `2026-09-28 08:00`."""
     text = iso(ms)
-    return f"{text[5:10]} {text[11:16]}"
+    return f"{text[0 if year else 5 : 10]} {text[11:16]}"
 
 
-def span(start: int, end: int | None) -> str:
-    """`09-28 08:00–10:00` within a day, `09-28 08:00 → 09-29 20:00` across days (UTC)."""
+def window_column(instants: Iterable[int | None]) -> tuple[str, bool]:
+    """A window column's header and whether its cells need the year: `window (UTC 2026)` when
+    every instant shown falls in one year, else `window (UTC)` with the year in each cell, so two
+    windows a year apart never read the same."""
+    years = {iso(t)[:4] for t in instants if t is not None}
+    if len(years) == 1:
+        return f"window (UTC {years.pop()})", False
+    return "window (UTC)", len(years) > 1
+
+
+def span(start: int, end: int | None, year: bool = False) -> str:
+    """`09-28 08:00–10:00` within a day, `09-28 08:00 → 09-29 20:00` across days (UTC); with
+    `year`, each day as `2026-09-28`."""
     if end is None:
-        return f"{short(start)} → open"
-    a, b = short(start), short(end)
-    return f"{a}–{b[6:]}" if a[:5] == b[:5] else f"{a} → {b}"
+        return f"{short(start, year)} → open"
+    a, b = short(start, year), short(end, year)
+    day = len(a) - 6
+    return f"{a}–{b[day + 1 :]}" if a[:day] == b[:day] else f"{a} → {b}"
 
 
 def _shape(rsv: Reservation) -> str:
@@ -104,8 +117,11 @@ def reservation(rsv: Reservation) -> RenderableType:
 def reservations(rows: Sequence[Reservation]) -> RenderableType:
     table = table_of(title=counted(len(rows), "reservation"))
     named = any(r.name is not None for r in rows)  # the name column only when some have one
-    for col in ("id", *(("name",) if named else ()), "tenant", "state", "asks", "window", "nodes"):
-        table.add_column(col, no_wrap=col in ("id", "state", "window"))
+    window, year = window_column(
+        t for r in rows if r.during for t in (r.during.start, r.during.end)
+    )
+    for col in ("id", *(("name",) if named else ()), "tenant", "state", "asks", window, "nodes"):
+        table.add_column(col, no_wrap=col in ("id", "state", window))
     for r in rows:
         table.add_row(
             r.id,
@@ -113,7 +129,7 @@ def reservations(rows: Sequence[Reservation]) -> RenderableType:
             r.tenant_id,
             Text(r.state.value, style=STATE_STYLE[r.state.value]),
             _shape(r),
-            span(r.during.start, r.during.end) if r.during else "—",
+            span(r.during.start, r.during.end, year) if r.during else "—",
             ", ".join(a.node_id for a in r.allocations) or "—",
         )
     return table
@@ -180,8 +196,9 @@ def nodes(rows: Sequence[Node]) -> RenderableType:
 
 
 def desired(rows: Sequence[Assignment]) -> RenderableType:
+    window, year = window_column(t for a in rows for t in (a.start, a.end))
     table = table_of(
-        "reservation", "tenant", "gpus", "state", "window", "bound", title="desired state"
+        "reservation", "tenant", "gpus", "state", window, "bound", title="desired state"
     )
     for a in rows:
         table.add_row(
@@ -189,7 +206,7 @@ def desired(rows: Sequence[Assignment]) -> RenderableType:
             a.tenant_id,
             ",".join(map(str, a.atoms)),
             a.state,
-            span(a.start, a.end),
+            span(a.start, a.end, year),
             "yes" if a.bound else "no",
         )
     return table
@@ -222,7 +239,8 @@ def usage(rows: Sequence[UsageWindow], dead_letter: bool) -> RenderableType:
     table.add_column("reservation", no_wrap=True)
     table.add_column("node", no_wrap=True)
     table.add_column("gpus")
-    table.add_column("window", no_wrap=True)
+    window, year = window_column(t for u in rows for t in (u.start, u.end))
+    table.add_column(window, no_wrap=True)
     table.add_column("gpu-h", justify="right")
     totals: dict[tuple[str, str], float] = {}
     for u in rows:
@@ -232,7 +250,7 @@ def usage(rows: Sequence[UsageWindow], dead_letter: bool) -> RenderableType:
             u.reservation_id,
             u.node_id,
             str(u.gpus),
-            span(u.start, u.end),
+            span(u.start, u.end, year),
             f"{u.quantity:.2f}",
         )
         totals[(u.tenant_id, u.meter)] = totals.get((u.tenant_id, u.meter), 0.0) + u.quantity

@@ -52,8 +52,8 @@ def start_run() -> str:
         _state["missing"] = why
         return os.environ.get("USER", "")
     name = f"bc_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    with _connect(base) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
+    with _connect(base) as conn:  # names sort by code point, whatever the server's default
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE template0 ENCODING 'UTF8' LOCALE 'C'")
         role = str(conn.execute("SELECT current_user").fetchone()[0])
     _state.update(base=base, url=_with_database(base, name), name=name)
     return role
@@ -130,3 +130,22 @@ def login_role(prefix: str) -> Iterator[str]:
         yield name
     finally:
         sql(url, f"DROP OWNED BY {name}", f"DROP ROLE {name}")
+
+
+@contextlib.contextmanager
+def database(options: str) -> Iterator[str]:
+    """A fresh database on the test server, made with these CREATE DATABASE options and dropped
+    afterwards: its URL. A server that cannot make it (say, built without ICU) skips the test."""
+    import psycopg
+
+    name = f"bc_other_{uuid.uuid4().hex[:8]}"
+    try:
+        with _connect(_state["base"]) as conn:
+            conn.execute(f"CREATE DATABASE {name} {options}")
+    except psycopg.Error as exc:
+        pytest.skip(f"this server cannot make such a database: {exc}")
+    try:
+        yield _with_database(_state["base"], name)
+    finally:
+        with _connect(_state["base"]) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

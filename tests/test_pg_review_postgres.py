@@ -202,3 +202,20 @@ def test_8_an_admin_who_does_not_own_the_tables_is_told_so_by_init_force(role: s
     error = _error(invoke(["--db", pgtest.as_role(url, role), "--json", "init", "--force"]), 6)
     assert "must be owner" in error["message"] and "owns the ledger's tables" in error["message"]
     assert "an admin grants" not in error["message"]
+
+
+@postgres
+def test_9_a_database_that_sorts_by_a_language_is_refused(db_dir: Path) -> None:
+    """Node names order placement: in an en-US database 'a-01' sorts before 'B-01', where SQLite
+    (and a C database) puts 'B-01' first, so the same requests would land elsewhere."""
+    icu = "TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'"
+    with pgtest.database(icu) as url:
+        error = _error(invoke(["--db", url, "--now", NOW, "--json", "init", "--demo"]), 2)
+        assert error["code"] == "INVALID_INPUT" and "code point" in error["message"]
+        assert "--locale=C.UTF-8" in error["message"]
+        source = Cli(init_db(db_dir / "source.db"))
+        error = _error(invoke(["--db", str(source.db), "--json", "migrate", "--to", url]), 2)
+        assert "code point" in error["message"]
+        assert pgtest.sql(url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") == [
+            (0,)
+        ]

@@ -504,6 +504,7 @@ def create_database(url: str, *, force: bool, db_id: str, fill: Any = None) -> P
         raw = db.conn.raw
         with mapped(db.where), raw.transaction():
             _require_schema(db)
+            _require_byte_order(db)
             raw.execute("SELECT pg_advisory_xact_lock(1111706960)")
             version = _version(db)
             if version is None and _tables(db):
@@ -547,6 +548,27 @@ def _require_schema(db: PgDatabase) -> None:
         raise InvalidInput(
             f"{db.where}: no schema on its search_path ({path}) exists, or your role may not use"
             " it; create the schema (CREATE SCHEMA) or correct the URL's search_path"
+        )
+
+
+#: Names whose order differs between comparing bytes and any language's collation.
+_ORDER_PROBE = ("a", "B", "-", "_", ".", "Z", "\u00e4", "1", "A", "b", "aB", "ab", "a-b")
+
+
+def _require_byte_order(db: PgDatabase) -> None:
+    """A ledger compares names as bytes, as SQLite does: node names break placement's ties and
+    page its name-order scan, and ids, tenants and nodes list in that order. A database whose
+    collation follows a language (en_US, an ICU locale) would place and list differently from
+    SQLite, and from a ledger migrated out of it, and even from itself where Python sorts. So a
+    ledger is made only in a database that sorts text by code point (C, C.UTF-8, POSIX)."""
+    probe = list(_ORDER_PROBE)
+    got = db.conn.execute("SELECT x FROM unnest(?::text[]) AS x ORDER BY x", (probe,)).fetchall()
+    if [r[0] for r in got] != sorted(probe):
+        raise InvalidInput(
+            f"{db.where} sorts text by a language's rules ('a' before 'B'), not by code point"
+            " as a ledger needs (node names order placement); create its database with"
+            " `createdb --locale=C.UTF-8 --template=template0 NAME` (or CREATE DATABASE …"
+            " TEMPLATE template0 LOCALE 'C.UTF-8' LOCALE_PROVIDER libc)"
         )
 
 

@@ -122,3 +122,18 @@ def test_a_tenants_creation_is_its_own_event(run: Cli) -> None:
     run.ok("tenant", "create", "t9")
     [created] = run.ok("events", "--tenant", "t9")
     assert created["type"] == "tenant.created" and created["tenantId"] == "t9"
+
+
+def test_tables_name_the_year_so_windows_a_year_apart_differ(run: Cli) -> None:
+    """§2: human output shows UTC times; a table's short `10-01 09:00` must not make two
+    reservations a year apart read the same."""
+    wide = {"COLUMNS": "200"}
+    run.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "2h", "--start",
+           "2026-10-01T09:00:00Z", "--key", "x1")  # fmt: skip
+    code, one_year, _ = run("list", json=False, env=wide)
+    assert code == 0 and "window (UTC 2026)" in one_year and "10-01 09:00–11:00" in one_year
+    run.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "2h", "--start",
+           "2027-10-01T09:00:00Z", "--key", "x2")  # fmt: skip
+    code, two_years, _ = run("list", json=False, env=wide)
+    assert code == 0 and "window (UTC)" in two_years
+    assert "2026-10-01 09:00–11:00" in two_years and "2027-10-01 09:00–11:00" in two_years

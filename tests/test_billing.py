@@ -340,6 +340,10 @@ def test_usage_as_of_an_earlier_now_counts_what_was_used_by_then(world: World) -
     assert set(got) == {short.id, long_.id}
     assert (got[short.id].end, got[short.id].quantity) == (None, 8.0)
     assert (got[long_.id].end, got[long_.id].quantity) == (None, 8.0)
+    # --to before now: the row says the interval it counts, open windows included
+    cut = {u.reservation_id: u for u in world.usage(end=T0 + 30 * MIN)}
+    cut.update((u.reservation_id, u) for u in world.usage(end=T0 + 30 * MIN, dead=True))
+    assert {(u.start, u.end, u.quantity) for u in cut.values()} == {(T0, T0 + 30 * MIN, 4.0)}
     world.now = T0 + 210 * MIN
     got = {u.reservation_id: u for u in world.everything()}
     assert (got[short.id].end, got[short.id].quantity) == (T0 + 2 * HOUR, 16.0)

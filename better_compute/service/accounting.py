@@ -81,7 +81,9 @@ def _counted(r: Row, start: int | None, end: int | None, now: int) -> UsageWindo
     hi = hi if end is None else min(hi, end)
     if (start is not None or end is not None) and hi <= lo:
         return None
-    shown_end = r["end"] if closed else None
+    # The row's [start, end) is what it counts: cut to --to, else the window's own end (None
+    # while it is open, counted up to now).
+    shown_end = end if end is not None and hi == end else r["end"] if closed else None
     return UsageWindow(
         r["meter"],
         r["tenant_id"],
@@ -90,7 +92,7 @@ def _counted(r: Row, start: int | None, end: int | None, now: int) -> UsageWindo
         r["node_id"],
         r["gpus"],
         lo,
-        shown_end if shown_end is None or end is None else min(shown_end, end),
+        shown_end,
         round(r["gpus"] * max(0, hi - lo) / HOUR_MS, 6),
     )
 

@@ -266,9 +266,11 @@ def _request(line: int, raw: str, base: int, compress: Fraction) -> Request:
 
 def parse_jsonl(text: str, base: int, compress: Fraction = Fraction(1)) -> Workload:
     """One request per line: `{at, tenant, gpus, duration, start?, gang?, topologyKey?, spot?,
-    model?, key?, pool?}`; blank lines are ignored."""
+    model?, key?, pool?}`; blank lines are ignored. Lines end at `\n` only (a `\r` before it is
+    JSON whitespace): str.splitlines would also break inside a string holding U+2028 or U+0085,
+    which JSON allows unescaped."""
     requests = []
-    for line, raw in enumerate(text.splitlines(), start=1):
+    for line, raw in enumerate(text.split("\n"), start=1):
         if not raw.strip():
             continue
         try:

@@ -194,6 +194,42 @@ def notices(cli: Cli, type_: str) -> list[tuple[str, int]]:
     return sorted((e["reservationId"], e["at"]) for e in cli.ok("events") if e["type"] == type_)
 
 
+def _full_then_later(cli: Cli) -> None:
+    """Pool small full until 09:00 with a fifth request waiting, acme's quota all held; nothing
+    ticks after 08:00."""
+    cli.ok("tenant", "create", "acme")
+    cli.ok("quota", "set", "--tenant", "acme", "--gpus", "20")
+    four = ("--tenant", "acme", "--pool", "small", "--gpus", "4", "--for", "1h")
+    for i in range(5):
+        cli.ok("reserve", *four, "--key", f"r{i}")
+    cli.ok("tick")
+
+
+def _by_key(cli: Cli, key: str) -> dict[str, Any]:
+    return dict(cli.ok("get", cli.ok("list", "--key", key)[0]["id"]))
+
+
+def test_a_replay_first_runs_what_fell_due_before_its_start(fleet: Cli, db_dir: Path) -> None:
+    """Ends and retries due before the replay's instant are run by a tick at that instant, as
+    `tick` then `reserve` would, before the first arrival; and a replay --until its start still
+    ticks there."""
+    later = "2026-09-28T10:00:00Z"
+    _full_then_later(fleet)
+    line = {"at": "+0m", "tenant": "acme", "gpus": 4, "duration": "1h", "pool": "small"}
+    workload = write_jsonl(db_dir / "late.jsonl", [line])
+    report = fleet.ok("simulate", "--workload", workload, "--format", "jsonl", now=later)
+    assert report["placedAtOnce"] == 1 and report["neverPlaced"] == 0, report
+    first = _by_key(fleet, "r0")
+    assert first["releaseReason"] == "expired" and first["during"]["end"] == NOW_MS + 60 * MIN
+    assert _by_key(fleet, "r4")["during"]["start"] == NOW_MS + 120 * MIN  # retried at 10:00
+    other = small_fleet(db_dir / "until.db")
+    _full_then_later(other)
+    empty = write_jsonl(db_dir / "none.jsonl", [])
+    other.ok("simulate", "--workload", empty, "--format", "jsonl", "--until", later, now=later)
+    assert _by_key(other, "r0")["state"] == "released"
+    assert _by_key(other, "r4")["during"]["start"] == NOW_MS + 120 * MIN
+
+
 def test_until_leaves_work_active_and_bookings_ahead(fleet: Cli, db_dir: Path) -> None:
     lines = [
         {"at": "+0s", "tenant": "acme", "gpus": 2, "duration": "2h"},
@@ -247,6 +283,27 @@ def test_utilisation_counts_the_pools_asked_for_when_nothing_fits(fleet: Cli, db
     )
     assert report["neverPlaced"] == 1 and report["gpuHoursBooked"] == 0
     assert {b["allocatable"] for b in report["utilisation"]} == {12}  # n0 is cordoned
+
+
+def test_utilisation_counts_the_pools_of_refused_requests(fleet: Cli, db_dir: Path) -> None:
+    """A request refused at admission (over its tenant's quota) still asked for its pool: the
+    report's allocatable counts it, and a run that made nothing still reports its buckets."""
+    fleet.ok("pool", "create", "east", now=None)
+    fleet.ok("node", "add", "e0", "--pool", "east", "--gpus", "2", "--model", "a100", now=None)
+    fleet.ok("tenant", "create", "globex", now=None)
+    fleet.ok("quota", "set", "--tenant", "globex", "--gpus", "4", now=None)
+    lines = [{"at": "+0s", "tenant": "globex", "gpus": 4, "gang": 2, "duration": "1h",
+              "pool": "small"}]  # fmt: skip
+    workload = write_jsonl(db_dir / "w.jsonl", lines)
+    report = fleet.ok(
+        "simulate", "--workload", workload, "--format", "jsonl", "--until", "+2h", now=None
+    )
+    assert report["neverPlaced"] == 1 and report["utilisation"], report
+    assert {b["allocatable"] for b in report["utilisation"]} == {16}  # small's, not east's 2
+    lines.append({"at": "+3h", "tenant": "acme", "gpus": 1, "duration": "1h", "pool": "east"})
+    report = fleet.ok("simulate", "--workload", write_jsonl(db_dir / "x.jsonl", lines),
+                      "--format", "jsonl", now=None)  # fmt: skip
+    assert {b["allocatable"] for b in report["utilisation"]} == {18}
 
 
 def test_refused_requests_are_never_placed_and_the_replay_goes_on(fleet: Cli, db_dir: Path) -> None:
@@ -501,3 +558,18 @@ def test_other_writers_get_the_lock_while_a_replay_commits_back_to_back(
     assert failed == []
     ids = [t["id"] for t in fleet.ok("tenant", "list")]
     assert {f"meanwhile{k}" for k in range(4)} <= set(ids)
+
+
+def test_a_line_may_hold_any_character_json_allows_in_a_string() -> None:
+    """U+2028 and U+0085 are allowed unescaped in a JSON string; only `\\n` ends a line, so the
+    key keeps them and the next line keeps its number."""
+    from better_compute.errors import InvalidInput
+    from better_compute.workload import parse_jsonl
+
+    key = "job\u2028one\u0085two"
+    good = json.dumps({"at": "+0m", "tenant": "acme", "gpus": 1, "duration": "1h", "key": key})
+    text = good.replace("\\u2028", "\u2028").replace("\\u0085", "\u0085") + "\r\n"
+    [request] = parse_jsonl(text, NOW_MS).requests
+    assert request.key == key
+    with pytest.raises(InvalidInput, match=r"^line 2: "):
+        parse_jsonl(text + "{}\n", NOW_MS)

@@ -138,14 +138,14 @@ def simulate(
     workload = parse_workload(setup.read_text(ctx, file, "workload"), fmt, base, compress)
     notice = ctx.settings.spot_notice_ms
     plan = [(r, _args(r, pool, notice)) for r in workload.requests if until is None or r.at < until]
-    _check_pools(ctx, plan, pool)
+    asked_pools = _check_pools(ctx, plan, pool)
     _create_tenants(ctx.at(base), sorted({r.tenant for r, _ in plan}))  # those sent only
     run = _Run(base, first_event, set(), seq_floor=seq_floor)
     with ctx.db.replaying():  # a what-if ledger: thousands of commits, none a person waits on
         end = _replay(ctx, plan, run, until, progress)
     with ctx.db.read():
         requests = len(plan) - run.retried
-        return _report(ctx, run, workload, requests, end, clock.elapsed_s() - began)
+        return _report(ctx, run, workload, requests, end, clock.elapsed_s() - began, asked_pools)
 
 
 def _args(r: Request, pool: str | None, spot_notice_ms: int) -> ReserveArgs:
@@ -173,22 +173,27 @@ def _args(r: Request, pool: str | None, spot_notice_ms: int) -> ReserveArgs:
     return args
 
 
-def _check_pools(ctx: Ctx, plan: list[tuple[Request, ReserveArgs]], flag: str | None) -> None:
+def _check_pools(ctx: Ctx, plan: list[tuple[Request, ReserveArgs]], flag: str | None) -> set[str]:
     """Every pool the requests name exists (and a request naming none has one pool to go to),
     and so does --pool's (`flag`) even when every line names its own, before anything is
     written. A line is blamed only for a pool it names itself: the pool of the others is
-    --pool's (or the ledger's only one)."""
+    --pool's (or the ledger's only one). Returns the ids of the pools the requests go to."""
     refs = {args.pool: r.line if r.pool is not None else 0 for r, args in reversed(plan)}
+    asked = set(refs)
     if flag is not None:
         refs[flag] = 0
+    pools: set[str] = set()
     with ctx.db.read() as conn:
         for ref, line in sorted(refs.items(), key=lambda kv: kv[1]):
             try:
-                repo.find_pool(conn, ref)
+                row = repo.find_pool(conn, ref)
             except BetterComputeError as exc:
                 if line == 0:
                     raise
                 raise type(exc)(f"line {line}: {exc.message}") from None
+            if ref in asked:
+                pools.add(str(row["id"]))
+    return pools
 
 
 def _create_tenants(ctx: Ctx, tenants: Iterable[str]) -> None:
@@ -274,9 +279,19 @@ class _Due:
     last: int = 0
     #: (data version, after, the answer) of the last lookup: see next().
     known: tuple[int, int, int | None] | None = None
+    #: Whether the tick at the replay's start has run (_catch_up).
+    caught_up: bool = False
 
     def __post_init__(self) -> None:
         self.last = self.after + 1
+
+    def _catch_up(self) -> None:
+        """Once, first: a tick at the replay's start, as `tick` at that instant would run, for
+        what fell due before it (ends, retries, time-outs, lead checks no cron tick ran): the
+        lookup finds only instants later than the start. With nothing due it changes nothing."""
+        if not self.caught_up:
+            self.caught_up = True
+            self._tick(self.after + 1)
 
     def next(self, *, reuse: bool = False) -> int | None:
         """The next instant a tick has work, read inside the transaction that will act on it.
@@ -304,6 +319,7 @@ class _Due:
         as the transaction's first step, before it has written anything. `due_now`: a start
         at `instant` is known to be due (after = instant - 1), which is what the lookup would
         answer, since nothing can be due before it."""
+        self._catch_up()
         due = instant if due_now else self.next(reuse=first)
         while due is not None and due <= instant:
             self._tick(due)
@@ -315,6 +331,7 @@ class _Due:
         passed (True: more may be due) or nothing is due (False). As the transaction's first
         step, before it has written anything."""
         stop = time.perf_counter() + seconds
+        self._catch_up()
         due = self.next(reuse=True)
         while due is not None:
             self._tick(due)
@@ -351,13 +368,20 @@ def _reserve(ctx: Ctx, args: ReserveArgs, run: _Run, fleet: Fleet) -> bool:
 
 
 def _report(
-    ctx: Ctx, run: _Run, workload: Workload, requests: int, end: int, wall: float
+    ctx: Ctx,
+    run: _Run,
+    workload: Workload,
+    requests: int,
+    end: int,
+    wall: float,
+    pools: set[str],
 ) -> Report:
+    """`pools`: those the requests went to, whether or not anything was booked in them."""
     conn = ctx.db.conn
     placed_at_once = placed_later = cut_back = requeued = 0
     waits: list[int] = []
     booked_ms = used_ms = 0
-    buckets: tuple[Utilisation, ...] = ()
+    spans: list[tuple[str, int, int]] = []
     if run.lo_seq is not None and run.hi_seq is not None:
         lo, hi = run.lo_seq, run.hi_seq
         rows = [r for r in store.reservation_starts(conn, lo, hi) if r[0] in run.ids]
@@ -390,7 +414,8 @@ def _report(
             for rid, g, s, e in store.usage_spans(conn, lo, hi)
             if rid in asked
         )
-        buckets = _utilisation(ctx, spans, {pool for _r, pool, _c, _s in rows}, run.start, end)
+        pools = pools | {pool for _r, pool, _c, _s in rows}
+    buckets = _utilisation(ctx, spans, pools, run.start, end)
     return Report(
         requests=requests,
         placed_at_once=placed_at_once,

@@ -9,6 +9,7 @@ file is read before anything is written: a bad line is INVALID_INPUT naming its 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -264,13 +265,16 @@ def _request(line: int, raw: str, base: int, compress: Fraction) -> Request:
     )
 
 
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
 def parse_jsonl(text: str, base: int, compress: Fraction = Fraction(1)) -> Workload:
     """One request per line: `{at, tenant, gpus, duration, start?, gang?, topologyKey?, spot?,
-    model?, key?, pool?}`; blank lines are ignored. Lines end at `\n` only (a `\r` before it is
-    JSON whitespace): str.splitlines would also break inside a string holding U+2028 or U+0085,
-    which JSON allows unescaped."""
+    model?, key?, pool?}`; blank lines are ignored. Lines end at `\n`, `\r\n` or `\r` (which
+    JSON never allows unescaped in a string); str.splitlines would also break inside a string
+    holding U+2028 or U+0085, which JSON allows unescaped."""
     requests = []
-    for line, raw in enumerate(text.split("\n"), start=1):
+    for line, raw in enumerate(_LINE_END.split(text), start=1):
         if not raw.strip():
             continue
         try:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from conftest import NOW_MS, Cli, at
 
-from better_compute.errors import InvalidInput
+from better_compute.errors import Conflict, InvalidInput
 from better_compute.inventory import parse_inventory
 from better_compute.model import Event, ReleaseReason, Reservation, State
 from better_compute.service import accounting, booking, setup, ticking
@@ -203,6 +203,30 @@ def test_a_release_after_the_end_bills_to_the_end_as_the_tick_would(world: World
     assert done.during is not None and done.during.end == T0 + HOUR
     [u] = world.of(late.id)
     assert (u.start, u.end, u.quantity) == (T0, T0 + HOUR, 8.0)
+
+
+def test_late_verbs_meet_what_the_tick_would_have_done(world: World) -> None:
+    """Past its end, a committed calendar booking is released as expired (the commit forbids an
+    early release, not a late one); a pending one past pending.maxWaitMs cancels as timed out;
+    an extend past the end is refused, so no read of the past is rewritten."""
+    from better_compute.model import CalendarPolicy
+    from better_compute.service import calendar
+
+    pool_id = repo.pool_rows(world.db.conn)[0]["id"]
+    calendar.policy_set(world.ctx(), "p", CalendarPolicy(pool_id, commit=True))
+    committed = world.reserve(8, models=("h100",), start=T0 + HOUR)
+    world.now = T0 + 3 * HOUR
+    done = booking.release(world.ctx(), committed.id)
+    assert done.release_reason == ReleaseReason.EXPIRED
+    calendar.policy_clear(world.ctx(), "p")
+    setup.config_set(world.ctx(), "pending.maxWaitMs", str(HOUR))
+    ended = world.reserve(8, models=("a100",), duration_ms=HOUR)
+    waiting = world.reserve(8, models=("a100",), duration_ms=HOUR)
+    assert waiting.state == State.PENDING
+    world.now = T0 + 5 * HOUR
+    with pytest.raises(Conflict, match="ended at"):
+        booking.extend(world.ctx(), ended.id, HOUR)
+    assert booking.cancel(world.ctx(), waiting.id).release_reason == ReleaseReason.TIMEOUT
 
 
 def test_a_release_after_a_preemption_deadline_bills_to_the_deadline(one_node: World) -> None:

@@ -573,3 +573,4 @@ def test_a_line_may_hold_any_character_json_allows_in_a_string() -> None:
     assert request.key == key
     with pytest.raises(InvalidInput, match=r"^line 2: "):
         parse_jsonl(text + "{}\n", NOW_MS)
+    assert len(parse_jsonl(good + "\r" + good, NOW_MS).requests) == 2  # old Mac line ends

@@ -378,6 +378,23 @@ def test_a_webhook_whose_creator_lost_the_tenant_sends_nothing(
     assert run.ok("webhook", "list", env=eve)[0]["suspended"] is False
 
 
+def test_what_a_suspended_webhook_had_queued_is_dead_lettered(run: Cli, receiver: Receiver) -> None:
+    """Nothing waits on rights that may never come back: `left` does not count it forever."""
+    eve = {"BETTER_COMPUTE_PRINCIPAL": "eve"}
+    receiver.secrets["/eve"] = SECRET_A
+    url = receiver.url("/eve")
+    run.ok("webhook", "add", "--tenant", "acme", "--url", url, "--secret", SECRET_A, env=eve)
+    run.ok("config", "set", "webhook.tickBudgetMs", "0")  # paused: the events queue
+    reserve(run, "acme", "queued-before")
+    assert tick(run)["deliveries"]["left"] == 4
+    run.ok("policy", "set", "--tenant", "acme", "--principal", "bob")  # eve is out
+    run.ok("config", "set", "webhook.tickBudgetMs", "10000")
+    assert tick(run, MIN)["deliveries"] == {"sent": 0, "failed": 0, "deadLettered": 0, "left": 0}
+    assert receiver.got == []
+    dead = run.ok("webhook", "deliveries", "--failed")
+    assert len(dead) == 4 and {d["state"] for d in dead} == {"dead"}
+
+
 def receiver_blind(run: Cli, key: str) -> str:
     """The id of the reservation with this key (the receiver must never have heard of it)."""
     return str(run.ok("list", "--key", key)[0]["id"])
@@ -777,4 +794,7 @@ def test_tenants_take_turns_and_first_tries_go_before_retries() -> None:
     assert first[:3] == ["whk_a00", "whk_z", "whk_zz"]  # each tenant's first webhook, by id
     retried = [head(f"whk_a{i:02d}", "acme", attempts=1) for i in range(40)]
     order = sending_order([*retried, head("whk_b", "acme")])
-    assert order[0].webhook_id == "whk_b"  # never tried: ahead of every retry
+    assert order[0].webhook_id == "whk_b"  # never tried: ahead of its tenant's retries
+    # another tenant's retry still gets its turn in the first round, ahead of acme's fresh heads
+    order = sending_order([*hanging, head("whk_r", "globex", attempts=3)])
+    assert [h.webhook_id for h in order[:2]] == ["whk_a00", "whk_r"]

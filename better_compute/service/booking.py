@@ -14,7 +14,7 @@ from better_compute.engine.search import Ask
 from better_compute.errors import Conflict, InvalidInput
 from better_compute.inventory import MODEL_RE, normal_model
 from better_compute.lifecycle import states
-from better_compute.lifecycle.tick import release_due, retry_window
+from better_compute.lifecycle.tick import release_due, retry_window, timed_out
 from better_compute.model import (
     NVLINK_ALL,
     SERIES_MARK,
@@ -574,13 +574,29 @@ def _end_now(ctx: Ctx, rsv_id: str, reason: ReleaseReason, hint: str) -> Reserva
     with ctx.write() as conn:
         rsv = mine(ctx, rsv_id)
         states.require(rsv, allowed, verb, hint)
-        calendar.require_changeable(ctx, rsv, verb)
-        due = release_due(rsv.state, rsv.during, rsv.preempt_deadline, ctx.now)
-        if due is None or rsv.during is None:
+        late = _overdue(ctx, rsv)
+        if late is not None:  # a tick at this instant would release it: released as it would
+            finish(ctx, rsv, *late)
+        else:
+            calendar.require_changeable(ctx, rsv, verb)
             finish(ctx, rsv, reason, ctx.now)
-        else:  # its end or deadline came before a tick did: released as that tick releases it
-            finish(ctx, rsv, due, min(rsv.during.end, ctx.now))
         return repo.get_reservation(conn, rsv_id)
+
+
+def _overdue(ctx: Ctx, rsv: Reservation) -> tuple[ReleaseReason, int] | None:
+    """How a tick at ctx.now would release this reservation, if it would: its end or preemption
+    deadline has come (released at that end or deadline), or it has waited pending for
+    pending.maxWaitMs (timed out now). A user's late release or cancel, or a late extend, meets
+    a reservation no tick has yet released: it is the tick's to release, not the user's."""
+    due = release_due(rsv.state, rsv.during, rsv.preempt_deadline, ctx.now)
+    if due is not None and rsv.during is not None:
+        return due, min(rsv.during.end, ctx.now)
+    limit = ctx.settings.pending_max_wait_ms
+    if rsv.state == State.PENDING and timed_out(
+        rsv, repo.pending_since(ctx.db.conn, rsv), ctx.now, limit
+    ):
+        return ReleaseReason.TIMEOUT, ctx.now
+    return None
 
 
 def cancel(ctx: Ctx, rsv_id: str) -> Reservation:
@@ -609,8 +625,11 @@ def extend(ctx: Ctx, rsv_id: str, by_ms: int) -> Reservation:
         old_end, new_end = rsv.during.end, rsv.during.end + by_ms
         if new_end > MAX_MS:
             raise InvalidInput(f"that would end after {iso(MAX_MS)}; extend by less")
-        if new_end <= ctx.now:
-            raise Conflict(f"cannot extend {rsv.id}: its window has already ended")
+        if old_end <= ctx.now:  # the next tick releases it: more time would rewrite its end
+            raise Conflict(
+                f"cannot extend {rsv.id}: its window ended at {iso(old_end)}; the next tick"
+                " releases it"
+            )
         extra = Window(old_end, new_end)
         longer = Window(rsv.during.start, new_end)
         check_policy(conn, ctx.who, draft_of(replace(rsv, duration_ms=longer.duration)))

@@ -292,15 +292,18 @@ def receiving(conn: Conn, hook: Webhook, admins: Sequence[str] | None = None) ->
 
 def _fan_out(ctx: Ctx) -> None:
     """Queue each webhook's new events, then move its cursor to the log's end. A suspended
-    webhook (receiving) queues nothing: the events logged while it is suspended are not its."""
+    webhook (receiving) queues nothing, since the events logged while it is suspended are not
+    its, and what it had queued is dead-lettered: nothing is left waiting on rights that may
+    never come back, and `redeliver` puts it back once they have."""
     with ctx.write() as conn:
         last = repo.last_event_seq(conn)
         admins = ledger.admins(conn)
         for hook in webhooks.webhooks(conn):
-            if hook.cursor >= last:
-                continue
             if not receiving(conn, hook, admins):
+                webhooks.dead_letter_queued(conn, hook.id)
                 webhooks.set_cursor(conn, hook.id, last)
+                continue
+            if hook.cursor >= last:
                 continue
             tenant = None if hook.tenant_id == "*" else hook.tenant_id
             for event in repo.events(conn, tenant=tenant, reservation=None, since=hook.cursor):
@@ -331,17 +334,17 @@ def _claim_heads(ctx: Ctx, token: str, busy: set[str], room: int) -> list[_Claim
 
 
 def sending_order(heads: Sequence[webhooks.Head]) -> list[webhooks.Head]:
-    """Heads never tried before go ahead of retries, and tenants take turns: each tenant's
-    first webhook (by id), then each one's second, and so on. Receivers that hang hold a send
-    slot for up to the timeout each; in this order, however many of them one tenant has, they
-    cannot keep another tenant's webhooks, or a receiver that has not failed, waiting behind
-    them tick after tick."""
-    turn: dict[str, int] = {}
-    ranked = []
-    for head in sorted(heads, key=lambda h: h.webhook_id):
-        turn[head.tenant_id] = turn.get(head.tenant_id, -1) + 1
-        ranked.append((head.attempts > 0, turn[head.tenant_id], head.webhook_id, head))
-    return [r[-1] for r in sorted(ranked, key=lambda r: r[:3])]
+    """Tenants take turns (`*` counts as one): each tenant's first head, then each one's second,
+    and so on; within a tenant, heads never tried before go ahead of retries, then by webhook.
+    Receivers that hang hold a send slot for up to the timeout each; in this order, however many
+    of them one tenant has, they cannot keep another tenant's webhooks waiting behind them."""
+    by_tenant: dict[str, list[webhooks.Head]] = {}
+    for head in sorted(heads, key=lambda h: (h.attempts > 0, h.webhook_id)):
+        by_tenant.setdefault(head.tenant_id, []).append(head)
+    ranked = [
+        (turn, head.webhook_id, head) for own in by_tenant.values() for turn, head in enumerate(own)
+    ]
+    return [head for _turn, _id, head in sorted(ranked, key=lambda r: r[:2])]
 
 
 def _record(ctx: Ctx, job: _Claimed, outcome: Outcome, token: str) -> str:

@@ -214,6 +214,16 @@ def event_of(conn: Conn, seq: int) -> Event:
     return decoded(conn, f"event {seq}", partial(_event, row))
 
 
+def dead_letter_queued(conn: Conn, webhook_id: str) -> None:
+    """Every delivery still queued for this webhook, dead-lettered at once (a suspended webhook's:
+    `redeliver` puts them back)."""
+    conn.execute(
+        "UPDATE deliveries SET state = ?, claim = NULL, claim_until = NULL"
+        " WHERE webhook_id = ? AND state = ?",
+        (DEAD, webhook_id, QUEUED),
+    )
+
+
 def queued_count(conn: Conn) -> int:
     return int(
         conn.execute("SELECT COUNT(*) FROM deliveries WHERE state = ?", (QUEUED,)).fetchone()[0]

@@ -137,3 +137,14 @@ def test_tables_name_the_year_so_windows_a_year_apart_differ(run: Cli) -> None:
     code, two_years, _ = run("list", json=False, env=wide)
     assert code == 0 and "window (UTC)" in two_years
     assert "2026-10-01 09:00–11:00" in two_years and "2027-10-01 09:00–11:00" in two_years
+
+
+def test_a_node_is_not_told_to_run_a_reservation_whose_end_has_come(run: Cli) -> None:
+    """Its GPUs are free once the end has come (pool show, preview), though no tick has released
+    it yet: the node's desired state leaves it out."""
+    rsv = run.ok("reserve", "--tenant", "acme", "--gpus", "8", "--for", "1h", "--key", "r")
+    run.ok("tick")
+    node = rsv["allocations"][0]["nodeId"]
+    during = run.ok("node", "show", node, now="2026-09-28T08:30:00Z")["desiredState"]
+    assert [a["reservationId"] for a in during] == [rsv["id"]]
+    assert run.ok("node", "show", node, now="2026-09-28T09:30:00Z")["desiredState"] == []

@@ -243,7 +243,9 @@ def node_show(ctx: Ctx, name: str) -> NodeDetail:
     with ctx.db.read() as conn:
         node = repo.get_node(conn, name)
         seen = authz.visible_tenants(conn, ctx.who)  # other tenants' assignments stay private
-        desired = [a for a in desired_state(conn, name) if seen is None or a.tenant_id in seen]
+        desired = [
+            a for a in desired_state(conn, name, ctx.now) if seen is None or a.tenant_id in seen
+        ]
         return NodeDetail(
             node,
             repo.pool_name(conn, node.pool_id),

@@ -75,9 +75,11 @@ class Assignment:
     bound: bool
 
 
-def desired_state(conn: Conn, node: str) -> list[Assignment]:
-    """Derived from binding and active reservations, so it can never drift from the bookings."""
-    rows = repo.node_assignment_rows(conn, node)
+def desired_state(conn: Conn, node: str, now: int) -> list[Assignment]:
+    """Derived from binding and active reservations, so it can never drift from the bookings;
+    one whose end has come by `now` is left out though no tick has released it yet: its GPUs
+    are free (pool show, preview), so a node agent must not keep running it."""
+    rows = [r for r in repo.node_assignment_rows(conn, node) if r["during_end"] > now]
     return [
         Assignment(
             r["id"],

@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 from conftest import DAY, NOW_MS, Cli, at
+from hypothesis import given
+from hypothesis import strategies as st
 from test_trust import be
 
 from better_compute.timeparse import iso
@@ -35,17 +37,22 @@ def test_budget_admission_at_the_periods_edges(run: Cli) -> None:
     msg = refused(run, 7, "+24h", 1, "--gang", "2")
     assert msg.startswith("tenant 'acme' has booked 88 of its 100") and "needs 14 more" in msg
     c = reserve(run, 6, "+24h", 1, "--gang", "2")  # 88 + 12 = 100 again: admitted
-    # only bookings inside the period count: a request ending at 1h sees 8 + 4 of a and b
-    d = reserve(run, 1, "now", 1)
-    assert refused(run, 1, "+12h", 1).startswith("tenant 'acme' has booked 101 of its 100")
+    # Every rolling day the request reaches into must hold it, not only the one ending at its
+    # end: [0, 1h) ends a day holding 13, but the day [0, 24h) would hold 101.
+    msg = refused(run, 1, "now", 1)
+    assert msg == (
+        "tenant 'acme' has booked 100 of its 100 GPU-hour budget in all pools over the 1d ending"
+        f" {iso(NOW_MS + DAY)}; this request needs 1 more"
+    )
+    assert refused(run, 1, "+12h", 1).startswith("tenant 'acme' has booked 100 of its 100")
     # a cancelled booking gives its GPU-hours back; a changed one is judged on its new shape
     run.ok("cancel", b["id"])
-    e = reserve(run, 1, "+12h", 1)  # 96 + 1 (d) + 1
-    err = run.fails(5, "update", c["id"], "--gpus", "7")
-    assert "has booked 89 of its 100" in err["message"] and "needs 14 more" in err["message"]
+    d = reserve(run, 1, "now", 1)  # the day [0, 24h) holds 97, [1h, 25h) 100: admitted
+    err = run.fails(5, "update", c["id"], "--gpus", "7")  # [1h, 25h): a 88 + 14
+    assert "has booked 88 of its 100" in err["message"] and "needs 14 more" in err["message"]
     assert run.ok("get", c["id"])["allocations"] == c["allocations"]
-    err = run.fails(5, "extend", a["id"], "--by", "3h")  # a 96, d 1, e 1 in [−9h, 15h)
-    assert "has booked 98 of its 100" in err["message"] and "needs 24 more" in err["message"]
+    err = run.fails(5, "extend", a["id"], "--by", "3h")  # [1h, 25h): a 88, c 12, + 24
+    assert "has booked 100 of its 100" in err["message"] and "needs 24 more" in err["message"]
     assert (
         run.fails(
             5, "preview", "--tenant", "acme", "--gpus", "3", "--for", "1h", "--start", "+23h"
@@ -61,14 +68,51 @@ def test_budget_admission_at_the_periods_edges(run: Cli) -> None:
             "periodMs": DAY,
             "used": 0,
             "remaining": 100,
-            "bookedAhead": 98,  # a 96, d 1, e 1 in [now, now + 1d)
+            "bookedAhead": 97,  # a 96, d 1 in [now, now + 1d)
         }
     ]
     # a day later, what was used in the last day is spent
     run.ok("tick", now=at(DAY))
     later = run.ok("quota", "show", "--tenant", "acme", now=at(DAY))["budgets"][0]
-    assert (later["used"], later["remaining"], later["bookedAhead"]) == (98, 2, 12)
-    assert {r["id"] for r in run.ok("list")} >= {a["id"], c["id"], d["id"], e["id"]}
+    assert (later["used"], later["remaining"], later["bookedAhead"]) == (97, 3, 12)
+    assert {r["id"] for r in run.ok("list")} >= {a["id"], c["id"], d["id"]}
+
+
+def test_no_rolling_period_goes_over_whatever_the_order_of_booking() -> None:
+    """The reviewer's ways past a budget checked only at the period ending at the request's end:
+    a shorter job after a long one, and the later window booked first."""
+    from better_compute.model import Window
+    from better_compute.service.budgets import fullest_period
+
+    h = 3_600_000
+    long_then_short = [(0, 10 * h, 1), (0, h, 8)]  # 10 + 8 GPU-hours inside one day
+    assert fullest_period(long_then_short, Window(0, h), 24 * h)[1] == 18 * h
+    later_first = [(48 * h, 58 * h, 1), (38 * h, 48 * h, 1)]
+    assert fullest_period(later_first, Window(38 * h, 48 * h), 24 * h)[1] == 20 * h
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 60), st.integers(1, 30), st.integers(1, 4)), max_size=8),
+    st.integers(0, 60),
+    st.integers(1, 30),
+    st.integers(1, 40),
+)
+def test_the_fullest_period_is_the_most_any_period_holds(
+    spans: list[tuple[int, int, int]], start: int, length: int, period: int
+) -> None:
+    """The sweep agrees with trying every period [t, t + p) that meets the window."""
+    from better_compute.model import Window
+    from better_compute.service.budgets import fullest_period
+
+    window = Window(start, start + length)
+    spans = [(s, s + d, n) for s, d, n in spans] + [(start, start + length, 1)]
+
+    def held(t: int) -> int:
+        return sum(n * max(0, min(e, t + period) - max(s, t)) for s, e, n in spans)
+
+    t, most = fullest_period(spans, window, period)
+    assert window.start - period < t < window.end and held(t) == most
+    assert most == max(held(u) for u in range(window.start - period + 1, window.end))
 
 
 def test_a_pool_budget_and_pending_requests_count(run: Cli) -> None:

@@ -2,8 +2,8 @@
 
 A quota counts GPUs held at once, so two bookings that never overlap still fill it; a budget
 counts GPU-time, as Slurm's GrpTRESMins does. A reservation is admitted only while the tenant's
-booked GPU-hours in the rolling period ending at the reservation's end, its own included, stay
-within the budget. Booked means the bookings table (released reservations' past included: what
+booked GPU-hours in every rolling period its window reaches into, its own included, stay within
+the budget. Booked means the bookings table (released reservations' past included: what
 was held is spent) plus pending reservations' wanted windows (admitted, so already promised).
 """
 
@@ -65,11 +65,10 @@ def check(
     ignore: str | None = None,
 ) -> None:
     """Every budget that applies must hold `gpus` over `window` on top of what the tenant has
-    booked in the period ending at the window's end; else QUOTA_EXCEEDED with the figures."""
+    booked, in every rolling period the window reaches into; else QUOTA_EXCEEDED with the
+    figures of the fullest such period."""
     for budget in store.budgets(conn, tenant, pool_id):
-        period = Window(window.end - budget.period_ms, window.end)
-        need = gpus * _overlap(window, period)
-        spent = used(conn, tenant, budget.pool_id, period, now, ignore)
+        period, spent, need = _fullest(conn, tenant, budget, gpus, window, now, ignore)
         if spent + need > budget.gpu_ms:
             where = (
                 f"pool {repo.pool_name(conn, budget.pool_id)}" if budget.pool_id else "all pools"
@@ -77,8 +76,68 @@ def check(
             raise QuotaExceeded(
                 f"tenant {tenant!r} has booked {hours(spent):g} of its {hours(budget.gpu_ms):g}"
                 f" GPU-hour budget in {where} over the {human_duration(budget.period_ms)} ending"
-                f" {iso(window.end)}; this request needs {hours(need):g} more"
+                f" {iso(period.end)}; this request needs {hours(need):g} more"
             )
+
+
+def _fullest(
+    conn: Conn,
+    tenant: str,
+    budget: store.Budget,
+    gpus: int,
+    window: Window,
+    now: int,
+    ignore: str | None,
+) -> tuple[Window, int, int]:
+    """The rolling period (of the budget's length) that meets `window` and holds the most
+    GPU-time with the request's own included: (that period, what is booked in it, what the
+    request adds). Checking only the period ending at the window's end let a request through
+    whose GPU-time pushed a later period over (one booked further ahead) or an earlier one
+    (a short request after a long one)."""
+    p = budget.period_ms
+    spans = store.booked_spans(
+        conn, tenant, budget.pool_id, Window(window.start - p, window.end + p), ignore
+    )
+    for start, duration, charge in store.pending_wants(conn, tenant, budget.pool_id, ignore):
+        s = start if start is not None and start > now else now
+        spans.append((s, s + duration, charge))
+    t, most = fullest_period([*spans, (window.start, window.end, gpus)], window, p)
+    period = Window(t, t + p)
+    need = gpus * _overlap(window, period)
+    return period, most - need, need
+
+
+def fullest_period(spans: list[tuple[int, int, int]], window: Window, p: int) -> tuple[int, int]:
+    """(t, GPU-time) of the period [t, t + p) meeting `window` that holds the most GPU-time of
+    these (start, end, GPUs) spans.
+
+    A span's GPU-time inside [t, t + p) is a trapezoid in t: it rises with slope GPUs from
+    s - p, levels off, and falls back to 0 at e. So the total is piecewise linear, and its
+    greatest value over the periods meeting the window lies at one of those corners or at an
+    end of that range: one sweep over the sorted corners finds it, whatever the count."""
+    first, last = window.start - p + 1, window.end - 1  # every period that meets the window
+    slopes: dict[int, int] = {}
+    for s, e, n in spans:
+        for corner, change in ((s - p, n), (min(s, e - p), -n), (max(s, e - p), -n), (e, n)):
+            slopes[corner] = slopes.get(corner, 0) + change
+    t = first
+    value = sum(n * _overlap(Window(s, e), Window(t, t + p)) for s, e, n in spans)
+    slope = sum(change for corner, change in slopes.items() if corner <= first)
+    best_t, best = t, value
+    for corner, change in sorted(slopes.items()):
+        if corner <= first:
+            continue
+        value += slope * (min(corner, last) - t)
+        t = min(corner, last)
+        if value >= best:  # of equally full periods, the latest: it ends nearest the request
+            best_t, best = t, value
+        if corner >= last:
+            break
+        slope += change
+    value += slope * (last - t)
+    if value >= best:
+        best_t, best = last, value
+    return best_t, best
 
 
 def check_reservation(conn: Conn, rsv: Reservation, now: int, ignore: str | None = None) -> None:

@@ -60,6 +60,27 @@ def booked_gpu_ms(conn: Conn, tenant: str, pool_id: str, window: Window, ignore:
     return int(conn.execute(sql, args).fetchone()[0])
 
 
+def booked_spans(
+    conn: Conn, tenant: str, pool_id: str, window: Window, ignore: str | None
+) -> list[tuple[int, int, int]]:
+    """(start, end, GPUs) of the tenant's bookings that meet `window`, as booked_gpu_ms counts
+    them, one row per distinct span (a reservation's GPUs share theirs)."""
+    sql = (
+        'SELECT b.start, b."end", COUNT(*) FROM bookings b'
+        " JOIN reservations r ON r.id = b.reservation_id"
+        ' WHERE r.tenant_id = ? AND b."end" > ? AND b.start < ?'
+    )
+    args: list[object] = [tenant, window.start, window.end]
+    if pool_id:
+        sql += " AND b.pool_id = ?"
+        args.append(pool_id)
+    if ignore is not None:
+        sql += " AND b.reservation_id != ?"
+        args.append(ignore)
+    rows = conn.execute(sql + ' GROUP BY b.start, b."end"', args)
+    return [(int(a), int(b), int(n)) for a, b, n in rows]
+
+
 def pending_wants(
     conn: Conn, tenant: str, pool_id: str, ignore: str | None
 ) -> list[tuple[int | None, int, int]]:

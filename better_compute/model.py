@@ -152,6 +152,9 @@ class Request:
     topology_key: str | None = None
     spot: bool = False
     node_lease: bool = False
+    #: A node lease takes no node with more GPUs than this: what it was admitted for per member
+    #: (quota and policy judged it at the pool's largest node then). None: any size.
+    lease_most: int | None = None
 
 
 @dataclass(frozen=True)
@@ -255,6 +258,11 @@ class Reservation:
             topology_key=self.topology_key,
             spot=self.spot,
             node_lease=self.node_lease,
+            lease_most=(
+                self.quota_charge // (self.gang_size or 1)
+                if self.node_lease and self.quota_charge > 0
+                else None
+            ),
         )
 
 

@@ -148,3 +148,23 @@ def test_a_node_is_not_told_to_run_a_reservation_whose_end_has_come(run: Cli) ->
     during = run.ok("node", "show", node, now="2026-09-28T08:30:00Z")["desiredState"]
     assert [a["reservationId"] for a in during] == [rsv["id"]]
     assert run.ok("node", "show", node, now="2026-09-28T09:30:00Z")["desiredState"] == []
+
+
+def test_a_node_lease_never_grows_past_what_it_was_admitted_for(run: Cli) -> None:
+    """Admitted (quota, policy) at the pool's largest node then, a waiting lease is not placed on
+    a larger node added since: it would hold 16 GPUs of an 8-GPU quota."""
+    run.ok("quota", "set", "--tenant", "acme", "--gpus", "8")
+    for n in range(1, 8):
+        run.ok("node", "cordon", f"west-0{n}")
+    lease = run.ok("reserve", "--tenant", "acme", "--node-lease", "--for", "2h", "--key", "l")
+    assert lease["state"] == "pending" and lease["quotaCharge"] == 8
+    run.ok("node", "add", "big-1", "--pool", "west", "--gpus", "16", "--model", "h100")
+    run.ok("tick", now="2026-09-28T08:01:00Z")
+    still = run.ok("get", lease["id"])
+    assert still["state"] == "pending" and still["quotaCharge"] == 8
+    assert "1 × has 16 gpu, lease admitted for 8" in still["conditions"][0]["message"]
+    run.ok("node", "uncordon", "west-01")
+    run.ok("tick", now="2026-09-28T08:02:00Z")
+    placed = run.ok("get", lease["id"])
+    assert [a["nodeId"] for a in placed["allocations"]] == ["west-01"]
+    assert placed["quotaCharge"] == 8

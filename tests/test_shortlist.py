@@ -246,6 +246,11 @@ def write_world(
         gang_size=ask.gang,
         topology_key=ask.key,
         binding=Binding.NODE if ask.lease else Binding.DEVICE,
+        # a lease is charged at admission the pool's largest node per member, as reserve does
+        # (placing.beyond_charge keeps it off larger ones)
+        quota_charge=max((len(f.atoms) for f in fleet), default=0) * (ask.gang or 1)
+        if ask.lease
+        else 1,
     )
     repo.insert_reservation(conn, subject, "{}")
     for k, b in enumerate(held):

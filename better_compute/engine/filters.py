@@ -35,6 +35,8 @@ def refusal(
             return f"has {total} gpu, needs {request.gpus}"
         if total == 0:
             return "has no gpu"
+        if request.lease_most is not None and total > request.lease_most:
+            return f"has {total} gpu, lease admitted for {request.lease_most}"
         if len(free) < total:
             return f"node lease: {len(free)} of {total} gpu free"
     n = needed(request, node)

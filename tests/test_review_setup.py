@@ -168,3 +168,14 @@ def test_a_node_lease_never_grows_past_what_it_was_admitted_for(run: Cli) -> Non
     placed = run.ok("get", lease["id"])
     assert [a["nodeId"] for a in placed["allocations"]] == ["west-01"]
     assert placed["quotaCharge"] == 8
+
+
+def test_an_import_that_changes_a_quota_logs_it(run: Cli, tmp_path: Path) -> None:
+    """Every change to a tenant's rules is an event with its actor (§8), whichever command
+    makes it; an import that leaves the cap as it was logs nothing."""
+    path = tmp_path / "quota.json"
+    path.write_text('{"pools": [], "tenants": [{"id": "acme", "quota": {"gpus": 2}}]}')
+    run.ok("inventory", "import", path)
+    run.ok("inventory", "import", path)
+    changes = [e for e in run.ok("events", "--tenant", "acme") if e["type"] == "quota.set"]
+    assert [e["data"]["gpus"] for e in changes] == [2]

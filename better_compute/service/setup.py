@@ -596,10 +596,19 @@ def inventory_import(
                 if progress is not None:
                     progress(counts["nodes"], total)
         for tenant in inv.tenants:
-            if not repo.tenant_exists(conn, tenant.id):
+            known = repo.tenant_exists(conn, tenant.id)
+            if not known:
                 repo.insert_tenant(conn, tenant.id)
             if tenant.quota_gpus is not None:
+                was = dict(repo.quotas(conn, tenant.id)).get("") if known else None
                 repo.set_quota(conn, tenant.id, "", tenant.quota_gpus)
+                if known and was != tenant.quota_gpus:  # a change to a tenant's rules: logged
+                    ctx.event(
+                        "quota.set",
+                        tenant.id,
+                        None,
+                        {"poolId": None, "gpus": tenant.quota_gpus, "by": ctx.principal},
+                    )
             counts["tenants"] += 1
         ctx.event("inventory.imported", None, None, {k: v for k, v in counts.items()})
     return counts

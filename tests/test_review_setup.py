@@ -179,3 +179,23 @@ def test_an_import_that_changes_a_quota_logs_it(run: Cli, tmp_path: Path) -> Non
     run.ok("inventory", "import", path)
     changes = [e for e in run.ok("events", "--tenant", "acme") if e["type"] == "quota.set"]
     assert [e["data"]["gpus"] for e in changes] == [2]
+
+
+def test_a_lease_given_a_new_window_is_charged_what_it_holds(run: Cli) -> None:
+    """Only its time changes: it is judged at the 4 GPUs it holds (it moves to no larger node),
+    not at the pool's largest node, which the tenant's quota no longer has room for."""
+    run.ok("quota", "set", "--tenant", "acme", "--gpus", "8")
+    run.ok("node", "add", "small-1", "--pool", "west", "--gpus", "4", "--model", "h100")
+    for n in range(1, 8):
+        run.ok("node", "cordon", f"west-0{n}")
+    lease = run.ok(
+        "reserve", "--tenant", "acme", "--node-lease", "--start", "+1h", "--for", "2h",
+        "--key", "l",
+    )  # fmt: skip
+    assert lease["quotaCharge"] == 4
+    for n in range(1, 8):
+        run.ok("node", "uncordon", f"west-0{n}")
+    run.ok("reserve", "--tenant", "acme", "--gpus", "4", "--for", "4h", "--key", "other")
+    longer = run.ok("update", lease["id"], "--for", "3h")
+    assert longer["quotaCharge"] == 4 and longer["durationMs"] == 3 * 3_600_000
+    assert [a["nodeId"] for a in longer["allocations"]] == ["small-1"]

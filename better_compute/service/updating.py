@@ -76,7 +76,7 @@ def update(ctx: Ctx, rsv_id: str, change: Change) -> Reservation:
         if (new.start, new.duration_ms, new.gpus) == (old.start, old.duration_ms, old.gpus):
             return old  # nothing changes: no event, no re-plan
         window = retry_window(new, ctx.now)
-        new = replace(new, quota_charge=_charge(ctx, new))
+        new = replace(new, quota_charge=_charge(ctx, old, new))
         _admit(ctx, old, new, window)
         if old.state == State.PENDING:
             store.set_shape(conn, new)
@@ -107,9 +107,13 @@ def _reshaped(ctx: Ctx, old: Reservation, change: Change) -> Reservation:
     return replace(old, start=start, gpus=gpus, duration_ms=duration)
 
 
-def _charge(ctx: Ctx, rsv: Reservation) -> int:
-    """GPUs times the gang size; a node lease until placed: the pool's largest node per member."""
+def _charge(ctx: Ctx, old: Reservation, rsv: Reservation) -> int:
+    """GPUs times the gang size; a node lease until placed: the pool's largest node per member,
+    unless only its time changes: then what it holds (it moves to no larger node, Request's
+    lease_most), so a new window is not refused for GPUs it would never hold."""
     size = rsv.gang_size or 1
+    if rsv.node_lease and rsv.gpus == old.gpus and old.quota_charge > 0:
+        return old.quota_charge
     if rsv.node_lease:
         return max(repo.largest_node_size(ctx.db.conn, rsv.pool_id), rsv.gpus or 0) * size
     assert rsv.gpus is not None

@@ -199,3 +199,16 @@ def test_a_lease_given_a_new_window_is_charged_what_it_holds(run: Cli) -> None:
     longer = run.ok("update", lease["id"], "--for", "3h")
     assert longer["quotaCharge"] == 4 and longer["durationMs"] == 3 * 3_600_000
     assert [a["nodeId"] for a in longer["allocations"]] == ["small-1"]
+
+
+def test_a_series_over_quota_says_which_occurrence_and_why(run: Cli) -> None:
+    """Nothing was booked: the figures count the occurrences before the one refused."""
+    run.ok("quota", "set", "--tenant", "acme", "--gpus", "8")
+    err = run.fails(
+        5, "reserve", "--tenant", "acme", "--gpus", "4", "--for", "2h", "--start", "+1h",
+        "--every", "1d", "--count", "3", "--key", "s",
+    )  # fmt: skip
+    assert err["message"].startswith("occurrence 3 (2026-09-30T09:00:00Z): tenant 'acme' holds 8")
+    assert "counting the 2 occurrences before it" in err["message"]
+    assert err["message"].endswith("nothing of the series was booked")
+    assert run.ok("list") == []

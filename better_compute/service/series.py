@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from better_compute.errors import Conflict, InvalidInput
+from better_compute.errors import Conflict, InvalidInput, QuotaExceeded
 from better_compute.lifecycle import states
 from better_compute.model import ReleaseReason, Reservation, State
 from better_compute.service import booking, calendar
@@ -107,9 +107,22 @@ def reserve_series(ctx: Ctx, args: ReserveArgs, repeat: Repeat) -> list[Reservat
                 key = None if args.key is None else booking.occurrence_key(args.key, i)
                 if key is not None and repo.reservation_by_key(conn, args.tenant, key):
                     raise Conflict(f"key {key!r} is already used; use a new --key for a new series")
-                rsv = booking.reserve_in(
-                    ctx, replace(whole, start=start, key=key), same_as=replace(whole, key=key)
-                )
+                try:
+                    rsv = booking.reserve_in(
+                        ctx, replace(whole, start=start, key=key), same_as=replace(whole, key=key)
+                    )
+                except QuotaExceeded as exc:  # its figures count the occurrences before it
+                    plural = "s" if i > 2 else ""
+                    before = (
+                        ""
+                        if i == 1
+                        else f" (counting the {i - 1} occurrence{plural} before it: a series"
+                        " holds every occurrence's GPUs from the start)"
+                    )
+                    raise QuotaExceeded(
+                        f"occurrence {i} ({iso(start)}): {exc.message}{before}; nothing of the"
+                        " series was booked"
+                    ) from None
                 if rsv.state != State.PLACED:
                     why = rsv.conditions[0].message if rsv.conditions else rsv.state.value
                     raise Conflict(

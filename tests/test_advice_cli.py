@@ -193,7 +193,7 @@ def test_advice_for_people_draws_a_table_and_a_picture(run: Cli) -> None:
         "advice", "--gpus", "8", "--start-range", "now..+5d", "--duration", "1d", json=False
     )
     assert code == 0
-    assert "window (UTC)" in out and "09-30 08:00 → 10-01 08:00" in out
+    assert "window (UTC 2026)" in out and "09-30 08:00 → 10-01 08:00" in out
     assert "█" in out and "·" in out
 
 

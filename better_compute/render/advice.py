@@ -55,7 +55,10 @@ def picture(a: Advice, width: int = PICTURE_WIDTH) -> list[str]:
     def col(t: int) -> int:
         return min(width - 1, (t - lo) * width // scale)
 
-    left, right = _short(lo), _short(hi)
+    from better_compute.render.human import short
+
+    year = iso(lo)[:4] != iso(hi)[:4]  # an axis across new year names both years
+    left, right = short(lo, year), short(hi, year)
     lines = [f"     {left}{' ' * max(1, width - len(left) - len(right))}{right}"]
     for i, r in enumerate(a.recommendations, 1):
         first, last = col(r.window.start), col(max(r.window.start, r.window.end - 1))
@@ -66,26 +69,24 @@ def picture(a: Advice, width: int = PICTURE_WIDTH) -> list[str]:
     return lines
 
 
-def _short(ms: int) -> str:
-    text = iso(ms)
-    return f"{text[5:10]} {text[11:16]}"
-
-
 def advice_human(a: Advice) -> RenderableType:
     from rich.console import Group
     from rich.text import Text
 
-    from better_compute.render.human import span, table_of
+    from better_compute.render.human import span, table_of, window_column
 
     if not a.recommendations:
         return Text("no window fits: nothing in that range, nor a near miss")
-    table = table_of("#", "window (UTC)", "for", "pool", "gpus", "other pools", "note")
+    header, year = window_column(
+        t for r in a.recommendations for t in (r.window.start, r.window.end)
+    )
+    table = table_of("#", header, "for", "pool", "gpus", "other pools", "note")
     for i, r in enumerate(a.recommendations, 1):
         others = ", ".join(f"{o.pool}: {o.status}" for o in r.others) or "-"
         note = f"near miss: {r.details}" if r.near_miss else ""
         table.add_row(
             str(i),
-            span(r.window.start, r.window.end),
+            span(r.window.start, r.window.end, year),
             human_duration(r.window.duration),
             r.pool,
             str(r.gpus),

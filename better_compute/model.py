@@ -243,10 +243,26 @@ class Reservation:
     #: What people find it by (issue 12): a free-text name and key=value labels.
     name: str | None = None
     labels: tuple[tuple[str, str], ...] = ()
+    #: A placed node lease being moved by BookingRepair, which has set its allocations aside:
+    #: the largest node it held (lease_most). Never stored.
+    lease_cap: int | None = None
 
     @property
     def node_lease(self) -> bool:
         return self.binding == Binding.NODE
+
+    def lease_most(self) -> int | None:
+        """The most GPUs a node this lease takes may have, so it never holds more than quota
+        and policy admitted: the largest node it holds once placed (a gang may span sizes),
+        else its charge per member, the pool's largest node at admission. None: not a lease,
+        or a draft not charged yet (advice)."""
+        if not self.node_lease:
+            return None
+        if self.lease_cap is not None:
+            return self.lease_cap
+        if self.allocations:
+            return max(len(a.atoms) for a in self.allocations)
+        return self.quota_charge // (self.gang_size or 1) if self.quota_charge > 0 else None
 
     def request(self, window: Window) -> Request:
         return Request(
@@ -258,11 +274,7 @@ class Reservation:
             topology_key=self.topology_key,
             spot=self.spot,
             node_lease=self.node_lease,
-            lease_most=(
-                self.quota_charge // (self.gang_size or 1)
-                if self.node_lease and self.quota_charge > 0
-                else None
-            ),
+            lease_most=self.lease_most(),
         )
 
 

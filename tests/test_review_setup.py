@@ -148,6 +148,7 @@ def test_a_node_is_not_told_to_run_a_reservation_whose_end_has_come(run: Cli) ->
     during = run.ok("node", "show", node, now="2026-09-28T08:30:00Z")["desiredState"]
     assert [a["reservationId"] for a in during] == [rsv["id"]]
     assert run.ok("node", "show", node, now="2026-09-28T09:30:00Z")["desiredState"] == []
+    assert run.ok("node", "show", node, now="2026-09-28T07:30:00Z")["desiredState"] == []
 
 
 def test_a_node_lease_never_grows_past_what_it_was_admitted_for(run: Cli) -> None:
@@ -212,3 +213,39 @@ def test_a_series_over_quota_says_which_occurrence_and_why(run: Cli) -> None:
     assert "counting the 2 occurrences before it" in err["message"]
     assert err["message"].endswith("nothing of the series was booked")
     assert run.ok("list") == []
+
+
+def test_a_gang_lease_on_nodes_of_two_sizes_keeps_them_when_moved(run: Cli) -> None:
+    """A placed lease may move to nodes no larger than the largest it holds: a gang on an 8- and
+    a 4-GPU node keeps both when its window moves, and BookingRepair can still use the 8."""
+    for name, gpus in (("big-01", "8"), ("small-01", "4"), ("small-02", "4")):
+        run.ok("node", "add", name, "--pool", "west", "--gpus", gpus, "--model", "h100",
+               "--fabric", "c1.3")  # fmt: skip
+    for n in range(1, 8):
+        run.ok("node", "cordon", f"west-0{n}")
+    run.ok("node", "cordon", "small-02")
+    lease = run.ok(
+        "reserve", "--tenant", "acme", "--node-lease", "--gang", "2", "--topology-key",
+        "fabric.domain", "--start", "+3h", "--for", "2h", "--key", "g",
+    )  # fmt: skip
+    assert sorted(a["nodeId"] for a in lease["allocations"]) == ["big-01", "small-01"]
+    assert lease["quotaCharge"] == 12
+    moved = run.ok("update", lease["id"], "--start", "+4h")
+    assert sorted(a["nodeId"] for a in moved["allocations"]) == ["big-01", "small-01"]
+    run.ok("node", "uncordon", "small-02")
+    run.ok("device", "quarantine", "small-01:0", "--reason", "xid-79")
+    run.ok("repair")
+    repaired = run.ok("get", lease["id"])
+    assert repaired["state"] == "placed", repaired["conditions"]
+    assert sorted(a["nodeId"] for a in repaired["allocations"]) == ["big-01", "small-02"]
+    assert repaired["quotaCharge"] == 12
+
+
+def test_a_budget_refusal_at_the_end_of_time_names_its_period(run: Cli) -> None:
+    """The fullest period may end past 9999: it is named by its start, not a crash."""
+    run.ok("quota", "set", "--tenant", "acme", "--gpu-hours", "1", "--period", "30d")
+    err = run.fails(
+        5, "reserve", "--tenant", "acme", "--gpus", "1", "--for", "2h", "--start",
+        "9999-12-31T20:00:00Z", "--key", "late",
+    )  # fmt: skip
+    assert err["code"] == "QUOTA_EXCEEDED" and "over the 30d from 9999-12-" in err["message"]

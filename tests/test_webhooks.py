@@ -389,10 +389,11 @@ def test_what_a_suspended_webhook_had_queued_is_dead_lettered(run: Cli, receiver
     assert tick(run)["deliveries"]["left"] == 4
     run.ok("policy", "set", "--tenant", "acme", "--principal", "bob")  # eve is out
     run.ok("config", "set", "webhook.tickBudgetMs", "10000")
-    assert tick(run, MIN)["deliveries"] == {"sent": 0, "failed": 0, "deadLettered": 0, "left": 0}
+    assert tick(run, MIN)["deliveries"] == {"sent": 0, "failed": 0, "deadLettered": 4, "left": 0}
     assert receiver.got == []
     dead = run.ok("webhook", "deliveries", "--failed")
     assert len(dead) == 4 and {d["state"] for d in dead} == {"dead"}
+    assert all(d["attempts"][-1]["error"].startswith("suspended: ") for d in dead)
 
 
 def receiver_blind(run: Cli, key: str) -> str:

@@ -19,7 +19,7 @@ from better_compute.service.context import Ctx
 from better_compute.storage import budgets as store
 from better_compute.storage import repo
 from better_compute.storage.repo import Conn
-from better_compute.timeparse import human_duration, iso
+from better_compute.timeparse import MAX_MS, human_duration, iso
 
 HOUR_MS = 3_600_000
 MAX_GPU_HOURS = 10**9
@@ -75,9 +75,14 @@ def check(
             )
             raise QuotaExceeded(
                 f"tenant {tenant!r} has booked {hours(spent):g} of its {hours(budget.gpu_ms):g}"
-                f" GPU-hour budget in {where} over the {human_duration(budget.period_ms)} ending"
-                f" {iso(period.end)}; this request needs {hours(need):g} more"
+                f" GPU-hour budget in {where} over the {human_duration(budget.period_ms)}"
+                f" {_named(period)}; this request needs {hours(need):g} more"
             )
+
+
+def _named(period: Window) -> str:
+    """`ending <instant>`, or `from <instant>` for a period that ends after the end of time."""
+    return f"ending {iso(period.end)}" if period.end <= MAX_MS else f"from {iso(period.start)}"
 
 
 def _fullest(

@@ -220,7 +220,7 @@ class _Run:
 
     def fan_out(self) -> None:
         self.remaining()
-        _fan_out(self.ctx)
+        self.dead += _fan_out(self.ctx)
 
     def send_until_done(self) -> None:
         timeout_s = self.ctx.settings.webhook_timeout_ms / 1000
@@ -290,17 +290,26 @@ def receiving(conn: Conn, hook: Webhook, admins: Sequence[str] | None = None) ->
     return hook.tenant_id != "*" and ledger.acts_for(conn, hook.created_by, hook.tenant_id)
 
 
-def _fan_out(ctx: Ctx) -> None:
+SUSPENDED = "suspended: the principal who added this webhook may no longer see its events"
+
+
+def _fan_out(ctx: Ctx) -> int:
     """Queue each webhook's new events, then move its cursor to the log's end. A suspended
     webhook (receiving) queues nothing, since the events logged while it is suspended are not
-    its, and what it had queued is dead-lettered: nothing is left waiting on rights that may
-    never come back, and `redeliver` puts it back once they have."""
+    its, and what it had queued is dead-lettered with the reason as its attempt: nothing is
+    left waiting on rights that may never come back, and `redeliver` puts it back once they
+    have. Returns how many it dead-lettered."""
+    dead = 0
     with ctx.write() as conn:
         last = repo.last_event_seq(conn)
         admins = ledger.admins(conn)
         for hook in webhooks.webhooks(conn):
             if not receiving(conn, hook, admins):
-                webhooks.dead_letter_queued(conn, hook.id)
+                for delivery_id in webhooks.queued_ids(conn, hook.id):
+                    webhooks.record_attempt(
+                        conn, delivery_id, ctx.now, None, SUSPENDED, webhooks.DEAD, ctx.now
+                    )
+                    dead += 1
                 webhooks.set_cursor(conn, hook.id, last)
                 continue
             if hook.cursor >= last:
@@ -310,6 +319,7 @@ def _fan_out(ctx: Ctx) -> None:
                 if hook.wants(event):
                     webhooks.enqueue(conn, repo.next_id(conn, "dlv"), hook.id, event.seq, ctx.now)
             webhooks.set_cursor(conn, hook.id, last)
+    return dead
 
 
 def _claim_heads(ctx: Ctx, token: str, busy: set[str], room: int) -> list[_Claimed]:

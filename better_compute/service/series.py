@@ -114,10 +114,7 @@ def reserve_series(ctx: Ctx, args: ReserveArgs, repeat: Repeat) -> list[Reservat
                 except QuotaExceeded as exc:  # its figures count the occurrences before it
                     plural = "s" if i > 2 else ""
                     before = (
-                        ""
-                        if i == 1
-                        else f" (counting the {i - 1} occurrence{plural} before it: a series"
-                        " holds every occurrence's GPUs from the start)"
+                        "" if i == 1 else f" (counting the {i - 1} occurrence{plural} before it)"
                     )
                     raise QuotaExceeded(
                         f"occurrence {i} ({iso(start)}): {exc.message}{before}; nothing of the"

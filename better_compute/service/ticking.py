@@ -222,7 +222,7 @@ def repair_one(ctx: Ctx, rsv: Reservation, reach: dict[str, bool] | None = None)
     window = rsv.during
     with ctx.db.savepoint("repair"):
         repo.drop_allocations(conn, rsv.id, window.start)
-        fresh = evolve(rsv, allocations=(), during=None)
+        fresh = evolve(rsv, allocations=(), during=None, lease_cap=rsv.lease_most())
         # A gang stays on its topology value if it can, else moves whole to another one.
         outcome = placing.place_now(ctx, fresh, window, frozenset(bad) | other_groups(rsv, nodes))
         if not isinstance(outcome, Reservation) and other_groups(rsv, nodes):

@@ -77,9 +77,14 @@ class Assignment:
 
 def desired_state(conn: Conn, node: str, now: int) -> list[Assignment]:
     """Derived from binding and active reservations, so it can never drift from the bookings;
-    one whose end has come by `now` is left out though no tick has released it yet: its GPUs
-    are free (pool show, preview), so a node agent must not keep running it."""
-    rows = [r for r in repo.node_assignment_rows(conn, node) if r["during_end"] > now]
+    as of `now`: one whose end has come is left out though no tick has released it yet (its
+    GPUs are free to pool show and preview, so a node agent must not keep running it), and so
+    is one asked about before its start."""
+    rows = [
+        r
+        for r in repo.node_assignment_rows(conn, node)
+        if r["during_start"] <= now < r["during_end"]
+    ]
     return [
         Assignment(
             r["id"],

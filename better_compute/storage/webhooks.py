@@ -214,14 +214,13 @@ def event_of(conn: Conn, seq: int) -> Event:
     return decoded(conn, f"event {seq}", partial(_event, row))
 
 
-def dead_letter_queued(conn: Conn, webhook_id: str) -> None:
-    """Every delivery still queued for this webhook, dead-lettered at once (a suspended webhook's:
-    `redeliver` puts them back)."""
-    conn.execute(
-        "UPDATE deliveries SET state = ?, claim = NULL, claim_until = NULL"
-        " WHERE webhook_id = ? AND state = ?",
-        (DEAD, webhook_id, QUEUED),
+def queued_ids(conn: Conn, webhook_id: str) -> list[str]:
+    """The deliveries still queued for this webhook."""
+    rows = conn.execute(
+        "SELECT id FROM deliveries WHERE webhook_id = ? AND state = ? ORDER BY event_seq",
+        (webhook_id, QUEUED),
     )
+    return [str(r[0]) for r in rows]
 
 
 def queued_count(conn: Conn) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pgtest
 import pytest
-from conftest import NOW, Cli, invoke
+from conftest import NOW, NOW_MS, Cli, invoke
 
 INVALID = 2
 ENTRY = [sys.executable, "-c", "from better_compute.cli import main; main()"]
@@ -249,3 +249,80 @@ def test_a_budget_refusal_at_the_end_of_time_names_its_period(run: Cli) -> None:
         "9999-12-31T20:00:00Z", "--key", "late",
     )  # fmt: skip
     assert err["code"] == "QUOTA_EXCEEDED" and "over the 30d from 9999-12-" in err["message"]
+
+
+def test_a_requeued_spot_victim_forgets_its_earlier_deadline(run: Cli) -> None:
+    """Cut back by one notice, then requeued by another: placed again, it is ordinary spot work,
+    repaired, extended and ended like any other, not killed at the old deadline."""
+    run.ok("config", "set", "placement.topN", "1")
+    gang2 = ("--gpus", "8", "--gang", "2", "--topology-key", "fabric.domain")
+    run.ok("reserve", "--tenant", "acme", "--gpus", "8", "--gang", "4", "--topology-key",
+           "fabric.domain", "--for", "12h", "--key", "blk")  # fmt: skip
+    spot = run.ok("reserve", "--tenant", "globex", *gang2, "--spot", "--start",
+                  "2026-09-28T10:00:00Z", "--for", "4h", "--key", "S")  # fmt: skip
+    run.ok("reserve", "--tenant", "acme", *gang2, "--start", "2026-09-28T11:00:00Z", "--for",
+           "1h", "--key", "R1")  # fmt: skip
+    run.ok("reserve", "--tenant", "acme", *gang2, "--start", "2026-09-28T09:00:00Z", "--for",
+           "90m", "--key", "R2")  # fmt: skip
+    assert run.ok("get", spot["id"])["state"] == "pending"
+    run.ok("release", run.ok("list", "--key", "blk")[0]["id"])
+    run.ok("tick", now="2026-09-28T08:01:00Z")
+    again = run.ok("get", spot["id"])
+    assert again["state"] == "placed" and again["during"]["end"] == NOW_MS + 6 * 3_600_000
+    run.ok("extend", spot["id"], "--by", "30m", now="2026-09-28T08:01:00Z")
+    node = again["allocations"][0]["nodeId"]
+    run.ok("device", "quarantine", f"{node}:0", "--reason", "xid-79", now="2026-09-28T08:01:00Z")
+    run.ok("repair", spot["id"], now="2026-09-28T08:01:00Z")
+    moved = run.ok("get", spot["id"])
+    assert node not in [a["nodeId"] for a in moved["allocations"]] or moved["state"] == "pending"
+
+
+def test_a_mixed_gang_lease_waiting_after_a_failed_repair_is_placed_again(run: Cli) -> None:
+    """Back to pending, it is charged as a lease not placed (the pool's largest node per
+    member), so its cap admits its 8-GPU nodes again: 28 // 4 = 7 kept it waiting for a week."""
+    run.ok("config", "set", "placement.topN", "1")
+    run.ok("node", "add", "west-08", "--pool", "west", "--gpus", "4", "--model", "h100",
+           "--fabric", "c1.2")  # fmt: skip
+    run.ok("reserve", "--tenant", "acme", "--gpus", "8", "--gang", "4", "--topology-key",
+           "fabric.domain", "--for", "12h", "--key", "blk")  # fmt: skip
+    lease = run.ok("reserve", "--tenant", "globex", "--node-lease", "--gang", "4",
+                   "--topology-key", "fabric.domain", "--for", "4h", "--start", "+1h",
+                   "--key", "nl")  # fmt: skip
+    assert lease["quotaCharge"] == 28
+    victim = lease["allocations"][1]["nodeId"]
+    run.ok("node", "mark-unreachable", victim)
+    run.ok("repair")
+    waiting = run.ok("get", lease["id"])
+    assert waiting["state"] == "pending" and waiting["quotaCharge"] == 32
+    run.ok("node", "mark-reachable", victim)
+    run.ok("tick", now="2026-09-28T08:30:00Z")
+    again = run.ok("get", lease["id"])
+    assert again["state"] == "placed" and again["quotaCharge"] == 28
+
+
+def test_a_node_leased_whole_keeps_its_gpu_count(run: Cli, tmp_path: Path) -> None:
+    """A lease holds every GPU of its node: GPUs added by an import would be booked by others
+    beside it, so the import is refused, naming the lease, and nothing is written."""
+    lease = run.ok("reserve", "--tenant", "acme", "--node-lease", "--for", "4h", "--key", "nl")
+    node = lease["allocations"][0]["nodeId"]
+    doc = run.ok("inventory", "export")
+    for n in doc["pools"][0]["nodes"]:
+        if n["name"] == node:
+            n["gpus"].update(count=16, nvlinkGroups=4)
+    path = tmp_path / "grown.json"
+    path.write_text(json.dumps(doc))
+    err = run.fails(2, "inventory", "import", path)
+    assert lease["id"] in err["message"] and "gpus.count" in err["message"]
+    assert len(run.ok("node", "show", node)["gpus"]) == 8
+
+
+def test_a_node_cannot_report_bound_once_the_window_has_ended(run: Cli) -> None:
+    """The tick releases it at its end: a late agent does not make it active afterwards."""
+    run.ok("config", "set", "binding.autoBind", "false")
+    rsv = run.ok("reserve", "--tenant", "acme", "--gpus", "8", "--for", "1h", "--key", "b")
+    run.ok("tick")
+    node = rsv["allocations"][0]["nodeId"]
+    err = run.fails(4, "node", "report-bound", node, rsv["id"], now="2026-09-28T09:30:00Z")
+    assert "the next tick releases it" in err["message"]
+    assert run.ok("get", rsv["id"])["state"] == "binding"
+    run.ok("node", "report-bound", node, rsv["id"], now="2026-09-28T08:30:00Z")

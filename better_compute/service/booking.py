@@ -188,7 +188,13 @@ def _charge(ctx: Ctx, args: ReserveArgs, pool_id: str) -> int:
     if not args.node_lease:
         assert args.gpus is not None  # validate() guarantees it
         return args.gpus * size
-    return max(repo.largest_node_size(ctx.db.conn, pool_id), args.gpus or 0) * size
+    return lease_charge(ctx.db.conn, pool_id, args.gpus, size)
+
+
+def lease_charge(conn: Conn, pool_id: str, gpus: int | None, size: int) -> int:
+    """A node lease not placed (yet, or again): the pool's largest node (at least --gpus) per
+    member; Request.lease_most keeps it off any larger node."""
+    return max(repo.largest_node_size(conn, pool_id), gpus or 0) * size
 
 
 def _draft(args: ReserveArgs, pool_id: str, charge: int) -> Draft:
@@ -574,7 +580,7 @@ def _end_now(ctx: Ctx, rsv_id: str, reason: ReleaseReason, hint: str) -> Reserva
     with ctx.write() as conn:
         rsv = mine(ctx, rsv_id)
         states.require(rsv, allowed, verb, hint)
-        late = _overdue(ctx, rsv)
+        late = overdue(ctx, rsv)
         if late is not None:  # a tick at this instant would release it: released as it would
             finish(ctx, rsv, *late)
         else:
@@ -583,7 +589,7 @@ def _end_now(ctx: Ctx, rsv_id: str, reason: ReleaseReason, hint: str) -> Reserva
         return repo.get_reservation(conn, rsv_id)
 
 
-def _overdue(ctx: Ctx, rsv: Reservation) -> tuple[ReleaseReason, int] | None:
+def overdue(ctx: Ctx, rsv: Reservation) -> tuple[ReleaseReason, int] | None:
     """How a tick at ctx.now would release this reservation, if it would: its end or preemption
     deadline has come (released at that end or deadline), or it has waited pending for
     pending.maxWaitMs (timed out now). A user's late release or cancel, or a late extend, meets

@@ -110,6 +110,7 @@ def _give_notice(ctx: Ctx, victim: Reservation, by: Reservation, deadline: int) 
         during=None,
         allocations=(),
         preempted_by=by.id,
+        preempt_deadline=None,  # an earlier notice's deadline went with the bookings it cut
         conditions=(Condition("Unschedulable", "SpotPreempted", message),),
         next_attempt_at=ctx.now + ctx.settings.retry_ms,
         lead_checked=False,

@@ -634,6 +634,12 @@ def _keep_what_bookings_rely_on(conn: Conn, node: InventoryNode, path: str) -> N
     a live gang on it was placed by: changing them would silently break those bookings."""
     current = repo.get_node(conn, node.name)
     wanted = {a.index: a for a in _atoms(node)}
+    lease = repo.live_lease_on(conn, node.name) if len(wanted) != len(current.atoms) else None
+    if lease is not None:  # a lease holds every GPU: one added would be booked by others
+        raise InvalidInput(
+            f"{path}.gpus.count: {node.name} is leased whole by {lease}; change its GPUs once"
+            " that lease has ended"
+        )
     for atom in current.atoms:
         new = wanted.get(atom.index)
         if new is None:

@@ -249,7 +249,12 @@ def repair_one(ctx: Ctx, rsv: Reservation, reach: dict[str, bool] | None = None)
             ctx.now,
             ctx.settings.retry_ms,
         )
-        waiting = evolve(waiting, lead_checked=False, start_checked=False)
+        waiting = evolve(waiting, lead_checked=False, start_checked=False, lease_cap=None)
+        if waiting.node_lease:  # waiting again: charged as a lease not placed
+            charge = booking.lease_charge(
+                conn, waiting.pool_id, waiting.gpus, waiting.gang_size or 1
+            )
+            waiting = evolve(waiting, quota_charge=charge)
         repo.save_reservation(conn, waiting)
         ctx.event(
             "reservation.pending",
@@ -385,6 +390,11 @@ def report_bound(ctx: Ctx, node: str, rsv_id: str) -> Reservation:
         alloc = next((a for a in rsv.allocations if a.node_id == node), None)
         if alloc is None:
             raise NotFound(f"reservation {rsv_id} has no allocation on node {node}")
+        if rsv.state == State.BINDING and booking.overdue(ctx, rsv) is not None:
+            raise Conflict(
+                f"cannot report {rsv_id} bound on {node}: its end or preemption deadline has"
+                " come; the next tick releases it"
+            )
         repo.set_bound(conn, alloc.id)
         activate_if_bound(ctx, rsv_id)
         return repo.get_reservation(conn, rsv_id)

@@ -115,7 +115,7 @@ def _charge(ctx: Ctx, old: Reservation, rsv: Reservation) -> int:
     if rsv.node_lease and rsv.gpus == old.gpus and old.quota_charge > 0:
         return old.quota_charge
     if rsv.node_lease:
-        return max(repo.largest_node_size(ctx.db.conn, rsv.pool_id), rsv.gpus or 0) * size
+        return booking.lease_charge(ctx.db.conn, rsv.pool_id, rsv.gpus, size)
     assert rsv.gpus is not None
     return rsv.gpus * size
 

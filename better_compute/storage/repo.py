@@ -434,6 +434,18 @@ def live_gang_keys(conn: Conn, node: str) -> list[tuple[str, str]]:
     return [(str(r["id"]), str(r["topology_key"])) for r in rows]
 
 
+def live_lease_on(conn: Conn, node: str) -> str | None:
+    """The live node lease (placed, binding or active) holding `node` whole, if any."""
+    row = conn.execute(
+        "SELECT r.id FROM reservations r JOIN allocations a ON a.reservation_id = r.id"
+        " WHERE a.node_id = ? AND a.released = 0 AND r.binding = 'node'"
+        " AND r.state IN ('placed', 'binding', 'active') AND r.state <> 'released'"
+        " ORDER BY r.seq LIMIT 1",
+        (node,),
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
 def set_atom_health(conn: Conn, node: str, index: int, healthy: bool, reason: str | None) -> None:
     conn.execute(
         "UPDATE atoms SET healthy = ?, health_reason = ? WHERE node_id = ? AND idx = ?",

@@ -326,3 +326,23 @@ def test_a_node_cannot_report_bound_once_the_window_has_ended(run: Cli) -> None:
     assert "the next tick releases it" in err["message"]
     assert run.ok("get", rsv["id"])["state"] == "binding"
     run.ok("node", "report-bound", node, rsv["id"], now="2026-09-28T08:30:00Z")
+
+
+def test_an_update_keeps_a_start_placed_from_a_preemption_deadline(run: Cli) -> None:
+    """Placed from the deadline (08:03), a longer --for keeps that start and its nodes instead
+    of planning from now, where the victims still run until the deadline."""
+    run.ok("config", "set", "placement.topN", "1")
+    gang = ("--topology-key", "fabric.domain", "--gpus", "8")
+    run.ok("reserve", "--tenant", "acme", *gang, "--gang", "4", "--for", "12h", "--key", "reg4")
+    run.ok("reserve", "--tenant", "globex", *gang, "--gang", "3", "--for", "12h", "--spot",
+           "--key", "sp3")  # fmt: skip
+    run.ok("tick", now="2026-09-28T08:01:00Z")
+    r2 = run.ok("reserve", "--tenant", "acme", *gang, "--gang", "2", "--for", "1h", "--key", "r2",
+                now="2026-09-28T08:01:00Z")  # fmt: skip
+    deadline = NOW_MS + 3 * 60_000
+    assert r2["during"]["start"] == deadline
+    longer = run.ok("update", r2["id"], "--for", "2h", now="2026-09-28T08:01:00Z")
+    assert longer["during"] == {"start": deadline, "end": deadline + 2 * 3_600_000}
+    assert sorted(a["nodeId"] for a in longer["allocations"]) == sorted(
+        a["nodeId"] for a in r2["allocations"]
+    )

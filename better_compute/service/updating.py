@@ -75,7 +75,7 @@ def update(ctx: Ctx, rsv_id: str, change: Change) -> Reservation:
         new = _reshaped(ctx, old, change)
         if (new.start, new.duration_ms, new.gpus) == (old.start, old.duration_ms, old.gpus):
             return old  # nothing changes: no event, no re-plan
-        window = retry_window(new, ctx.now)
+        window = _window(ctx, old, new, change)
         new = replace(new, quota_charge=_charge(ctx, old, new))
         _admit(ctx, old, new, window)
         if old.state == State.PENDING:
@@ -105,6 +105,17 @@ def _reshaped(ctx: Ctx, old: Reservation, change: Change) -> Reservation:
             f"that window would end after {iso(MAX_MS)}; use an earlier --start or --for"
         )
     return replace(old, start=start, gpus=gpus, duration_ms=duration)
+
+
+def _window(ctx: Ctx, old: Reservation, new: Reservation, change: Change) -> Window:
+    """Where the new shape is planned: as a retry would (retry_window), except that a request
+    for now placed from a preemption deadline (its window starts later than now) keeps that
+    start when --start is not given: from now it would meet the victims' last minutes."""
+    kept = old.during
+    placed_later = old.state == State.PLACED and kept is not None and kept.start > ctx.now
+    if change.start is None and new.start is None and placed_later and kept is not None:
+        return Window(kept.start, kept.start + new.duration_ms)
+    return retry_window(new, ctx.now)
 
 
 def _charge(ctx: Ctx, old: Reservation, rsv: Reservation) -> int:

@@ -51,12 +51,7 @@ def booked_gpu_ms(conn: Conn, tenant: str, pool_id: str, window: Window, ignore:
     )
     args: list[object] = [window.end, window.end, window.start, window.start, tenant]
     args += [window.start, window.end]
-    if pool_id:
-        sql += " AND b.pool_id = ?"
-        args.append(pool_id)
-    if ignore is not None:
-        sql += " AND b.reservation_id != ?"
-        args.append(ignore)
+    sql = _narrowed(sql, args, pool_id, ignore, pool="b.pool_id", own="b.reservation_id")
     return int(conn.execute(sql, args).fetchone()[0])
 
 
@@ -71,12 +66,7 @@ def booked_spans(
         ' WHERE r.tenant_id = ? AND b."end" > ? AND b.start < ?'
     )
     args: list[object] = [tenant, window.start, window.end]
-    if pool_id:
-        sql += " AND b.pool_id = ?"
-        args.append(pool_id)
-    if ignore is not None:
-        sql += " AND b.reservation_id != ?"
-        args.append(ignore)
+    sql = _narrowed(sql, args, pool_id, ignore, pool="b.pool_id", own="b.reservation_id")
     rows = conn.execute(sql + ' GROUP BY b.start, b."end"', args)
     return [(int(a), int(b), int(n)) for a, b, n in rows]
 
@@ -91,10 +81,19 @@ def pending_wants(
         " WHERE tenant_id = ? AND state = 'pending' AND state <> 'released'"
     )
     args: list[object] = [tenant]
+    sql = _narrowed(sql, args, pool_id, ignore, pool="pool_id", own="id")
+    return [(None if s is None else int(s), int(d), int(c)) for s, d, c in conn.execute(sql, args)]
+
+
+def _narrowed(
+    sql: str, args: list[object], pool_id: str, ignore: str | None, *, pool: str, own: str
+) -> str:
+    """`sql` kept to one pool (every pool for '') and without the reservation `ignore` (one
+    whose bookings are being replaced); the values are appended to `args`."""
     if pool_id:
-        sql += " AND pool_id = ?"
+        sql += f" AND {pool} = ?"
         args.append(pool_id)
     if ignore is not None:
-        sql += " AND id != ?"
+        sql += f" AND {own} != ?"
         args.append(ignore)
-    return [(None if s is None else int(s), int(d), int(c)) for s, d, c in conn.execute(sql, args)]
+    return sql

@@ -346,3 +346,25 @@ def test_an_update_keeps_a_start_placed_from_a_preemption_deadline(run: Cli) -> 
     assert sorted(a["nodeId"] for a in longer["allocations"]) == sorted(
         a["nodeId"] for a in r2["allocations"]
     )
+
+
+def test_a_failed_repair_never_takes_a_lease_over_its_tenants_quota(run: Cli) -> None:
+    """Re-charged as a lease not placed only when the caps hold the difference; else it keeps
+    its charge (and a cap no larger than the node it held)."""
+    run.ok("node", "add", "west-08", "--pool", "west", "--gpus", "4", "--model", "h100",
+           "--fabric", "c1.2")  # fmt: skip
+    run.ok("quota", "set", "--tenant", "acme", "--gpus", "8")
+    run.ok("quota", "set", "--tenant", "globex", "--gpus", "100")
+    run.ok("reserve", "--tenant", "globex", "--gpus", "8", "--gang", "7", "--node-lease",
+           "--start", "2026-09-28T12:00:00Z", "--for", "2h", "--key", "fill")  # fmt: skip
+    lease = run.ok("reserve", "--tenant", "acme", "--node-lease", "--gpus", "4", "--start",
+                   "2026-09-28T12:00:00Z", "--for", "2h", "--key", "l")  # fmt: skip
+    assert [a["nodeId"] for a in lease["allocations"]] == ["west-08"]
+    run.ok("reserve", "--tenant", "acme", "--gpus", "4", "--start", "2026-09-28T20:00:00Z",
+           "--for", "2h", "--key", "other")  # fmt: skip
+    run.ok("node", "cordon", "west-08")
+    run.ok("repair")
+    waiting = run.ok("get", lease["id"])
+    assert waiting["state"] == "pending" and waiting["quotaCharge"] == 4
+    [line] = run.ok("quota", "show", "--tenant", "acme")["quotas"]
+    assert line["held"] == 8

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from better_compute.errors import Conflict, InvalidInput, NotFound
+from better_compute.errors import Conflict, InvalidInput, NotFound, QuotaExceeded
 from better_compute.lifecycle import states
 from better_compute.lifecycle.tick import (
     NodeHealth,
@@ -21,10 +21,12 @@ from better_compute.lifecycle.tick import (
 )
 from better_compute.model import Event, JsonValue, ReleaseReason, Reservation, State, evolve
 from better_compute.service import authz, booking, metering, notices, placing
+from better_compute.service.admission import check_quota
 from better_compute.service.authz import require_admin
 from better_compute.service.context import NO_NOW_ON_REAL_CLOCK, Ctx
 from better_compute.service.fleet import Looked
 from better_compute.storage import due, ledger, repo, tickwork
+from better_compute.storage.repo import Conn
 from better_compute.timeparse import iso
 
 
@@ -202,6 +204,22 @@ def _repair_due(ctx: Ctx, reach: dict[str, bool]) -> list[Reservation]:
     return after
 
 
+def _recharged(conn: Conn, lease: Reservation) -> Reservation:
+    """A lease back to pending after a failed repair: charged as a lease not placed (the pool's
+    largest node per member), so its size cap (Request.lease_most) admits the nodes it held,
+    when the tenant's caps hold the difference; else it keeps what it was charged, and a cap no
+    larger. A repair never takes a tenant over its quota."""
+    size = lease.gang_size or 1
+    charge = booking.lease_charge(conn, lease.pool_id, lease.gpus, size)
+    extra = charge - lease.quota_charge
+    if extra > 0:
+        try:
+            check_quota(conn, lease.tenant_id, lease.pool_id, "", extra)
+        except QuotaExceeded:
+            return lease
+    return evolve(lease, quota_charge=charge)
+
+
 def repair_one(ctx: Ctx, rsv: Reservation, reach: dict[str, bool] | None = None) -> Reservation:
     """Check one placed reservation; if a node went bad, place it again for the same window.
     `reach`, when given, learns whether each node read is reachable."""
@@ -250,11 +268,8 @@ def repair_one(ctx: Ctx, rsv: Reservation, reach: dict[str, bool] | None = None)
             ctx.settings.retry_ms,
         )
         waiting = evolve(waiting, lead_checked=False, start_checked=False, lease_cap=None)
-        if waiting.node_lease:  # waiting again: charged as a lease not placed
-            charge = booking.lease_charge(
-                conn, waiting.pool_id, waiting.gpus, waiting.gang_size or 1
-            )
-            waiting = evolve(waiting, quota_charge=charge)
+        if waiting.node_lease:
+            waiting = _recharged(conn, waiting)
         repo.save_reservation(conn, waiting)
         ctx.event(
             "reservation.pending",

@@ -598,9 +598,10 @@ def overdue(ctx: Ctx, rsv: Reservation) -> tuple[ReleaseReason, int] | None:
     if due is not None and rsv.during is not None:
         return due, min(rsv.during.end, ctx.now)
     limit = ctx.settings.pending_max_wait_ms
-    if rsv.state == State.PENDING and timed_out(
-        rsv, repo.pending_since(ctx.db.conn, rsv), ctx.now, limit
-    ):
+    # As the tick does (repo.pending_created_by): only one created that long ago can have
+    # waited that long, so the event log is read for few of them.
+    old_enough = rsv.state == State.PENDING and rsv.created_at <= ctx.now - limit
+    if old_enough and timed_out(rsv, repo.pending_since(ctx.db.conn, rsv), ctx.now, limit):
         return ReleaseReason.TIMEOUT, ctx.now
     return None
 

@@ -45,10 +45,21 @@ def used(
 ) -> int:
     """GPU-milliseconds booked or promised (pending) by the tenant inside `period`."""
     total = store.booked_gpu_ms(conn, tenant, pool_id, period, ignore)
+    for s, e, n in _promised(conn, tenant, pool_id, now, ignore):
+        total += n * _overlap(Window(s, e), period)
+    return total
+
+
+def _promised(
+    conn: Conn, tenant: str, pool_id: str, now: int, ignore: str | None
+) -> list[tuple[int, int, int]]:
+    """(start, end, GPUs) the tenant's pending reservations would book if placed now or at
+    their start: admitted, so they count against the budget."""
+    spans = []
     for start, duration, charge in store.pending_wants(conn, tenant, pool_id, ignore):
         s = start if start is not None and start > now else now
-        total += charge * _overlap(Window(s, s + duration), period)
-    return total
+        spans.append((s, s + duration, charge))
+    return spans
 
 
 def _overlap(a: Window, b: Window) -> int:
@@ -103,9 +114,7 @@ def _fullest(
     spans = store.booked_spans(
         conn, tenant, budget.pool_id, Window(window.start - p, window.end + p), ignore
     )
-    for start, duration, charge in store.pending_wants(conn, tenant, budget.pool_id, ignore):
-        s = start if start is not None and start > now else now
-        spans.append((s, s + duration, charge))
+    spans += _promised(conn, tenant, budget.pool_id, now, ignore)
     t, most = fullest_period([*spans, (window.start, window.end, gpus)], window, p)
     period = Window(t, t + p)
     need = gpus * _overlap(window, period)

@@ -381,13 +381,15 @@ def quota_set(ctx: Ctx, tenant: str, pool_ref: str | None, gpus: int) -> None:
     with ctx.write() as conn:
         repo.require_tenant(conn, tenant)
         pool_id = repo.find_pool(conn, pool_ref)["id"] if pool_ref is not None else ""
-        repo.set_quota(conn, tenant, pool_id, gpus)
-        ctx.event(
-            "quota.set",
-            tenant,
-            None,
-            {"poolId": pool_id or None, "gpus": gpus, "by": ctx.principal},
-        )
+        _set_quota(ctx, conn, tenant, pool_id, gpus)
+
+
+def _set_quota(ctx: Ctx, conn: Conn, tenant: str, pool_id: str, gpus: int) -> None:
+    """A GPUs cap (pool '' for every pool), logged as `quota.set` with its actor."""
+    repo.set_quota(conn, tenant, pool_id, gpus)
+    ctx.event(
+        "quota.set", tenant, None, {"poolId": pool_id or None, "gpus": gpus, "by": ctx.principal}
+    )
 
 
 @dataclass(frozen=True)
@@ -601,14 +603,10 @@ def inventory_import(
                 repo.insert_tenant(conn, tenant.id)
             if tenant.quota_gpus is not None:
                 was = dict(repo.quotas(conn, tenant.id)).get("") if known else None
-                repo.set_quota(conn, tenant.id, "", tenant.quota_gpus)
                 if known and was != tenant.quota_gpus:  # a change to a tenant's rules: logged
-                    ctx.event(
-                        "quota.set",
-                        tenant.id,
-                        None,
-                        {"poolId": None, "gpus": tenant.quota_gpus, "by": ctx.principal},
-                    )
+                    _set_quota(ctx, conn, tenant.id, "", tenant.quota_gpus)
+                else:
+                    repo.set_quota(conn, tenant.id, "", tenant.quota_gpus)
             counts["tenants"] += 1
         ctx.event("inventory.imported", None, None, {k: v for k, v in counts.items()})
     return counts

@@ -121,7 +121,9 @@ def _run(console: Console, db: Path, now: str, line: str) -> None:
     line = _resolve(db, line)
     # soft_wrap: a long command wraps where the terminal wraps it, never inside an argument.
     console.print(
-        f"[bold cyan]$ better-compute --now {now} {line}[/]", highlight=False, soft_wrap=True
+        Text(f"$ better-compute --now {now} {line}", style="bold cyan"),
+        highlight=False,
+        soft_wrap=True,
     )
     argv = ["--db", str(db), "--now", now, *shlex.split(line)]
     command = typer.main.get_command(app)

@@ -76,8 +76,8 @@ class _LazyConsole:
         return getattr(self.real(), name)
 
 
-#: markup=False: what people name (labels, reasons, reservation names) is printed as written. With
-#: rich's markup on, `[spare]` vanished from a table and `[/x]` crashed every command that showed it.
+#: markup=False: what people name (labels, reasons, reservation names) is printed as written.
+#: With markup on, `[spare]` vanished from a table and `[/x]` crashed each command showing it.
 _err = _LazyConsole(stderr=True, highlight=False, markup=False)
 out = cast("Console", _LazyConsole(soft_wrap=False, highlight=False, markup=False))
 err = cast("Console", _err)

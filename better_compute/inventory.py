@@ -12,7 +12,7 @@ import csv
 import io
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from better_compute.errors import InvalidInput, is_utf8
@@ -93,12 +93,32 @@ def check_label(key: str, value: str, where: str) -> None:
             f"{where}: label {_got(key)}: {_got(value)} must have a key without '=' and a value,"
             " as key=value on the command line, such as rack=r1"
         )
+    if not (key + value).isprintable():
+        raise InvalidInput(
+            f"{where}: label {_got(key)}: {_got(value)} must be printable text, without newlines,"
+            " tabs or other control characters"
+        )
     for what, text, most in (("key", key, MAX_LABEL_KEY), ("value", value, MAX_LABEL_VALUE)):
         if len(text) > most:
             raise InvalidInput(
                 f"{where}: label {what} {_got(text)} has {len(text)} characters; label keys have"
                 f" at most {MAX_LABEL_KEY} and values at most {MAX_LABEL_VALUE}"
             )
+
+
+def label_pairs(pairs: Sequence[str], flag: str, example: str) -> Labels:
+    """`k=v` pairs from the command line, each key once (a key given twice with two values is a
+    mistake, not a choice: which one was meant?)."""
+    labels: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise InvalidInput(f"{flag} {pair[:60]!r} must look like key=value, such as {example}")
+        check_label(key, value, flag)
+        if key in labels and labels[key] != value:
+            raise InvalidInput(f"{flag} gives {key!r} twice ({labels[key]!r} and {value!r})")
+        labels[key] = value
+    return tuple(sorted(labels.items()))
 
 
 # --- parsing -------------------------------------------------------------------------------------

@@ -7,6 +7,9 @@ command that stored it had committed (a hostile review, 2026-12-01).
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from conftest import Cli
 
 
@@ -28,3 +31,42 @@ def test_bracketed_text_is_shown_as_written_and_never_crashes(run: Cli) -> None:
     assert "[/n]" in shown["events"] and "[/n]" in shown["list"]
     rsv = run.ok("list", "--key", "k")[0]["id"]
     assert "[/n]" in run.ok("get", rsv, json=False)
+
+
+def test_a_node_label_key_given_twice_is_refused(run: Cli) -> None:
+    before = run.ok("node", "show", "west-01")["labels"]
+    error = run.fails(2, "node", "label", "west-01", "zone=a", "zone=b")
+    assert "'zone' twice" in error["message"]
+    error = run.fails(2, "node", "label", "west-01", "zone=a", "zone-")
+    assert "both set and removed" in error["message"]
+    assert run.ok("node", "show", "west-01")["labels"] == before
+    assert run.ok("node", "label", "west-01", "zone=a", "zone=a")["labels"]["zone"] == "a"
+
+
+def test_labels_with_control_characters_are_refused_everywhere(run: Cli, tmp_path: Path) -> None:
+    for value in ("line\nbreak", "v\x1b[31mRED", "tab\there"):
+        error = run.fails(2, "node", "label", "west-01", f"k={value}")
+        assert "printable" in error["message"], error
+        run.fails(2, "pool", "create", "east", "--label", f"k={value}")
+        run.fails(
+            2, "reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--label", f"k={value}"
+        )
+        doc = {
+            "pools": [
+                {
+                    "name": "east",
+                    "nodes": [
+                        {
+                            "name": "e1",
+                            "labels": {"k": value},
+                            "gpus": {"count": 8, "model": "h100"},
+                        }
+                    ],
+                }
+            ]
+        }
+        path = tmp_path / "inv.json"
+        path.write_text(json.dumps(doc))
+        error = run.fails(2, "inventory", "import", path)
+        assert "printable" in error["message"] and "labels" in error["message"], error
+    assert "east" not in [p["name"] for p in run.ok("pool", "list")]

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from better_compute.errors import InvalidInput
-from better_compute.inventory import check_label
+from better_compute.inventory import label_pairs
 from better_compute.model import Reservation, State
 from better_compute.service import authz, listing
 from better_compute.service.context import Ctx
@@ -38,21 +38,8 @@ def check_name(name: str | None, flag: str = "--name") -> str | None:
 
 
 def parse_labels(pairs: Sequence[str], flag: str = "--label") -> Labels:
-    """`k=v` pairs, each key once (a key given twice is a mistake, not a choice)."""
-    labels: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip() or not value.strip():
-            raise InvalidInput(
-                f"{flag} {pair[:60]!r} must look like key=value, such as team=vision"
-            )
-        if not (key + value).isprintable():
-            raise InvalidInput(f"{flag} {pair[:60]!r} must be printable text")
-        check_label(key, value, flag)
-        if key in labels and labels[key] != value:
-            raise InvalidInput(f"{flag} gives {key!r} twice ({labels[key]!r} and {value!r})")
-        labels[key] = value
-    return tuple(sorted(labels.items()))
+    """A reservation's `k=v` labels (inventory.label_pairs)."""
+    return label_pairs(pairs, flag, "team=vision")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from better_compute.inventory import (
     InventoryPool,
     InventoryTenant,
     OpenbNodes,
-    check_label,
+    label_pairs,
     load_inventory_text,
     normal_model,
     nvlink_group_of,
@@ -107,19 +107,11 @@ def _group_id(name: str) -> int:
         ) from None
 
 
-def parse_labels(pairs: Sequence[str]) -> Labels:
-    labels: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key or not value:
-            raise InvalidInput(f"label {pair!r} must look like key=value, such as rack=r1")
-        if key == "fabric.domain":
-            raise InvalidInput(
-                "fabric.domain is derived from the GPUs' fabric; set --fabric instead"
-            )
-        check_label(key, value, "label")
-        labels[key] = value
-    return tuple(sorted(labels.items()))
+def parse_labels(pairs: Sequence[str], flag: str = "--label") -> Labels:
+    """A pool's or node's `k=v` labels (inventory.label_pairs); fabric.domain is not one to set."""
+    if any(pair.partition("=")[0] == FABRIC_DOMAIN for pair in pairs):
+        raise InvalidInput("fabric.domain is derived from the GPUs' fabric; set --fabric instead")
+    return label_pairs(pairs, flag, "rack=r1")
 
 
 def _name(value: str, what: str) -> str:
@@ -260,13 +252,17 @@ def node_label(ctx: Ctx, name: str, pairs: Sequence[str]) -> Node:
     with ctx.write() as conn:
         node = repo.get_node(conn, name)
         labels = dict(node.labels)
-        for pair in pairs:
-            if pair.endswith("-") and "=" not in pair:
-                if not pair[:-1]:
-                    raise InvalidInput("label removal needs a key, such as rack-")
-                labels.pop(pair[:-1], None)
-            else:
-                labels.update(parse_labels([pair]))
+        removals = [p for p in pairs if p.endswith("-") and "=" not in p]
+        removed = {p[:-1] for p in removals}
+        if "" in removed:
+            raise InvalidInput("label removal needs a key, such as rack-")
+        added = parse_labels([p for p in pairs if p not in removals], "label")
+        both = sorted(removed & {key for key, _ in added})
+        if both:
+            raise InvalidInput(f"label {both[0]!r} is both set and removed; give each key once")
+        for key in removed:
+            labels.pop(key, None)
+        labels.update(added)
         split = gang_split(conn, node, labels)
         if split is not None:
             raise Conflict(

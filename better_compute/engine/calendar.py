@@ -64,14 +64,26 @@ def refusal(policy: CalendarPolicy, window: Window, total_gpus: int, now: int) -
             f"start {iso(window.start)} is sooner than the minimum lead time"
             f" {human_duration(policy.min_lead_ms)} (start at {iso(first)} or later)"
         )
+    return horizon_refusal(policy, window.end, now)
+
+
+def horizon_refusal(policy: CalendarPolicy, end: int, now: int) -> str | None:
+    """Why a booking may not end at `end`, judged at `now`, if it may not."""
     last = latest_end(policy, now)
-    if last is not None and window.end > last:
+    if last is not None and end > last:
         assert policy.max_horizon_ms is not None
         return (
-            f"end {iso(window.end)} is beyond the maximum horizon"
+            f"end {iso(end)} is beyond the maximum horizon"
             f" {human_duration(policy.max_horizon_ms)} (end at {iso(last)} or sooner)"
         )
     return None
+
+
+def extension_refusal(policy: CalendarPolicy, window: Window, now: int) -> str | None:
+    """Why a calendar booking may not grow to `window` (its new end, same start), if it may
+    not: the longer duration and the later end are judged; its start and size were judged
+    when it was admitted, and the lead is not asked again of a booking that may have begun."""
+    return duration_refusal(policy, window.duration) or horizon_refusal(policy, window.end, now)
 
 
 def describe(policy: CalendarPolicy) -> list[tuple[str, str]]:

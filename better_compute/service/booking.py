@@ -197,6 +197,15 @@ def lease_charge(conn: Conn, pool_id: str, gpus: int | None, size: int) -> int:
     return max(repo.largest_node_size(conn, pool_id), gpus or 0) * size
 
 
+def for_now(ctx: Ctx, args: ReserveArgs) -> ReserveArgs:
+    """A start at or before now (`--start now`, or a time already past) asks for now, and is
+    booked from now: the same request as no --start (README), so it is not a calendar request
+    and a pool's calendar policy does not judge it. The key still compares it as written."""
+    if args.start is not None and args.start <= ctx.now:
+        return replace(args, start=None)
+    return args
+
+
 def _draft(args: ReserveArgs, pool_id: str, charge: int) -> Draft:
     return Draft(
         tenant_id=args.tenant,
@@ -408,8 +417,9 @@ def reserve_in(
     replay = replayed(ctx, args)
     if replay is not None:
         return replay
+    written, args = args, for_now(ctx, args)
     pool, charge = _admit(ctx, args)
-    params = _params(same_as or args, pool["id"])
+    params = _params(same_as or written, pool["id"])
     _require_possible(ctx, args, pool)
     check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
     rsv_id, seq = repo.next_id(conn, "rsv"), repo.next_seq(conn, "reservations")
@@ -481,6 +491,7 @@ def preview(ctx: Ctx, args: ReserveArgs) -> Preview:
     validate(args)
     check_horizon(ctx, args)
     with ctx.db.read() as conn:
+        args = for_now(ctx, args)
         pool, charge = _admit(ctx, args)
         _require_possible(ctx, args, pool)
         check_quota(conn, args.tenant, pool["id"], pool["name"], charge)
@@ -640,6 +651,7 @@ def extend(ctx: Ctx, rsv_id: str, by_ms: int) -> Reservation:
         extra = Window(old_end, new_end)
         longer = Window(rsv.during.start, new_end)
         check_policy(conn, ctx.who, draft_of(replace(rsv, duration_ms=longer.duration)))
+        calendar.require_extendable(ctx, rsv, longer)
         for alloc in rsv.allocations:
             clash = repo.first_clash(conn, alloc.node_id, alloc.atoms, extra, rsv.id)
             if clash is not None:

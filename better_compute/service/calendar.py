@@ -184,6 +184,19 @@ def _range_ask(
     return ask
 
 
+def require_extendable(ctx: Ctx, rsv: Reservation, longer: Window) -> None:
+    """`extend` of a calendar reservation stays within its pool's policy (maximum duration and
+    horizon), as `update` to the same window would: INVALID_INPUT naming the limit. A request
+    for now was never judged by the policy, and its extension is not either."""
+    if rsv.start is None:
+        return
+    policy = cal.policy(ctx.db.conn, rsv.pool_id)
+    refused = None if policy is None else rules.extension_refusal(policy, longer, ctx.now)
+    if refused is not None:
+        pool = repo.find_pool(ctx.db.conn, rsv.pool_id)
+        raise InvalidInput(f"pool {pool['name']}'s calendar policy: {refused}; nothing was changed")
+
+
 def require_changeable(ctx: Ctx, rsv: Reservation, verb: str) -> None:
     """CONFLICT when a `--commit` calendar policy made this placed reservation final."""
     if rsv.state in LIVE_STATES and cal.is_committed(ctx.db.conn, rsv.id):

@@ -1,0 +1,63 @@
+"""Calendar policies at their edges (a hostile review, 2026-12-01).
+
+- `extend` is judged by the pool's calendar policy as `update` is: before, booking the longest
+  allowed window and then extending it went past the maximum duration and horizon.
+- `--start now` (or a start already past) is a request for now, as the README says: the policy
+  does not judge it and a `--commit` policy does not make it final, as with no --start.
+"""
+
+from __future__ import annotations
+
+from conftest import Cli
+
+
+def _policy(solo: Cli, *limits: str) -> None:
+    solo.ok("pool", "policy", "set", "solo", *limits)
+
+
+def _reserve(solo: Cli, key: str, *args: str) -> dict[str, object]:
+    out: dict[str, object] = solo.ok(
+        "reserve", "--tenant", "acme", "--gpus", "1", "--key", key, *args
+    )
+    return out
+
+
+def test_extend_stays_within_the_maximum_duration_and_horizon(solo: Cli) -> None:
+    _policy(solo, "--max-duration", "1d", "--max-horizon", "2d", "--min-lead", "1h")
+    rsv = _reserve(solo, "k", "--for", "20h", "--start", "+1d")
+    error = solo.fails(2, "extend", rsv["id"], "--by", "5d")
+    assert "at most 1d" in error["message"] and "nothing was changed" in error["message"]
+    assert solo.ok("get", rsv["id"])["during"] == rsv["during"]
+    grown = solo.ok("extend", rsv["id"], "--by", "4h")  # exactly the longest allowed
+    assert grown["durationMs"] == 24 * 3600_000
+    error = solo.fails(2, "extend", rsv["id"], "--by", "1ms")
+    assert "at most 1d" in error["message"]
+    # The horizon: a later start whose longer end would pass now + 2d.
+    late = _reserve(solo, "late", "--for", "3h", "--start", "+1d20h")
+    error = solo.fails(2, "extend", late["id"], "--by", "2h")
+    assert "beyond the maximum horizon 2d" in error["message"]
+    assert solo.ok("extend", late["id"], "--by", "1h")["durationMs"] == 4 * 3600_000  # to 2d
+
+def test_a_request_for_now_is_never_judged_and_its_extension_neither(solo: Cli) -> None:
+    _policy(solo, "--max-duration", "1h", "--min-lead", "1h")
+    rsv = _reserve(solo, "now", "--for", "2h")
+    assert solo.ok("extend", rsv["id"], "--by", "1h")["durationMs"] == 3 * 3600_000
+
+
+def test_start_now_is_the_same_request_as_no_start(solo: Cli) -> None:
+    _policy(solo, "--min-lead", "1h", "--max-duration", "1h", "--commit")
+    spelled = _reserve(solo, "a", "--for", "2h", "--start", "now")
+    assert spelled["start"] is None and spelled["state"] == "placed"
+    assert _reserve(solo, "a", "--for", "2h")["id"] == spelled["id"]  # the key's same request
+    assert solo.ok("preview", "--tenant", "acme", "--gpus", "1", "--for", "2h", "--start", "now")[
+        "fits"
+    ]
+    past = _reserve(solo, "b", "--for", "2h", "--start", "2026-01-01T00:00:00Z")
+    assert past["start"] is None and past["during"]["start"] == spelled["during"]["start"]
+    # Not made final by --commit: a request for now never was a calendar request.
+    assert solo.ok("cancel", spelled["id"])["releaseReason"] == "cancelled"
+    # A real calendar request is still judged.
+    error = solo.fails(
+        2, "reserve", "--tenant", "acme", "--gpus", "1", "--for", "30m", "--start", "+30m"
+    )
+    assert "minimum lead time 1h" in error["message"]

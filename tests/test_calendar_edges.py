@@ -38,6 +38,7 @@ def test_extend_stays_within_the_maximum_duration_and_horizon(solo: Cli) -> None
     assert "beyond the maximum horizon 2d" in error["message"]
     assert solo.ok("extend", late["id"], "--by", "1h")["durationMs"] == 4 * 3600_000  # to 2d
 
+
 def test_a_request_for_now_is_never_judged_and_its_extension_neither(solo: Cli) -> None:
     _policy(solo, "--max-duration", "1h", "--min-lead", "1h")
     rsv = _reserve(solo, "now", "--for", "2h")

@@ -1106,11 +1106,19 @@ def first_clash(
 
 
 def live_atoms(conn: Conn, node: str, now: int) -> set[int]:
-    """A node's atoms booked from `now` on by reservations not released: what must not vanish."""
+    """A node's atoms booked by reservations not released: what must not vanish. That is every
+    booking from `now` on, and one that ended before `now` when no tick has released its
+    reservation yet (still active to `get` and `launch`): the walk starts at the earliest end of
+    any live reservation, if that is earlier."""
+    row = conn.execute(
+        "SELECT MIN(during_end) FROM reservations WHERE state IN ('placed', 'binding', 'active')"
+        " AND state <> 'released'"
+    ).fetchone()
+    since = now + 1 if row[0] is None else min(now + 1, int(row[0]))
     rows = conn.execute(
         "SELECT DISTINCT b.atom FROM bookings b JOIN reservations r ON r.id = b.reservation_id"
-        " WHERE b.node_id = ? AND b.\"end\" > ? AND r.state != 'released'",
-        (node, now),
+        " WHERE b.node_id = ? AND b.\"end\" >= ? AND r.state != 'released'",
+        (node, since),
     )
     return {int(r[0]) for r in rows}
 

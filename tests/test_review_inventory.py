@@ -1,0 +1,53 @@
+"""Inventory changes against what reservations hold (a hostile review, 2026-12-01)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import Cli, init_db
+
+SMALL = {
+    "pools": [
+        {
+            "name": "west",
+            "nodes": [
+                {"name": "n1", "gpus": {"count": 4, "model": "h100"}},
+                {"name": "n2", "gpus": {"count": 4, "model": "h100"}},
+            ],
+        }
+    ],
+    "tenants": [{"id": "acme"}],
+}
+
+
+def _file(tmp_path: Path, name: str, doc: object) -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_an_import_keeps_the_gpus_of_a_reservation_no_tick_has_released(
+    db_dir: Path, tmp_path: Path
+) -> None:
+    """Its end has passed, but it is still active (get, launch) until a tick releases it: its
+    GPUs must not vanish under it. Once a tick has released it, they may."""
+    cli = Cli(init_db(db_dir / "late.db"))
+    cli.ok("inventory", "import", _file(tmp_path, "small.json", SMALL))
+    cli.ok("config", "set", "placement.topN", "1")
+    rsv = cli.ok("reserve", "--tenant", "acme", "--gpus", "4", "--for", "1h")
+    assert rsv["allocations"][0]["nodeId"] == "n1"
+    cli.ok("tick")
+    shrink = {
+        "pools": [
+            {"name": "west", "nodes": [{"name": "n1", "gpus": {"count": 1, "model": "h100"}}]}
+        ]
+    }
+    path = _file(tmp_path, "shrink.json", shrink)
+    later = "2026-09-28T09:30:00Z"
+    error = cli.fails(2, "inventory", "import", path, now=later)
+    assert "GPUs [1, 2, 3] of n1 hold live bookings" in error["message"]
+    assert cli.ok("get", rsv["id"], now=later)["state"] == "active"
+    cli.ok("tick", now=later)
+    cli.ok("inventory", "import", path, now=later)
+    assert len(cli.ok("node", "show", "n1", now=later)["gpus"]) == 1

@@ -75,6 +75,8 @@ def test_maintenance_window_blocks_placement_only_inside_it(cli: Cli) -> None:
             "until": NOW_MS + DAY + 6 * HOUR,
             "reason": "firmware",
         },
+        "moved": [],
+        "waiting": [],
     }
     ev = last_event(cli, "node.maintenance")
     assert ev["data"] == {

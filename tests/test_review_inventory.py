@@ -51,3 +51,23 @@ def test_an_import_keeps_the_gpus_of_a_reservation_no_tick_has_released(
     cli.ok("tick", now=later)
     cli.ok("inventory", "import", path, now=later)
     assert len(cli.ok("node", "show", "n1", now=later)["gpus"]) == 1
+
+
+def test_a_maintenance_window_says_what_its_repair_did(db_dir: Path, tmp_path: Path) -> None:
+    cli = Cli(init_db(db_dir / "mw.db"))
+    cli.ok("inventory", "import", _file(tmp_path, "small.json", SMALL))
+    cli.ok("config", "set", "placement.topN", "1")
+    a = cli.ok("reserve", "--tenant", "acme", "--gpus", "4", "--for", "2h", "--start", "+1d")
+    b = cli.ok("reserve", "--tenant", "acme", "--gpus", "4", "--for", "2h", "--start", "+1d")
+    on_n1 = a if a["allocations"][0]["nodeId"] == "n1" else b
+    window = ("--from", "2026-09-29T09:00:00Z", "--until", "2026-09-29T09:30:00Z")
+    out = cli.ok("node", "cordon", "n1", *window)
+    assert out["moved"] == [] and out["waiting"] == [on_n1["id"]]
+    assert cli.ok("get", on_n1["id"])["state"] == "pending"
+    cli.ok("node", "uncordon", "n1")
+    text = " ".join(cli.ok("node", "cordon", "n2", *window, json=False).split())
+    assert "no placed booking overlapped it" not in text
+    assert "moved" in text or "no node fits" in text
+    empty = ("--from", "2026-10-09T09:00:00Z", "--until", "2026-10-09T09:30:00Z")
+    text = " ".join(cli.ok("node", "cordon", "n1", *empty, json=False).split())
+    assert "no placed booking overlapped it" in text

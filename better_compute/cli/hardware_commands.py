@@ -21,9 +21,11 @@ from better_compute.model import JsonValue
 from better_compute.timeparse import iso
 
 if TYPE_CHECKING:
+    from better_compute.render import human
     from better_compute.render import json as js
     from better_compute.service import setup
 else:
+    human = lazy("better_compute.render.human")
     js = lazy("better_compute.render.json")
     setup = lazy("better_compute.service.setup")
 
@@ -46,16 +48,19 @@ def node_cordon(
     if (from_ is None) != (until is None):
         raise InvalidInput("a maintenance window needs both --from and --until")
     if from_ is not None and until is not None:
-        m = setup.node_maintenance(c, node, window_of(from_, until, c.now), reason)
+        added = setup.node_maintenance(c, node, window_of(from_, until, c.now), reason)
+        m = added.maintenance
         doc: JsonValue = {
             "nodeId": node,
             "maintenance": {"from": m.window.start, "until": m.window.end, "reason": reason},
+            "moved": list(added.moved),
+            "waiting": list(added.waiting),
         }
         emit(
             as_json,
             doc,
             f"{node}: maintenance {iso(m.window.start)} → {iso(m.window.end)};"
-            " placed bookings that overlap it were repaired",
+            f" {human.repaired(added.moved, added.waiting)}",
         )
         return
     n = setup.node_flag(c, node, "node.cordoned", reason, schedulable=0, cordon_reason=reason)

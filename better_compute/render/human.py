@@ -292,6 +292,16 @@ def counted(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
+def repaired(moved: Sequence[str], waiting: Sequence[str]) -> str:
+    """What a maintenance window's repair did to the placed bookings it overlapped."""
+    if not moved and not waiting:
+        return "no placed booking overlapped it"
+    parts = [f"moved {', '.join(moved)}"] if moved else []
+    if waiting:
+        parts.append(f"no node fits {', '.join(waiting)}: pending (BookingRepairFailed), retried")
+    return "; ".join(parts)
+
+
 def imported(counts: dict[str, int], skipped: int | None) -> str:
     """`inventory import` for people; `skipped`: an openb node list's rows without GPUs."""
     text = "imported " + ", ".join(

@@ -32,6 +32,7 @@ from better_compute.model import (
     Maintenance,
     Node,
     Principal,
+    State,
     Window,
 )
 from better_compute.service import authz, backups, ticking
@@ -289,7 +290,18 @@ def node_flag(ctx: Ctx, name: str, event: str, reason: str | None, **columns: ob
         return repo.get_node(conn, name)
 
 
-def node_maintenance(ctx: Ctx, name: str, window: Window, reason: str | None) -> Maintenance:
+@dataclass(frozen=True)
+class MaintenanceAdded:
+    """A maintenance window, and what its repair did to the placed bookings it overlapped:
+    `moved` were placed again elsewhere for the same window, `waiting` found no node and are
+    pending (BookingRepairFailed), retried as any pending request."""
+
+    maintenance: Maintenance
+    moved: tuple[str, ...]
+    waiting: tuple[str, ...]
+
+
+def node_maintenance(ctx: Ctx, name: str, window: Window, reason: str | None) -> MaintenanceAdded:
     require_admin(ctx.who, "change nodes")
     if window.end <= window.start:
         raise InvalidInput("--until must be after --from")
@@ -311,9 +323,14 @@ def node_maintenance(ctx: Ctx, name: str, window: Window, reason: str | None) ->
             data["reason"] = reason
         ctx.event("node.maintenance", None, None, data)
         # Bookings that overlap the window are repaired ahead of time, in the same transaction.
+        moved: list[str] = []
+        waiting: list[str] = []
         for rsv in repo.placed_on_node_during(conn, name, window):
-            ticking.repair_one(ctx, rsv)
-        return Maintenance(mid, name, window, reason)
+            after = ticking.repair_one(ctx, rsv)
+            (moved if after.state == State.PLACED else waiting).append(rsv.id)
+        return MaintenanceAdded(
+            Maintenance(mid, name, window, reason), tuple(moved), tuple(waiting)
+        )
 
 
 def node_uncordon(ctx: Ctx, name: str) -> Node:

@@ -334,3 +334,11 @@ def test_an_empty_file_is_not_initialised(db_dir: Path) -> None:
     assert Cli(empty).fails(7, "list")["code"] == "UNAVAILABLE"
     assert Cli(empty).ok("init")["db"] == str(empty)
     assert Cli(empty).ok("list") == []
+
+
+def test_config_set_a_negative_value_says_what_is_allowed(run: Cli) -> None:
+    """`-1` used to read as an unknown option: "No such option: -1", naming no range."""
+    error = run.fails(2, "config", "set", "placement.topN", "-1")
+    assert error["message"] == "placement.topN must be an integer from 1 to 1000, got '-1'"
+    error = run.fails(2, "config", "set", "capacity.spotNoticeMs", "-5")
+    assert "from 0 to" in error["message"] and "'-5'" in error["message"]

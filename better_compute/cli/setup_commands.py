@@ -450,7 +450,9 @@ def config_get(
     emit(as_json, values, "\n".join(f"{k} = {jsonlib.dumps(v)}" for k, v in values.items()))
 
 
-@config_app.command("set")
+#: A negative VALUE (`-1`) reaches the command, which says what is allowed, instead of Typer's
+#: "No such option: -1".
+@config_app.command("set", context_settings={"ignore_unknown_options": True})
 @handled
 def config_set(key: str, value: str, as_json: JsonFlag = False) -> None:
     """Change one setting."""

@@ -342,3 +342,10 @@ def test_config_set_a_negative_value_says_what_is_allowed(run: Cli) -> None:
     assert error["message"] == "placement.topN must be an integer from 1 to 1000, got '-1'"
     error = run.fails(2, "config", "set", "capacity.spotNoticeMs", "-5")
     assert "from 0 to" in error["message"] and "'-5'" in error["message"]
+
+
+def test_a_principal_too_long_is_refused_for_its_length(run: Cli) -> None:
+    error = run.fails(2, "--as", "x" * 300, "list")
+    assert error["message"] == "--as: a principal has at most 256 characters, got 300"
+    error = run.fails(2, "admin", "add", "x" * 257)
+    assert "at most 256 characters, got 257" in error["message"]

@@ -15,13 +15,21 @@ from better_compute.model import SYSTEM, Principal
 from better_compute.storage import ledger
 from better_compute.storage.repo import Conn
 
+#: The longest principal name (a user name, a role, a service account's id).
+MAX_PRINCIPAL = 256
+
 
 def principal_name(name: str, where: str) -> str:
     """A principal is a user (or role) name as the system spells it: no padding that would make
     ' root' a second root, and never `system`, which names the lifecycle's own work in events."""
-    if not name or name != name.strip() or len(name) > 256 or not name.isprintable():
+    if len(name) > MAX_PRINCIPAL:
         raise InvalidInput(
-            f"{where}: {name[:40]!r} is not a principal; give a user name, without spaces around it"
+            f"{where}: a principal has at most {MAX_PRINCIPAL} characters, got {len(name)}"
+        )
+    if not name or name != name.strip() or not name.isprintable():
+        raise InvalidInput(
+            f"{where}: {name[:40]!r} is not a principal; give a user name: printable text,"
+            " without spaces around it"
         )
     if name == SYSTEM:
         raise InvalidInput(f"{where}: {SYSTEM!r} names the lifecycle's own work, not a principal")

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Cli, init_db
+from conftest import Cli, init_db, invoke
 from test_init_atomic import kill_after_files_change, spawn, state
 
 from better_compute.storage.schema import SCHEMA_VERSION
@@ -252,3 +252,17 @@ def test_restore_killed_at_random_moments_leaves_the_old_or_the_restored_ledger(
         outcomes.append("old" if got == old else "restored")
         assert len(Cli(db).ok("list")) == len(got[1])
     print("outcomes:", outcomes, seed)
+
+
+def test_restore_on_a_real_clock_ledger_refuses_now(db_dir: Path) -> None:
+    """restore writes the ledger: a real-clock ledger refuses --now on it as on every write."""
+    real = db_dir / "real.db"
+    assert invoke(["--db", str(real), "init"]).exit_code == 0
+    backup = db_dir / "real-backup.db"
+    assert invoke(["--db", str(real), "backup", str(backup)]).exit_code == 0
+    cli = Cli(real)
+    error = cli.fails(2, "restore", backup, now="2020-01-01T00:00:00Z")
+    assert "real clock" in error["message"]
+    env = {"BETTER_COMPUTE_NOW": "2020-01-01T00:00:00Z"}
+    assert cli("restore", backup, now=None, env=env)[0] == 2
+    assert cli("restore", backup, now=None)[0] == 0

@@ -51,6 +51,6 @@ def restore(
     as_json: JsonFlag = False,
 ) -> None:
     """Replace the ledger with a backup, after checking it (admin only)."""
-    copy = backups.restore(G.db, path, me(), G.principal)
+    copy = backups.restore(G.db, path, me(), G.principal, now_asked=G.now_text is not None)
     doc = {"from": path, **js.ledger_copy(copy)}
     emit(as_json, doc, f"restored {G.db} from {path}: {human.ledger_copy(copy)}")

@@ -17,7 +17,13 @@ def backup(ctx: Ctx, dest: str, force: bool) -> LedgerCopy:
 
 
 def replacer(
-    path: str, me: str, as_name: str | None, what: str, *, pinned_clock: bool = False
+    path: str,
+    me: str,
+    as_name: str | None,
+    what: str,
+    *,
+    pinned_clock: bool = False,
+    now_asked: bool = False,
 ) -> str:
     """Who replaces the ledger at `path` (`init --force`, `restore`): one of its admins, checked
     before the file is touched. Where no ledger exists yet there is nobody to check `--as`
@@ -25,7 +31,8 @@ def replacer(
 
     `pinned_clock`: the new ledger would run on a manual clock. Replacing a real-clock ledger so
     is refused like any other `--now` on a write: a stale BETTER_COMPUTE_NOW would otherwise
-    freeze the ledger's time for good."""
+    freeze the ledger's time for good. `now_asked`: the command was given --now (or
+    BETTER_COMPUTE_NOW), which a real-clock ledger refuses on every write (§2), this one too."""
     if ledger_exists(path):
         old = open_ctx(path, None, me, as_name)
         try:
@@ -35,6 +42,8 @@ def replacer(
                     f"{NO_NOW_ON_REAL_CLOCK}; to start a what-if ledger, `init --now` another"
                     " --db, or remove this one first"
                 )
+            if now_asked and not old.manual_clock:
+                raise InvalidInput(NO_NOW_ON_REAL_CLOCK)
             return old.who.name
         finally:
             old.db.close()
@@ -46,7 +55,10 @@ def replacer(
     return me
 
 
-def restore(path: str, source: str, me: str, as_name: str | None) -> LedgerCopy:
-    """Replacing the ledger rewrites everyone's reservations: its admins only."""
-    replacer(path, me, as_name, "restore a ledger")
+def restore(
+    path: str, source: str, me: str, as_name: str | None, *, now_asked: bool = False
+) -> LedgerCopy:
+    """Replacing the ledger rewrites everyone's reservations: its admins only. It writes, so a
+    real-clock ledger refuses it with --now (`now_asked`), as every other write."""
+    replacer(path, me, as_name, "restore a ledger", now_asked=now_asked)
     return restore_from(path, source)

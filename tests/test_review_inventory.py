@@ -71,3 +71,15 @@ def test_a_maintenance_window_says_what_its_repair_did(db_dir: Path, tmp_path: P
     empty = ("--from", "2026-10-09T09:00:00Z", "--until", "2026-10-09T09:30:00Z")
     text = " ".join(cli.ok("node", "cordon", "n1", *empty, json=False).split())
     assert "no placed booking overlapped it" in text
+
+
+def test_inventory_export_shows_a_quota_only_to_whom_quota_show_does(run: Cli) -> None:
+    run.ok("policy", "set", "--tenant", "globex", "--principal", "bob")
+    run.ok("quota", "set", "--tenant", "globex", "--gpus", "17")
+    run.fails(6, "--as", "alice", "quota", "show", "--tenant", "globex")
+    tenants = {t["id"]: t for t in run.ok("--as", "alice", "inventory", "export")["tenants"]}
+    assert "quota" not in tenants["globex"] and tenants["acme"]["quota"] == {"gpus": 64}
+    tenants = {t["id"]: t for t in run.ok("--as", "bob", "inventory", "export")["tenants"]}
+    assert tenants["globex"]["quota"] == {"gpus": 17}
+    tenants = {t["id"]: t for t in run.ok("inventory", "export")["tenants"]}  # an admin
+    assert tenants["globex"]["quota"] == {"gpus": 17}

@@ -699,14 +699,19 @@ def _update_node(
 
 
 def inventory_export(ctx: Ctx) -> Inventory:
+    """The fleet as an inventory file. Open to anyone, like `tenant list` and `node list`; a
+    tenant's quota only where its reader may act for it, as `quota show` (§6)."""
     with ctx.db.read() as conn:
+        seen = authz.visible_tenants(conn, ctx.who)
         pools = []
         for row in repo.pool_rows(conn):
             nodes = tuple(_export_node(n) for n in repo.load_nodes(conn, row["id"]))
             pools.append(InventoryPool(row["name"], repo.pool_labels(conn, row), nodes))
         tenants = []
         for tenant in repo.tenant_ids(conn):
-            cap = dict(repo.quotas(conn, tenant)).get("")
+            cap = (
+                dict(repo.quotas(conn, tenant)).get("") if seen is None or tenant in seen else None
+            )
             tenants.append(InventoryTenant(tenant, cap))
         return Inventory(tuple(pools), tuple(tenants))
 

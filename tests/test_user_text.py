@@ -70,3 +70,13 @@ def test_labels_with_control_characters_are_refused_everywhere(run: Cli, tmp_pat
         error = run.fails(2, "inventory", "import", path)
         assert "printable" in error["message"] and "labels" in error["message"], error
     assert "east" not in [p["name"] for p in run.ok("pool", "list")]
+
+
+def test_a_topology_key_no_label_could_have_is_refused(run: Cli) -> None:
+    for key in ("bad key=", "k\nx", "x" * 64, "  "):
+        error = run.fails(
+            2, "reserve", "--tenant", "acme", "--gpus", "2", "--gang", "2", "--topology-key", key,
+            "--for", "1h",
+        )  # fmt: skip
+        assert "--topology-key" in error["message"] and "label key" in error["message"]
+    assert run.ok("list") == []

@@ -12,7 +12,7 @@ from better_compute.engine.gang import rank_gangs
 from better_compute.engine.preempt import plan_preemption
 from better_compute.engine.search import Ask
 from better_compute.errors import Conflict, InvalidInput
-from better_compute.inventory import MODEL_RE, normal_model
+from better_compute.inventory import MAX_LABEL_KEY, MODEL_RE, normal_model
 from better_compute.lifecycle import states
 from better_compute.lifecycle.tick import release_due, retry_window, timed_out
 from better_compute.model import (
@@ -91,8 +91,14 @@ def validate(args: ReserveArgs) -> None:
         raise InvalidInput(f"--gpus must be from 1 to 64, got {args.gpus}")
     if args.gang is not None and not 2 <= args.gang <= MAX_GANG:
         raise InvalidInput(f"--gang must be from 2 to {MAX_GANG} nodes, got {args.gang}")
-    if args.topology_key is not None and not args.topology_key.strip():
-        raise InvalidInput("--topology-key must name a label, such as fabric.domain or rack")
+    key = args.topology_key
+    if key is not None and (
+        not key.strip() or "=" in key or len(key) > MAX_LABEL_KEY or not key.isprintable()
+    ):
+        raise InvalidInput(
+            f"--topology-key {key[:40]!r} must name a label key (no '=', at most"
+            f" {MAX_LABEL_KEY} printable characters), such as fabric.domain or rack"
+        )
     for model in args.models:
         if not MODEL_RE.fullmatch(model):
             raise InvalidInput(f"--model {model[:40]!r} is not a model name (like h100)")

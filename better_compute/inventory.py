@@ -219,10 +219,12 @@ def _node(value: object, path: str) -> InventoryNode:
     return InventoryNode(name, labels, count, model, groups, cluster, clique, frozenset(omitted))
 
 
-def _unique(seen: dict[str, str], kind: str, name: str, path: str) -> None:
-    if name in seen:
-        raise InvalidInput(f"{path}: duplicate {kind} {json.dumps(name)} (also {seen[name]})")
-    seen[name] = path
+def _unique(seen: dict[str, str], kind: str, name: str, path: str, *, fold: bool = False) -> None:
+    """`fold`: names that differ only in case are the same (node names are host names)."""
+    key = name.lower() if fold else name
+    if key in seen:
+        raise InvalidInput(f"{path}: duplicate {kind} {json.dumps(name)} (also {seen[key]})")
+    seen[key] = path
 
 
 def parse_inventory(doc: object) -> Inventory:
@@ -235,13 +237,18 @@ def parse_inventory(doc: object) -> Inventory:
         path = f"pools[{i}]"
         d = _object(p, path, ("name", "labels", "nodes"))
         name = _name(d.get("name"), _at(path, "name"))
+        if name.startswith("pool_"):
+            raise InvalidInput(
+                f"{_at(path, 'name')}: pool name {json.dumps(name)} may not start with pool_"
+                " (that is how ids look)"
+            )
         _unique(pool_names, "pool name", name, _at(path, "name"))
         labels = _labels(d.get("labels"), _at(path, "labels"))
         nodes: list[InventoryNode] = []
         raw_nodes = d.get("nodes")
         for j, n in enumerate([] if raw_nodes is None else _list(raw_nodes, _at(path, "nodes"))):
             node = _node(n, f"{path}.nodes[{j}]")
-            _unique(node_names, "node name", node.name, f"{path}.nodes[{j}].name")
+            _unique(node_names, "node name", node.name, f"{path}.nodes[{j}].name", fold=True)
             nodes.append(node)
         omitted = KEEP_POOL - d.keys()
         ordered = tuple(sorted(nodes, key=lambda n: n.name))

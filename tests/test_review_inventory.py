@@ -83,3 +83,39 @@ def test_inventory_export_shows_a_quota_only_to_whom_quota_show_does(run: Cli) -
     assert tenants["globex"]["quota"] == {"gpus": 17}
     tenants = {t["id"]: t for t in run.ok("inventory", "export")["tenants"]}  # an admin
     assert tenants["globex"]["quota"] == {"gpus": 17}
+
+
+def test_node_names_that_differ_only_in_case_are_one_host(db_dir: Path, tmp_path: Path) -> None:
+    """Host names resolve without regard to case: gpu-1 and GPU-1 would be one machine booked
+    twice (launch hands out the node name as the address)."""
+    cli = Cli(init_db(db_dir / "case.db"))
+    both = {"pools": [{"name": "a", "nodes": [
+        {"name": "gpu-1", "gpus": {"count": 8, "model": "h100"}},
+        {"name": "GPU-1", "gpus": {"count": 8, "model": "h100"}},
+    ]}]}  # fmt: skip
+    error = cli.fails(2, "inventory", "import", _file(tmp_path, "both.json", both))
+    assert "pools[0].nodes[1].name: duplicate node name" in error["message"]
+    one = {
+        "pools": [
+            {"name": "a", "nodes": [{"name": "gpu-1", "gpus": {"count": 8, "model": "h100"}}]}
+        ]
+    }
+    cli.ok("inventory", "import", _file(tmp_path, "one.json", one))
+    other = {
+        "pools": [
+            {"name": "a", "nodes": [{"name": "Gpu-1", "gpus": {"count": 8, "model": "h100"}}]}
+        ]
+    }
+    error = cli.fails(2, "inventory", "import", _file(tmp_path, "other.json", other))
+    assert "node 'gpu-1' exists" in error["message"]
+    error = cli.fails(4, "node", "add", "GPU-1", "--pool", "a", "--gpus", "8", "--model", "h100")
+    assert "node 'gpu-1' exists" in error["message"]
+    assert [n["name"] for n in cli.ok("node", "list")] == ["gpu-1"]
+    cli.ok("inventory", "import", _file(tmp_path, "one.json", one))  # the same node again
+
+
+def test_an_inventory_pool_named_like_an_id_names_its_path(run: Cli, tmp_path: Path) -> None:
+    error = run.fails(
+        2, "inventory", "import", _file(tmp_path, "p.json", {"pools": [{"name": "pool_x"}]})
+    )
+    assert error["message"].startswith('pools[0].name: pool name "pool_x" may not start with pool_')

@@ -212,6 +212,12 @@ def node_add(ctx: Ctx, pool_ref: str | None, spec: InventoryNode) -> None:
         pool = repo.find_pool(conn, pool_ref)
         if repo.node_pool_id(conn, spec.name) is not None:
             raise Conflict(f"node {spec.name!r} already exists; `node show {spec.name}`")
+        existing = bulk.same_but_case(conn, [spec.name]).get(spec.name)
+        if existing is not None:
+            raise Conflict(
+                f"node {existing!r} exists, and node names are host names, which do not differ"
+                f" by case alone; `node show {existing}`"
+            )
         repo.insert_node(conn, spec.name, pool["id"], spec.labels, _atoms(spec))
         ctx.event("node.added", None, None, {"nodeId": spec.name, "poolId": pool["id"]})
 
@@ -637,6 +643,13 @@ def _import_nodes(
             path = f"pools[{pool_name}].nodes[{node.name}]"
             _update_node(ctx, conn, pool_id, known[node.name], node, path)
     fresh = [(n.name, n.labels, _atoms(n)) for n in nodes if n.name not in known]
+    clash = bulk.same_but_case(conn, [name for name, _, _ in fresh])
+    if clash:
+        name, existing = min(clash.items())
+        raise InvalidInput(
+            f"pools[{pool_name}].nodes[{name}].name: node {existing!r} exists; node names are"
+            " host names, which do not differ by case alone"
+        )
     bulk.insert_nodes(ctx.db, pool_id, fresh)
 
 

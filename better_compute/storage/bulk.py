@@ -34,6 +34,21 @@ def node_pools(conn: Conn, names: Sequence[str]) -> dict[str, str]:
     return found
 
 
+def same_but_case(conn: Conn, names: Sequence[str]) -> dict[str, str]:
+    """The nodes whose names equal one of `names` apart from case, but not exactly: new name ->
+    the existing node's. Node names are hosts, which resolve without regard to case. Reads every
+    node name once (no index folds case); called only for names that are new."""
+    if not names:
+        return {}
+    wanted = {name.lower(): name for name in names}
+    found: dict[str, str] = {}
+    for (existing,) in conn.execute("SELECT name FROM nodes"):
+        new = wanted.get(str(existing).lower())
+        if new is not None and new != existing:
+            found[new] = str(existing)
+    return found
+
+
 def insert_nodes(db: Ledger, pool_id: str, nodes: Sequence[NewNode]) -> None:
     """Add these nodes (none of which exists) to the pool, with their GPUs, inside the caller's
     write transaction on `db`."""

@@ -49,6 +49,11 @@ class Unavailable(BetterComputeError):
     exit_code = 7
 
 
+class Damaged(Unavailable):
+    """A ledger file of ours that cannot be opened: malformed, or a schema better-compute did not
+    make. Still UNAVAILABLE; `init --force` and `restore` say how to replace it."""
+
+
 def is_utf8(text: str) -> bool:
     """Whether the text can be written as UTF-8. Python keeps command-line bytes that are not
     UTF-8 as lone surrogates, and JSON's \\ud800 escape decodes to one: neither can be printed,

@@ -266,3 +266,59 @@ def test_restore_on_a_real_clock_ledger_refuses_now(db_dir: Path) -> None:
     env = {"BETTER_COMPUTE_NOW": "2020-01-01T00:00:00Z"}
     assert cli("restore", backup, now=None, env=env)[0] == 2
     assert cli("restore", backup, now=None)[0] == 0
+
+
+def test_a_backup_with_a_schema_of_its_own_is_refused(db_dir: Path) -> None:
+    """A view added for a report: every command refuses such a ledger, so restoring it would
+    lock everyone out (and restore itself could no longer replace it)."""
+    cli = Cli(init_db(db_dir / "lab.db", "--demo"))
+    good = db_dir / "good.bak"
+    cli.ok("backup", good)
+    report = db_dir / "report.bak"
+    shutil.copyfile(good, report)
+    conn = sqlite3.connect(report)
+    conn.execute("CREATE VIEW held AS SELECT tenant_id FROM reservations")
+    conn.commit()
+    conn.close()
+    before = cli.ok("events")
+    error = cli.fails(2, "restore", report)
+    assert "schema is not the one better-compute created" in error["message"]
+    assert "nothing was replaced" in error["message"]
+    assert cli.ok("events") == before
+
+
+def test_a_ledger_that_cannot_be_opened_says_how_to_replace_it(db_dir: Path) -> None:
+    cli = Cli(init_db(db_dir / "lab.db", "--demo"))
+    good = db_dir / "good.bak"
+    cli.ok("backup", good)
+    conn = sqlite3.connect(cli.db)
+    conn.execute("CREATE VIEW held AS SELECT 1")
+    conn.commit()
+    conn.close()
+    for args in (("restore", good), ("init", "--force")):
+        error = cli.fails(7, *args)
+        assert "admins cannot be checked" in error["message"], error
+        assert f"mv {cli.db} {cli.db}.damaged" in error["message"]
+    cli.db.rename(Path(f"{cli.db}.damaged"))
+    cli.ok("restore", good)
+    assert cli.ok("tenant", "list")
+
+
+def test_a_refused_rename_is_unavailable_and_keeps_the_old_ledger(
+    db_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from better_compute.storage import replace
+
+    cli = Cli(init_db(db_dir / "lab.db", "--demo"))
+    good = db_dir / "good.bak"
+    cli.ok("backup", good)
+    cli.ok("tenant", "create", "later")
+
+    def refuse(src: object, dst: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(replace.os, "replace", refuse)
+    error = cli.fails(7, "restore", good)
+    assert "Operation not permitted; the old ledger is unchanged" in error["message"]
+    monkeypatch.undo()
+    assert "later" in [t["id"] for t in cli.ok("tenant", "list")]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from better_compute.errors import Forbidden, InvalidInput
+import shlex
+
+from better_compute.errors import Damaged, Forbidden, InvalidInput
 from better_compute.model import LedgerCopy
 from better_compute.service.authz import require_admin
 from better_compute.service.context import NO_NOW_ON_REAL_CLOCK, Ctx, open_ctx
@@ -34,7 +36,14 @@ def replacer(
     freeze the ledger's time for good. `now_asked`: the command was given --now (or
     BETTER_COMPUTE_NOW), which a real-clock ledger refuses on every write (§2), this one too."""
     if ledger_exists(path):
-        old = open_ctx(path, None, me, as_name)
+        try:
+            old = open_ctx(path, None, me, as_name)
+        except Damaged as exc:  # its admins cannot be read: nobody could be checked
+            raise Damaged(
+                f"{exc.message}; so its admins cannot be checked and it is not replaced. To"
+                f" {what} there anyway, move the file aside first (with its -wal and -shm),"
+                f" e.g. `mv {shlex.quote(path)} {shlex.quote(path + '.damaged')}`"
+            ) from None
         try:
             require_admin(old.who, what)
             if pinned_clock and not old.manual_clock:

@@ -26,6 +26,7 @@ from better_compute.storage.db import (
     _configure,
     _header_kind,
     _migrate,
+    _require_our_schema,
     _require_path,
     file_identity,
 )
@@ -151,6 +152,13 @@ def _fill_from(source: Path, name: str, summary: list[tuple[int, str, int, int]]
             row = db.conn.execute("SELECT value FROM meta WHERE key = 'db_id'").fetchone()
         except sqlite3.DatabaseError as exc:
             raise bad(f"cannot be brought to schema version {SCHEMA_VERSION}: {exc}") from None
+        try:  # what every command checks on opening: restoring it would lock everyone out
+            _require_our_schema(db)
+        except sqlite3.DatabaseError as exc:
+            raise bad(
+                f"cannot be used: {exc} (a table, view, index or trigger was added, dropped or"
+                " changed); remove what was added to the copy, or restore another backup"
+            ) from None
         if row is None or not str(row[0]):
             raise bad("has no db_id in its meta table")
         summary.append(_summary(db.conn))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from better_compute import clock
-from better_compute.errors import Forbidden, InvalidInput, Unavailable
+from better_compute.errors import Damaged, Forbidden, InvalidInput, Unavailable
 from better_compute.storage import files
 from better_compute.storage.conn import SQLITE, Ledger
 from better_compute.storage.schema import (
@@ -640,10 +640,10 @@ def open_database(path: str, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> 
             return _open_snapshot(file)
         if isinstance(exc, sqlite3.OperationalError) and _is_locked(exc):
             raise Unavailable(f"database {path!r} stayed locked past the busy timeout") from None
-        raise Unavailable(f"database {path!r} cannot be used: {exc}") from None
+        raise Damaged(f"database {path!r} cannot be used: {exc}") from None
     except UnicodeDecodeError:  # SQLite quoted damaged schema text in its error message
         db.close()
-        raise Unavailable(f"database {path!r} is damaged: its schema is not readable") from None
+        raise Damaged(f"database {path!r} is damaged: its schema is not readable") from None
     except BaseException:
         db.close()
         raise

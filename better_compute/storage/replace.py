@@ -88,7 +88,12 @@ def swap_in(target: Path, temp: Path, *, replacing: bool) -> None:
         try:
             _checkpoint_fully(target, old)
             files.remove_sidecars(target)
-            os.replace(temp, target)
+            try:
+                os.replace(temp, target)
+            except OSError as exc:  # an immutable file, a folder we may not write: refused
+                raise Unavailable(
+                    f"cannot replace {str(target)!r}: {exc.strerror}; the old ledger is unchanged"
+                ) from None
             files.fsync_dir(target.parent)
         finally:
             if old.conn.in_transaction:

@@ -23,7 +23,7 @@ from better_compute.inventory import (
     keys_once,
     normal_model,
 )
-from better_compute.timeparse import MAX_MS, parse_duration, parse_time
+from better_compute.timeparse import MAX_MS, is_relative, parse_duration, parse_time
 
 #: The one tenant of an openb replay: the trace names no users or teams.
 OPENB_TENANT = "openb"
@@ -62,6 +62,9 @@ class Request:
     models: tuple[str, ...] = ()
     key: str | None = None
     pool: str | None = None
+    #: `start` as written when it is relative (`+2h`): the replay's start moves on every run, so
+    #: a key's reuse compares this text, as `reserve --start +2h` run again does (README).
+    start_text: str | None = None
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,10 @@ def _instant(d: dict[str, object], key: str, base: int) -> int | None:
         raise InvalidInput(f"{key}: {exc.message}") from None
 
 
+def _relative_text(value: object) -> str | None:
+    return value.strip() if isinstance(value, str) and is_relative(value) else None
+
+
 def _duration(d: dict[str, object]) -> int:
     value = d.get("duration")
     if isinstance(value, int) and not isinstance(value, bool):
@@ -262,6 +269,7 @@ def _request(line: int, raw: str, base: int, compress: Fraction) -> Request:
         models=_models(d),
         key=_text(d, "key"),
         pool=_text(d, "pool"),
+        start_text=_relative_text(d.get("start")),
     )
 
 

@@ -574,3 +574,20 @@ def test_a_line_may_hold_any_character_json_allows_in_a_string() -> None:
     with pytest.raises(InvalidInput, match=r"^line 2: "):
         parse_jsonl(text + "{}\n", NOW_MS)
     assert len(parse_jsonl(good + "\r" + good, NOW_MS).requests) == 2  # old Mac line ends
+
+
+def test_a_replay_run_again_skips_its_keyed_calendar_requests(fleet: Cli, db_dir: Path) -> None:
+    """A killed replay is resumed by running it again: relative times then count from a later
+    instant, and a keyed request whose start is written `+2h` is still the same request (as
+    `reserve --start +2h --key` run again is), so it counts as skipped, not never placed."""
+    lines = [
+        {"at": "+0s", "tenant": "acme", "gpus": 1, "duration": "1h", "key": "a"},
+        {"at": "+0s", "tenant": "acme", "gpus": 1, "duration": "1h", "start": "+2h", "key": "b"},
+    ]
+    workload = write_jsonl(db_dir / "keyed.jsonl", lines)
+    args = ("simulate", "--workload", workload, "--format", "jsonl")
+    first = fleet.ok(*args, "--until", "+10m", now=None)
+    assert (first["requests"], first["placedAtOnce"], first["skipped"]) == (2, 2, 0)
+    again = fleet.ok(*args, "--until", "+20m", now=None)
+    assert (again["requests"], again["neverPlaced"], again["skipped"]) == (0, 0, 2)
+    assert len(fleet.ok("list")) == 2

@@ -160,6 +160,7 @@ def _args(r: Request, pool: str | None, spot_notice_ms: int) -> ReserveArgs:
         gang=r.gang,
         topology_key=r.topology_key,
         start=r.start,
+        start_text=r.start_text,
         spot=r.spot,
         key=r.key,
     )

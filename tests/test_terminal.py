@@ -99,3 +99,18 @@ def test_a_key_used_again_is_a_retry_not_demand(db_dir: Path, tmp_path: Path) ->
     again = cli.ok("simulate", "--workload", str(work), "--format", "jsonl", now=None)
     assert (again["requests"], again["neverPlaced"], again["skipped"]) == (0, 0, 2)
     assert again["gpuHoursBooked"] == 0.0  # the first run's hours are not this run's
+
+
+def test_a_reader_that_goes_away_ends_human_output_as_sigpipe_would() -> None:
+    """`demo | head -8` ended with exit 1 (rich's own answer to a closed pipe), which §3 keeps
+    for bugs: it now ends as SIGPIPE would, 141, with nothing on stderr, as JSON output does.
+    The tour prints line by line, so its next print after the reader left meets the pipe."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BETTER_COMPUTE_")}
+    proc = subprocess.Popen(
+        [*ENTRY, "demo"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline()
+    proc.stdout.close()  # the reader goes away
+    assert proc.wait(timeout=120) == 141
+    assert proc.stderr.read() == b""

@@ -70,6 +70,9 @@ class _LazyConsole:
             from rich.console import Console
 
             self._console = Console(**self._options)
+            # rich ends a write to a closed pipe with SystemExit(1), which §3 keeps for bugs;
+            # a reader that went away (`| head`) ends us as SIGPIPE would, like JSON output.
+            self._console.on_broken_pipe = _reader_gone
         return cast("Console", self._console)
 
     def __getattr__(self, name: str) -> Any:

@@ -294,6 +294,51 @@ class Event:
 
 SYSTEM = "system"
 
+#: Every type of event the log holds (PRODUCT.md §8): what `webhook add --events` may name, so a
+#: misspelt type is refused rather than a webhook that never fires. tests/test_user_text.py
+#: fails when the code writes a type this list lacks.
+EVENT_TYPES = frozenset(
+    {
+        "admin.added",
+        "admin.removed",
+        "config.set",
+        "device.quarantined",
+        "device.restored",
+        "inventory.imported",
+        "meter.created",
+        "node.added",
+        "node.cordoned",
+        "node.labelled",
+        "node.maintenance",
+        "node.reachable",
+        "node.uncordoned",
+        "node.unreachable",
+        "policy.deleted",
+        "policy.set",
+        "pool.created",
+        "pool.policy.cleared",
+        "pool.policy.set",
+        "pool.updated",
+        "quota.set",
+        "reservation.active",
+        "reservation.binding",
+        "reservation.created",
+        "reservation.expiring",
+        "reservation.extended",
+        "reservation.pending",
+        "reservation.placed",
+        "reservation.preempted",
+        "reservation.preempting",
+        "reservation.released",
+        "reservation.repaired",
+        "reservation.starting",
+        "reservation.updated",
+        "tenant.created",
+        "webhook.added",
+        "webhook.deleted",
+    }
+)
+
 #: Joins a series' key and an occurrence's number (KEY#1); no new key a user gives contains it.
 SERIES_MARK = "#"
 

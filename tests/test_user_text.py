@@ -8,6 +8,7 @@ command that stored it had committed (a hostile review, 2026-12-01).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from conftest import Cli
@@ -80,3 +81,40 @@ def test_a_topology_key_no_label_could_have_is_refused(run: Cli) -> None:
         )  # fmt: skip
         assert "--topology-key" in error["message"] and "label key" in error["message"]
     assert run.ok("list") == []
+
+
+def test_a_webhook_for_a_misspelt_event_type_is_refused(run: Cli) -> None:
+    """Only the namespace was checked: `reservation.preemtping` made a webhook that never fired."""
+    url = "http://127.0.0.1:9/hook"
+    error = run.fails(
+        2, "webhook", "add", "--tenant", "acme", "--url", url, "--events", "reservation.preemtping"
+    )
+    assert "no event is of type 'reservation.preemtping'" in error["message"]
+    assert "reservation.preempting" in error["message"]
+    run.fails(2, "webhook", "add", "--tenant", "*", "--url", url, "--events", "pool.polcy.*")
+    for events in ("reservation.preempting,reservation.expiring", "reservation.*"):
+        run.ok("webhook", "add", "--tenant", "acme", "--url", url, "--events", events)
+    run.ok("webhook", "add", "--tenant", "*", "--url", url, "--events", "pool.policy.*,node.*")
+
+
+def test_every_event_type_the_code_writes_is_one_a_webhook_may_name() -> None:
+    """EVENT_TYPES is the list webhook add checks --events against: a type the code writes but
+    the list lacks could never be asked for, and one the code no longer writes is a dead name."""
+    import ast
+
+    import better_compute
+    from better_compute.model import EVENT_TYPES
+    from better_compute.service.webhooks import NAMESPACES
+
+    shape = re.compile(rf"^(?:{'|'.join(NAMESPACES)})\.[a-z]+(?:\.[a-z]+)*$")
+    not_events = {"webhook.test"}  # the type of `webhook test`'s sample body, never logged
+    model = Path(better_compute.__file__).parent / "model.py"
+    found = set()
+    for path in Path(better_compute.__file__).parent.rglob("*.py"):
+        if path == model:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            text = node.value if isinstance(node, ast.Constant) else None
+            if isinstance(text, str) and shape.match(text):
+                found.add(text)
+    assert found - not_events == set(EVENT_TYPES)

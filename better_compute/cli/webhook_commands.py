@@ -36,7 +36,9 @@ def webhook_add(
     events: Annotated[
         str | None,
         typer.Option(
-            "--events", help="TYPE,… such as reservation.preempting or node.*; default all."
+            "--events",
+            help="TYPE,… such as reservation.preempting or reservation.* (node.* and other"
+            " fleet events: --tenant '*' only); default all.",
         ),
     ] = None,
     secret: Annotated[

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from better_compute.errors import Conflict, InvalidInput, NotFound
-from better_compute.model import Delivery, Event, JsonValue, Webhook
+from better_compute.model import EVENT_TYPES, Delivery, Event, JsonValue, Webhook
 from better_compute.service import authz, delivery
 from better_compute.service.authz import require_admin
 from better_compute.service.context import Ctx
@@ -91,6 +91,12 @@ def check_events(text: str | None, tenant: str) -> tuple[str, ...]:
                 f"--events: {t[:60]!r} is not an event type; give TYPE,… such as"
                 f" reservation.preempting or reservation.*, of {', '.join(NAMESPACES)}"
             )
+        if not _names_events(t):
+            near = sorted(e for e in EVENT_TYPES if e.startswith(m.group(1) + "."))
+            raise InvalidInput(
+                f"--events: no event is of type {t!r}; {m.group(1)} events are"
+                f" {', '.join(near)} (or {m.group(1)}.*)"
+            )
         if tenant != ALL_TENANTS and m.group(1) not in TENANT_NAMESPACES:
             raise InvalidInput(
                 f"--events: {t} events belong to the fleet, not to tenant {tenant}; a tenant's"
@@ -98,6 +104,14 @@ def check_events(text: str | None, tenant: str) -> tuple[str, ...]:
                 " --tenant '*' webhook receives every event"
             )
     return tuple(types)
+
+
+def _names_events(pattern: str) -> bool:
+    """Whether a type (`reservation.preempting`) or pattern (`pool.policy.*`) names an event the
+    log can hold: a misspelt one would make a webhook that never fires."""
+    if pattern.endswith(".*"):
+        return any(e.startswith(pattern[:-1]) for e in EVENT_TYPES)
+    return pattern in EVENT_TYPES
 
 
 def check_secret(secret: str | None) -> str:

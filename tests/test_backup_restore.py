@@ -322,3 +322,10 @@ def test_a_refused_rename_is_unavailable_and_keeps_the_old_ledger(
     assert "Operation not permitted; the old ledger is unchanged" in error["message"]
     monkeypatch.undo()
     assert "later" in [t["id"] for t in cli.ok("tenant", "list")]
+
+
+def test_backup_says_the_db_id_for_people_too(db_dir: Path) -> None:
+    cli = Cli(init_db(db_dir / "lab.db"))
+    doc = cli.ok("backup", db_dir / "a.bak")
+    text = " ".join(cli.ok("backup", db_dir / "b.bak", json=False).split())
+    assert f"db id {doc['dbId']}" in text and "schema version" in text

@@ -275,7 +275,7 @@ def policies(rows: Sequence[Policy]) -> RenderableType:
 
 def ledger_copy(c: LedgerCopy) -> str:
     return (
-        f"{c.bytes} bytes, schema version {c.schema_version},"
+        f"{c.bytes} bytes, schema version {c.schema_version}, db id {c.db_id},"
         f" {counted(c.reservations, 'reservation')}, {counted(c.events, 'event')}"
     )
 

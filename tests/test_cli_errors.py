@@ -349,3 +349,14 @@ def test_a_principal_too_long_is_refused_for_its_length(run: Cli) -> None:
     assert error["message"] == "--as: a principal has at most 256 characters, got 300"
     error = run.fails(2, "admin", "add", "x" * 257)
     assert "at most 256 characters, got 257" in error["message"]
+
+
+def test_cancel_of_a_released_reservation_points_nowhere(run: Cli) -> None:
+    """It said "use `release` once it has started", a verb refused for it too."""
+    rsv = run.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h")["id"]
+    run.ok("cancel", rsv)
+    error = run.fails(4, "cancel", rsv)
+    assert "it is released" in error["message"] and "release" not in error["message"].split(")")[-1]
+    placed = run.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h")["id"]
+    run.ok("tick")
+    assert "use `release`" in run.fails(4, "cancel", placed)["message"]  # active: the hint helps

@@ -44,7 +44,7 @@ def launch(
 ) -> None:
     """Print what a job launcher needs to run on a reservation (binding or active; placed warns).
 
-    Example: eval "$(better-compute launch rsv_… --node $(hostname))" && torchrun … train.py
+    On each node: eval "$(better-compute launch RSV --node $(hostname))", then torchrun.
     """
     launching.check_format(fmt)
     got = launching.launch(ctx(), rsv, node)

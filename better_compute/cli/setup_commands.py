@@ -455,6 +455,6 @@ def config_get(
 @config_app.command("set", context_settings={"ignore_unknown_options": True})
 @handled
 def config_set(key: str, value: str, as_json: JsonFlag = False) -> None:
-    """Change one setting."""
+    """Change one setting; `config get` lists them all with their values (times in ms)."""
     values = setup.config_set(ctx(), key, value)
     emit(as_json, values, "\n".join(f"{k} = {jsonlib.dumps(v)}" for k, v in values.items()))

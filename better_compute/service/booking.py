@@ -596,7 +596,7 @@ def _end_now(ctx: Ctx, rsv_id: str, reason: ReleaseReason, hint: str) -> Reserva
     verb = "cancel" if reason == ReleaseReason.CANCELLED else "release"
     with ctx.write() as conn:
         rsv = mine(ctx, rsv_id)
-        states.require(rsv, allowed, verb, hint)
+        states.require(rsv, allowed, verb, "" if rsv.state == State.RELEASED else hint)
         late = overdue(ctx, rsv)
         if late is not None:  # a tick at this instant would release it: released as it would
             finish(ctx, rsv, *late)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import HOUR, ME, MIN, NOW_MS, Cli, at, invoke
+from conftest import HOUR, ME, MIN, NOW, NOW_MS, Cli, at, invoke
 
 # ---------------------------------------------------------------- --now
 
@@ -360,3 +363,30 @@ def test_cancel_of_a_released_reservation_points_nowhere(run: Cli) -> None:
     placed = run.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h")["id"]
     run.ok("tick")
     assert "use `release`" in run.fails(4, "cancel", placed)["message"]  # active: the hint helps
+
+
+@pytest.mark.sqlite_only(reason="runs the real entry point on the ledger file")
+def test_an_option_of_one_value_given_twice_is_refused(run: Cli) -> None:
+    """Click kept the last: `--tenant acme … --tenant globex` booked for globex without a word.
+    The check runs in the real entry point (cli.main), before Typer parses: a subprocess."""
+    entry = [sys.executable, "-c", "from better_compute.cli import main; main()"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BETTER_COMPUTE_")}
+    base = [*entry, "--db", str(run.db), "--now", NOW, "--json"]
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*base, *args], capture_output=True, text=True, env=env)
+
+    before = run.ok("events")
+    got = cli("reserve", "--tenant", "acme", "--tenant", "globex", "--gpus", "1", "--for", "1h")
+    assert got.returncode == 2 and got.stdout == ""
+    message = json.loads(got.stderr)["error"]["message"]
+    assert message.startswith("--tenant is given twice ('acme' and 'globex')")
+    assert "--as is given twice" in cli("--as", "alice", "--as", "bob", "list").stderr
+    assert cli("reserve", "--tenant", "acme", "--gpus", "1", "--for=1h", "--for=2h").returncode == 2
+    assert run.ok("events") == before
+    # Repeatable options, flags given twice, and a value that looks like an option are fine.
+    ok = cli("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--label", "a=b",
+             "--label", "c=d", "--name", "--tenant")  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["name"] == "--tenant"
+    assert cli("--json", "list").returncode == 0

@@ -16,6 +16,7 @@ import typer
 
 from better_compute import identity
 from better_compute.cli import plain_params
+from better_compute.cli.argv import repeated_option
 from better_compute.errors import BetterComputeError, InvalidInput, Unavailable, is_utf8
 from better_compute.lazy import lazy
 from better_compute.model import JsonValue, Window
@@ -290,6 +291,10 @@ def main(prepare: Callable[[Any], None] | None = None, word: str | None = None) 
     command = typer.main.get_command(app if word is None else only(word))
     if prepare is not None:
         prepare(command)
+    twice = None if "--help" in argv else repeated_option(command, argv)
+    if twice is not None:
+        _report("INVALID_INPUT", twice, "--json" in argv)
+        sys.exit(InvalidInput.exit_code)
     try:
         code = command.main(args=argv, prog_name="better-compute", standalone_mode=False)
     except typer.Exit as exc:  # Typer turns Ctrl-C into Exit(130); a write in progress rolls back

@@ -219,12 +219,10 @@ def _node(value: object, path: str) -> InventoryNode:
     return InventoryNode(name, labels, count, model, groups, cluster, clique, frozenset(omitted))
 
 
-def _unique(seen: dict[str, str], kind: str, name: str, path: str, *, fold: bool = False) -> None:
-    """`fold`: names that differ only in case are the same (node names are host names)."""
-    key = name.lower() if fold else name
-    if key in seen:
-        raise InvalidInput(f"{path}: duplicate {kind} {json.dumps(name)} (also {seen[key]})")
-    seen[key] = path
+def _unique(seen: dict[str, str], kind: str, name: str, path: str) -> None:
+    if name in seen:
+        raise InvalidInput(f"{path}: duplicate {kind} {json.dumps(name)} (also {seen[name]})")
+    seen[name] = path
 
 
 def parse_inventory(doc: object) -> Inventory:
@@ -248,7 +246,7 @@ def parse_inventory(doc: object) -> Inventory:
         raw_nodes = d.get("nodes")
         for j, n in enumerate([] if raw_nodes is None else _list(raw_nodes, _at(path, "nodes"))):
             node = _node(n, f"{path}.nodes[{j}]")
-            _unique(node_names, "node name", node.name, f"{path}.nodes[{j}].name", fold=True)
+            _unique(node_names, "node name", node.name, f"{path}.nodes[{j}].name")
             nodes.append(node)
         omitted = KEEP_POOL - d.keys()
         ordered = tuple(sorted(nodes, key=lambda n: n.name))

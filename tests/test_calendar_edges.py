@@ -62,3 +62,23 @@ def test_start_now_is_the_same_request_as_no_start(solo: Cli) -> None:
         2, "reserve", "--tenant", "acme", "--gpus", "1", "--for", "30m", "--start", "+30m"
     )
     assert "minimum lead time 1h" in error["message"]
+
+
+def test_a_series_first_occurrence_is_still_a_calendar_request(solo: Cli) -> None:
+    """--every makes every occurrence a calendar request, the first at now included."""
+    _policy(solo, "--max-duration", "2h", "--commit")
+    rows = solo.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--every", "1d",
+                   "--count", "2", "--key", "ser")  # fmt: skip
+    assert rows[0]["start"] is not None
+    assert "--commit" in solo.fails(4, "cancel", rows[0]["id"])["message"]
+    _policy(solo, "--min-lead", "1h")
+    error = solo.fails(2, "reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--every",
+                       "1d", "--count", "2")  # fmt: skip
+    assert "minimum lead time" in error["message"]
+
+
+def test_update_start_now_is_a_request_for_now_too(solo: Cli) -> None:
+    rsv = _reserve(solo, "b", "--for", "1h", "--start", "+2h")
+    _policy(solo, "--min-lead", "1h")
+    moved = solo.ok("update", rsv["id"], "--start", "now")
+    assert moved["start"] is None and moved["during"]["start"] == solo.ok("tick")["now"]

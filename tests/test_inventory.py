@@ -136,6 +136,8 @@ def _n2(inv: Inventory) -> InventoryNode:
         ("tenants.0.quota.gpus", 0, lambda inv: inv.tenants[0].quota_gpus == 0),
         ("tenants.0.quota.gpus", MAX_INT, lambda inv: inv.tenants[0].quota_gpus == MAX_INT),
         ("tenants.1.id", "Acme", lambda inv: inv.tenants[0].id == "Acme"),  # case matters
+        # node names differing only in case parse; the import refuses a new such pair
+        ("pools.1.nodes.0.name", "Node-01", lambda inv: inv.pools[0].nodes[0].name == "Node-01"),
     ],
 )
 def test_accepts(path: str, value: object, check: Any) -> None:
@@ -193,12 +195,6 @@ FABRIC = "pools.0.nodes.0.gpus.fabric"
             'duplicate node name "node-02" (also pools[0].nodes[1].name)',
         ),
         (f"{NODE}.name", "node-01", 'duplicate node name "node-01" (also pools[0].nodes[0].name)'),
-        # node names are host names: case does not make another node
-        (
-            "pools.1.nodes.0.name",
-            "Node-01",
-            'duplicate node name "Node-01" (also pools[0].nodes[0].name)',
-        ),
         ("tenants.1.id", "acme", 'duplicate tenant id "acme" (also tenants[0].id)'),
         # labels
         ("pools.0.labels", ["a"], 'must be an object of string labels, got ["a"]'),

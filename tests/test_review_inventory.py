@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
+import pytest
 from conftest import Cli, init_db
 
 SMALL = {
@@ -94,7 +96,14 @@ def test_node_names_that_differ_only_in_case_are_one_host(db_dir: Path, tmp_path
         {"name": "GPU-1", "gpus": {"count": 8, "model": "h100"}},
     ]}]}  # fmt: skip
     error = cli.fails(2, "inventory", "import", _file(tmp_path, "both.json", both))
-    assert "pools[0].nodes[1].name: duplicate node name" in error["message"]
+    assert error["message"].startswith("pools[a].nodes[GPU-1].name: the file names 'gpu-1' too")
+    csv = tmp_path / "nodes.csv"
+    csv.write_text(
+        "sn,cpu_milli,memory_mib,gpu,model\ngpu-1,1000,1000,8,V100\nGPU-1,1000,1000,8,V100\n"
+    )
+    error = cli.fails(2, "inventory", "import", csv, "--format", "openb-nodes")
+    assert "the file names 'gpu-1' too" in error["message"]
+    assert cli.ok("node", "list") == []
     one = {
         "pools": [
             {"name": "a", "nodes": [{"name": "gpu-1", "gpus": {"count": 8, "model": "h100"}}]}
@@ -112,6 +121,24 @@ def test_node_names_that_differ_only_in_case_are_one_host(db_dir: Path, tmp_path
     assert "node 'gpu-1' exists" in error["message"]
     assert [n["name"] for n in cli.ok("node", "list")] == ["gpu-1"]
     cli.ok("inventory", "import", _file(tmp_path, "one.json", one))  # the same node again
+
+
+@pytest.mark.sqlite_only(reason="writes a pair the CLI refuses straight into the ledger file")
+def test_a_ledger_holding_a_pair_from_before_the_rule_imports_its_export(
+    db_dir: Path, tmp_path: Path
+) -> None:
+    cli = Cli(init_db(db_dir / "old.db", "--demo"))
+    with sqlite3.connect(cli.db) as conn:  # as a ledger made before the rule could be
+        conn.execute(
+            "INSERT INTO nodes(name, pool_id, labels) SELECT 'West-01', pool_id, labels FROM nodes"
+            " WHERE name = 'west-01'"
+        )
+        conn.execute(
+            "INSERT INTO atoms(node_id, idx, model, nvlink_group, healthy) SELECT 'West-01', idx,"
+            " model, nvlink_group, healthy FROM atoms WHERE node_id = 'west-01'"
+        )
+    exported = cli.ok("inventory", "export")
+    cli.ok("inventory", "import", _file(tmp_path, "export.json", exported))
 
 
 def test_an_inventory_pool_named_like_an_id_names_its_path(run: Cli, tmp_path: Path) -> None:

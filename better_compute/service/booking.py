@@ -206,8 +206,9 @@ def lease_charge(conn: Conn, pool_id: str, gpus: int | None, size: int) -> int:
 def for_now(ctx: Ctx, args: ReserveArgs) -> ReserveArgs:
     """A start at or before now (`--start now`, or a time already past) asks for now, and is
     booked from now: the same request as no --start (README), so it is not a calendar request
-    and a pool's calendar policy does not judge it. The key still compares it as written."""
-    if args.start is not None and args.start <= ctx.now:
+    and a pool's calendar policy does not judge it. The key still compares it as written. A
+    series' occurrences keep their starts: `--every` makes every one a calendar request."""
+    if args.start is not None and args.start <= ctx.now and args.series is None:
         return replace(args, start=None)
     return args
 

@@ -601,6 +601,7 @@ def inventory_import(
     total = sum(len(p.nodes) for p in inv.pools)
     with ctx.write() as conn:
         inv = _keeping_what_is_omitted(conn, inv)
+        _require_one_host_each(conn, inv)
         for pool in inv.pools:
             _pool_name(pool.name)
             found = repo.pool_id_named(conn, pool.name)
@@ -643,14 +644,32 @@ def _import_nodes(
             path = f"pools[{pool_name}].nodes[{node.name}]"
             _update_node(ctx, conn, pool_id, known[node.name], node, path)
     fresh = [(n.name, n.labels, _atoms(n)) for n in nodes if n.name not in known]
-    clash = bulk.same_but_case(conn, [name for name, _, _ in fresh])
-    if clash:
-        name, existing = min(clash.items())
-        raise InvalidInput(
-            f"pools[{pool_name}].nodes[{name}].name: node {existing!r} exists; node names are"
-            " host names, which do not differ by case alone"
-        )
     bulk.insert_nodes(ctx.db, pool_id, fresh)
+
+
+def _require_one_host_each(conn: Conn, inv: Inventory) -> None:
+    """A node the ledger does not have yet may not differ only in case from another node, in
+    the ledger or in the file: node names are host names (README). Pairs a ledger already holds
+    (made before this rule) stay importable, so a ledger's own export imports again."""
+    pool_of = {n.name: p.name for p in inv.pools for n in p.nodes}
+    names = list(pool_of)
+    new = sorted(set(names) - set(bulk.node_pools(conn, names)))
+    in_ledger = bulk.same_but_case(conn, new)
+    folded: dict[str, list[str]] = {}
+    for name in names:
+        folded.setdefault(name.lower(), []).append(name)
+    for name in new:
+        if name in in_ledger:
+            where = f"node {in_ledger[name]!r} exists"
+        elif len(folded[name.lower()]) > 1:
+            other = min(n for n in folded[name.lower()] if n != name)
+            where = f"the file names {other!r} too"
+        else:
+            continue
+        raise InvalidInput(
+            f"pools[{pool_of[name]}].nodes[{name}].name: {where}; node names are host names,"
+            " which do not differ by case alone"
+        )
 
 
 def _keep_what_bookings_rely_on(conn: Conn, node: InventoryNode, path: str) -> None:

@@ -70,6 +70,12 @@ def test_a_maintenance_window_says_what_its_repair_did(db_dir: Path, tmp_path: P
     text = " ".join(cli.ok("node", "cordon", "n2", *window, json=False).split())
     assert "no placed booking overlapped it" not in text
     assert "moved" in text or "no node fits" in text
+    # A lease whose window has begun is left in place (BookingRepair judges a lease only
+    # before it begins): not reported as moved.
+    lease = cli.ok("reserve", "--tenant", "acme", "--node-lease", "--for", "2h")
+    node = lease["allocations"][0]["nodeId"]
+    out = cli.ok("node", "cordon", node, "--from", "now", "--until", "+1h")
+    assert (out["moved"], out["waiting"], out["kept"]) == ([], [], [lease["id"]])
     empty = ("--from", "2026-10-09T09:00:00Z", "--until", "2026-10-09T09:30:00Z")
     text = " ".join(cli.ok("node", "cordon", "n1", *empty, json=False).split())
     assert "no placed booking overlapped it" in text

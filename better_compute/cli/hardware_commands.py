@@ -55,12 +55,13 @@ def node_cordon(
             "maintenance": {"from": m.window.start, "until": m.window.end, "reason": reason},
             "moved": list(added.moved),
             "waiting": list(added.waiting),
+            "kept": list(added.kept),
         }
         emit(
             as_json,
             doc,
             f"{node}: maintenance {iso(m.window.start)} → {iso(m.window.end)};"
-            f" {human.repaired(added.moved, added.waiting)}",
+            f" {human.repaired(added.moved, added.waiting, added.kept)}",
         )
         return
     n = setup.node_flag(c, node, "node.cordoned", reason, schedulable=0, cordon_reason=reason)

@@ -292,13 +292,18 @@ def counted(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def repaired(moved: Sequence[str], waiting: Sequence[str]) -> str:
+def repaired(moved: Sequence[str], waiting: Sequence[str], kept: Sequence[str]) -> str:
     """What a maintenance window's repair did to the placed bookings it overlapped."""
-    if not moved and not waiting:
+    if not moved and not waiting and not kept:
         return "no placed booking overlapped it"
     parts = [f"moved {', '.join(moved)}"] if moved else []
     if waiting:
         parts.append(f"no node fits {', '.join(waiting)}: pending (BookingRepairFailed), retried")
+    if kept:
+        parts.append(
+            f"left in place {', '.join(kept)} (a spot reservation under notice, or a lease that"
+            " has begun)"
+        )
     return "; ".join(parts)
 
 

@@ -300,11 +300,13 @@ def node_flag(ctx: Ctx, name: str, event: str, reason: str | None, **columns: ob
 class MaintenanceAdded:
     """A maintenance window, and what its repair did to the placed bookings it overlapped:
     `moved` were placed again elsewhere for the same window, `waiting` found no node and are
-    pending (BookingRepairFailed), retried as any pending request."""
+    pending (BookingRepairFailed), retried as any pending request, and `kept` stay where they
+    are (BookingRepair leaves a spot reservation under notice, and a lease that has begun)."""
 
     maintenance: Maintenance
     moved: tuple[str, ...]
     waiting: tuple[str, ...]
+    kept: tuple[str, ...]
 
 
 def node_maintenance(ctx: Ctx, name: str, window: Window, reason: str | None) -> MaintenanceAdded:
@@ -329,13 +331,17 @@ def node_maintenance(ctx: Ctx, name: str, window: Window, reason: str | None) ->
             data["reason"] = reason
         ctx.event("node.maintenance", None, None, data)
         # Bookings that overlap the window are repaired ahead of time, in the same transaction.
-        moved: list[str] = []
-        waiting: list[str] = []
+        outcome: dict[str, list[str]] = {"moved": [], "waiting": [], "kept": []}
         for rsv in repo.placed_on_node_during(conn, name, window):
             after = ticking.repair_one(ctx, rsv)
-            (moved if after.state == State.PLACED else waiting).append(rsv.id)
+            if after.state != State.PLACED:
+                outcome["waiting"].append(rsv.id)
+            else:
+                same = after.allocations == rsv.allocations
+                outcome["kept" if same else "moved"].append(rsv.id)
         return MaintenanceAdded(
-            Maintenance(mid, name, window, reason), tuple(moved), tuple(waiting)
+            Maintenance(mid, name, window, reason),
+            *(tuple(outcome[k]) for k in ("moved", "waiting", "kept")),
         )
 
 

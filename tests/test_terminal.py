@@ -114,3 +114,16 @@ def test_a_reader_that_goes_away_ends_human_output_as_sigpipe_would() -> None:
     proc.stdout.close()  # the reader goes away
     assert proc.wait(timeout=120) == 141
     assert proc.stderr.read() == b""
+
+
+def test_help_to_a_reader_that_goes_away_ends_as_sigpipe_would() -> None:
+    """Typer prints help with a rich Console of its own: `--help | head -1` ended with exit 1."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BETTER_COMPUTE_")}
+    env["COLUMNS"] = "80"
+    proc = subprocess.Popen(
+        [*ENTRY, "reserve", "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # gone before the help is written: its first write meets a closed pipe
+    assert proc.wait(timeout=60) == 141
+    assert proc.stderr.read() == b""

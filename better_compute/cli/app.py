@@ -291,6 +291,10 @@ def main(prepare: Callable[[Any], None] | None = None, word: str | None = None) 
     command = typer.main.get_command(app if word is None else only(word))
     if prepare is not None:
         prepare(command)
+    if "--help" in argv or not argv:  # Typer prints help with a rich Console of its own
+        from rich.console import Console
+
+        Console.on_broken_pipe = lambda self: _reader_gone()  # type: ignore[method-assign]
     twice = None if "--help" in argv else repeated_option(command, argv)
     if twice is not None:
         _report("INVALID_INPUT", twice, "--json" in argv)

@@ -118,3 +118,13 @@ def test_every_event_type_the_code_writes_is_one_a_webhook_may_name() -> None:
             if isinstance(text, str) and shape.match(text):
                 found.add(text)
     assert found - not_events == set(EVENT_TYPES)
+
+
+def test_events_for_people_are_one_line_each(run: Cli) -> None:
+    """Plain lines are written as they are: rich wrapped each long event at the terminal's width
+    (80 columns in a pipe), so a log of a million events took rich 15 minutes and 3 GB."""
+    run.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--name", "x" * 100)
+    lines = run.ok("events", json=False).splitlines()
+    assert len(lines) == len(run.ok("events"))
+    assert all(re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ  #\d+ ", line) for line in lines)
+    assert any(len(line) > 120 for line in lines)

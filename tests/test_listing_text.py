@@ -238,3 +238,27 @@ def test_gangs_allocations_stay_whole_across_pages(run: Cli, size: int) -> None:
     assert all(0 < len(page) <= size for page in pages)
     assert "".join(js.reservations(pages)) + "\n" == _reference(run, [])
     assert any(len(row.allocations) > 1 for page in pages for row in page)
+
+
+def test_a_long_list_for_people_is_plain_aligned_text(
+    run: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above PLAIN_ROWS rows rich's layout took minutes on a fleet: a plain table instead, one
+    reservation a line, every column where its header is (PLAIN_ROWS lowered to 3 here)."""
+    from better_compute.render import human
+
+    monkeypatch.setattr(human, "PLAIN_ROWS", 3)
+    for i in range(4):
+        run.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1m", "--start",
+               f"+{i + 1}h", "--key", f"k{i}")  # fmt: skip
+    lines = run.ok("list", json=False).splitlines()
+    assert lines[0] == "4 reservations"
+    header = lines[1]
+    words = header.split()
+    assert words[:5] == ["id", "tenant", "state", "asks", "window"] and words[-1] == "nodes"
+    rows = lines[2:]
+    assert len(rows) == 4
+    at = header.index("state")
+    assert all(row[at:].startswith("placed") for row in rows)
+    monkeypatch.setattr(human, "PLAIN_ROWS", 500)
+    assert "4 reservations" in run.ok("list", json=False)  # the rich table, as before

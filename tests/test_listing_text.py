@@ -262,3 +262,21 @@ def test_a_long_list_for_people_is_plain_aligned_text(
     assert all(row[at:].startswith("placed") for row in rows)
     monkeypatch.setattr(human, "PLAIN_ROWS", 500)
     assert "4 reservations" in run.ok("list", json=False)  # the rich table, as before
+
+
+def test_a_long_usage_for_people_is_plain_aligned_text(
+    run: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from better_compute.render import human
+
+    monkeypatch.setattr(human, "PLAIN_ROWS", 1)
+    run.ok("meter", "create", "gpu.h100.hours")
+    for key in ("a", "b"):
+        run.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--key", key)
+    run.ok("tick")
+    lines = run.ok("usage", now="2026-09-28T09:30:00Z", json=False).splitlines()
+    assert lines[0] == "usage"
+    words = lines[1].split()
+    assert words[:5] == ["meter", "tenant", "reservation", "node", "gpus"] and words[-1] == "gpu-h"
+    assert [line.split()[-1] for line in lines[2:4]] == ["1.00", "1.00"]
+    assert lines[5] == "totals" and lines[-1].split() == ["acme", "gpu.h100.hours", "2.00"]

@@ -260,18 +260,10 @@ def event_line(e: Event) -> str:
 
 def usage(rows: Sequence[UsageWindow], dead_letter: bool) -> RenderableType:
     title = "dead-lettered usage (no such meter)" if dead_letter else "usage"
-    table = table_of(title=title, padding=(0, 1, 0, 0))  # seven columns: tighter gaps
-    table.add_column("meter", no_wrap=True)  # the exact name `meter create` needs
-    table.add_column("tenant")
-    table.add_column("reservation", no_wrap=True)
-    table.add_column("node", no_wrap=True)
-    table.add_column("gpus")
     window, year = window_column(t for u in rows for t in (u.start, u.end))
-    table.add_column(window, no_wrap=True)
-    table.add_column("gpu-h", justify="right")
-    totals: dict[tuple[str, str], float] = {}
-    for u in rows:
-        table.add_row(
+    columns = ("meter", "tenant", "reservation", "node", "gpus", window, "gpu-h")
+    cells = [
+        (
             u.meter,
             u.tenant_id,
             u.reservation_id,
@@ -280,10 +272,25 @@ def usage(rows: Sequence[UsageWindow], dead_letter: bool) -> RenderableType:
             span(u.start, u.end, year),
             f"{u.quantity:.2f}",
         )
+        for u in rows
+    ]
+    totals: dict[tuple[str, str], float] = {}
+    for u in rows:
         totals[(u.tenant_id, u.meter)] = totals.get((u.tenant_id, u.meter), 0.0) + u.quantity
-    summary = table_of("tenant", "meter", "total gpu-hours", title="totals")
-    for (tenant, meter), total in sorted(totals.items()):
-        summary.add_row(tenant, meter, f"{total:.2f}")
+    sums = [(tenant, meter, f"{total:.2f}") for (tenant, meter), total in sorted(totals.items())]
+    summary_columns = ("tenant", "meter", "total gpu-hours")
+    if len(rows) > PLAIN_ROWS:
+        windows = plain_table(title, columns, cells)
+        return f"{windows}\n\n{plain_table('totals', summary_columns, sums)}"
+    summary = table_of(*summary_columns, title="totals")
+    for total in sums:
+        summary.add_row(*total)
+    table = table_of(title=title, padding=(0, 1, 0, 0))  # seven columns: tighter gaps
+    for col in columns:  # the meter: the exact name `meter create` needs
+        nowrap = col in ("meter", "reservation", "node", window)
+        table.add_column(col, no_wrap=nowrap, justify="right" if col == "gpu-h" else "left")
+    for row in cells:
+        table.add_row(*row)
     return Group(table, summary)
 
 

@@ -312,10 +312,11 @@ def list_(
     if as_json or G.json:  # encoded page by page (issue 8), written once every page is read
         sys.stdout.writelines([*js.reservations(finding.json_pages(ctx(), filters)), "\n"])
         return
-    rows = [r for page in finding.pages(ctx(), filters) for r in page]
-    if ids:
-        sys.stdout.write("".join(f"{r.id}\n" for r in rows))
+    if ids:  # page by page: a fleet's ids without holding every reservation at once
+        pages = [[r.id for r in page] for page in finding.pages(ctx(), filters)]
+        sys.stdout.write("".join(f"{i}\n" for page in pages for i in page))
         return
+    rows = [r for page in finding.pages(ctx(), filters) for r in page]
     emit(False, None, lambda: human.reservations(rows))
 
 

@@ -280,3 +280,22 @@ def test_a_long_usage_for_people_is_plain_aligned_text(
     assert words[:5] == ["meter", "tenant", "reservation", "node", "gpus"] and words[-1] == "gpu-h"
     assert [line.split()[-1] for line in lines[2:4]] == ["1.00", "1.00"]
     assert lines[5] == "totals" and lines[-1].split() == ["acme", "gpu.h100.hours", "2.00"]
+
+
+def test_a_long_node_list_for_people_is_plain_aligned_text(
+    run: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from better_compute.render import human
+
+    monkeypatch.setattr(human, "PLAIN_ROWS", 1)
+    run.ok("node", "cordon", "west-02")
+    lines = run.ok("node", "list", json=False).splitlines()
+    assert lines[0] == "7 nodes" and lines[1].split() == [
+        "node",
+        "gpus",
+        "model",
+        "labels",
+        "state",
+    ]
+    assert [line.split()[0] for line in lines[2:]] == [f"west-0{i}" for i in range(1, 8)]
+    assert lines[3].endswith("cordoned") and lines[2].endswith("ok")

@@ -201,25 +201,31 @@ def pools(rows: Sequence[Rollup]) -> RenderableType:
 
 
 def nodes(rows: Sequence[Node]) -> RenderableType:
-    table = table_of("node", "gpus", "model", "labels", "state")
-    for n in rows:
-        healthy = sum(1 for a in n.atoms if a.healthy)
-        gpus = f"{len(n.atoms)}" + (
-            f" ({len(n.atoms) - healthy} quarantined)" if healthy < len(n.atoms) else ""
-        )
-        flags = []
-        if not n.schedulable:
-            flags.append("cordoned")
-        if not n.reachable:
-            flags.append("unreachable")
-        table.add_row(
-            n.name,
-            gpus,
-            ",".join(sorted({a.model for a in n.atoms})),
-            " ".join(f"{k}={v}" for k, v in n.all_labels()),
-            ", ".join(flags) or "ok",
-        )
+    columns = ("node", "gpus", "model", "labels", "state")
+    cells = [_node_row(n) for n in rows]
+    if len(rows) > PLAIN_ROWS:
+        return plain_table(counted(len(rows), "node"), columns, cells)
+    table = table_of(*columns)
+    for row in cells:
+        table.add_row(*row)
     return table
+
+
+def _node_row(n: Node) -> tuple[str, str, str, str, str]:
+    healthy = sum(1 for a in n.atoms if a.healthy)
+    gpus = f"{len(n.atoms)}" + (
+        f" ({len(n.atoms) - healthy} quarantined)" if healthy < len(n.atoms) else ""
+    )
+    flags = (["cordoned"] if not n.schedulable else []) + (
+        ["unreachable"] if not n.reachable else []
+    )
+    return (
+        n.name,
+        gpus,
+        ",".join(sorted({a.model for a in n.atoms})),
+        " ".join(f"{k}={v}" for k, v in n.all_labels()),
+        ", ".join(flags) or "ok",
+    )
 
 
 def desired(rows: Sequence[Assignment]) -> RenderableType:

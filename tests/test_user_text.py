@@ -11,6 +11,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from conftest import Cli
 
 
@@ -128,3 +129,17 @@ def test_events_for_people_are_one_line_each(run: Cli) -> None:
     assert len(lines) == len(run.ok("events"))
     assert all(re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ  #\d+ ", line) for line in lines)
     assert any(len(line) > 120 for line in lines)
+
+
+def test_events_read_page_by_page_say_the_same(run: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The log is read EVENT_PAGE events at a time (a fleet's is a million): pages joined are
+    the whole log, for JSON and for people alike."""
+    from better_compute.storage import repo
+
+    for key in ("a", "b", "c"):
+        run.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--key", key)
+    whole, text = run.ok("events"), run.ok("events", json=False)
+    monkeypatch.setattr(repo, "EVENT_PAGE", 2)
+    assert run.ok("events") == whole and run.ok("events", json=False) == text
+    assert [e["seq"] for e in whole] == list(range(1, len(whole) + 1))
+    assert run.ok("events", "--since", str(len(whole))) == []

@@ -136,8 +136,12 @@ def events(
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends a watch, it is not an error
             views.follow_events(c, tenant, reservation, since, show)
         return
-    rows = views.events(c, tenant, reservation, since)
-    emit(as_json, [js.event(e) for e in rows], lambda: human.events(rows))
+    # Page by page (a fleet's log is a million events), written once every page is read.
+    pages = views.event_pages(c, tenant, reservation, since)
+    if as_json or G.json:
+        sys.stdout.writelines([*js.pieces(map(js.event, page) for page in pages), "\n"])
+        return
+    emit(False, None, human.events(pages))
 
 
 # ---------------------------------------------------------------- usage, meters, policies

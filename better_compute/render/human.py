@@ -245,9 +245,9 @@ def desired(rows: Sequence[Assignment]) -> RenderableType:
     return table
 
 
-def events(rows: Sequence[Event]) -> RenderableType:
-    """One event a line, like a log: legible at any width."""
-    return "\n".join(event_line(e) for e in rows) or "no events"
+def events(pages: Iterable[Sequence[Event]]) -> str:
+    """One event a line, like a log: legible at any width (pages: storage reads them so)."""
+    return "\n".join(event_line(e) for page in pages for e in page) or "no events"
 
 
 #: Event data keys that hold instants: shown as UTC times to people (JSON keeps epoch ms).

@@ -36,13 +36,24 @@ def reservations(pages: Iterable[Sequence[Reservation | ListedReservation]]) -> 
     """`list --json`: dumps([reservation(r) for every r]) cut into one piece per page, to be
     written in order (byte for byte the whole document; joining them would hold it twice). Each
     reservation is encoded as it comes; a listed row (storage/listing.py) straight to its text."""
-    pieces, sep = ["["], ""
-    for page in pages:
-        if page:
-            pieces.append(sep + ", ".join(map(_text, page)))
+    return texts(", ".join(map(_text, page)) for page in pages if page)
+
+
+def pieces(pages: Iterable[Iterable[JsonValue]]) -> list[str]:
+    """dumps of every document of every page, as one array cut into a piece per page (see
+    reservations): `events --json`."""
+    return texts(", ".join(map(dumps, page)) for page in pages)
+
+
+def texts(encoded: Iterable[str]) -> list[str]:
+    """One JSON array from pages already encoded (each its documents joined by ", ")."""
+    out, sep = ["["], ""
+    for text in encoded:
+        if text:
+            out.append(sep + text)
             sep = ", "
-    pieces.append("]")
-    return pieces
+    out.append("]")
+    return out
 
 
 def _text(r: Reservation | ListedReservation) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 
@@ -192,6 +192,14 @@ def follow_events(
 
 
 def events(ctx: Ctx, tenant: str | None, reservation: str | None, since: int | None) -> list[Event]:
+    return [e for page in event_pages(ctx, tenant, reservation, since) for e in page]
+
+
+def event_pages(
+    ctx: Ctx, tenant: str | None, reservation: str | None, since: int | None
+) -> Iterator[list[Event]]:
+    """`events`, a page at a time, in one read transaction; bad input is raised by the first
+    `next()`, before any page."""
     with ctx.db.read() as conn:
         if tenant is not None:
             repo.require_tenant(conn, tenant)
@@ -201,10 +209,5 @@ def events(ctx: Ctx, tenant: str | None, reservation: str | None, since: int | N
             authz.require_visible(conn, ctx.who, rsv.id, rsv.tenant_id)
         if since is not None:  # seqs are positive SQLite integers: clamp so any --since works
             since = max(0, min(since, 2**63 - 1))
-        return repo.events(
-            conn,
-            tenant=tenant,
-            reservation=reservation,
-            since=since,
-            tenants=authz.visible_tenants(conn, ctx.who),
-        )
+        seen = authz.visible_tenants(conn, ctx.who)
+        yield from repo.event_pages(conn, tenant, reservation, since, seen)

@@ -1265,6 +1265,22 @@ def events(
     tenants: Sequence[str] | None = None,
 ) -> list[Event]:
     """Events in seq order; `tenants` (when given) limits them to those tenants' and the fleet's."""
+    return [e for page in event_pages(conn, tenant, reservation, since, tenants) for e in page]
+
+
+#: Events decoded at a time by event_pages.
+EVENT_PAGE = 2000
+
+
+def event_pages(
+    conn: Conn,
+    tenant: str | None,
+    reservation: str | None,
+    since: int | None,
+    tenants: Sequence[str] | None = None,
+) -> Iterator[list[Event]]:
+    """`events`, EVENT_PAGE at a time from one cursor: the whole log of a fleet (a million
+    events) is never held as objects at once. Read inside the caller's transaction."""
     clauses, args = ["1 = 1"], []  # type: tuple[list[str], list[object]]
     if tenants is not None:
         clauses.append(f"(tenant_id IS NULL OR tenant_id IN ({','.join('?' * len(tenants))}))")
@@ -1279,7 +1295,8 @@ def events(
         clauses.append("seq > ?")
         args.append(since)
     rows = conn.execute(f"SELECT * FROM events WHERE {' AND '.join(clauses)} ORDER BY seq", args)
-    return [decoded(conn, f"event {r['seq']}", partial(_event, r)) for r in rows]
+    while page := rows.fetchmany(EVENT_PAGE):
+        yield [decoded(conn, f"event {r['seq']}", partial(_event, r)) for r in page]
 
 
 def _event(r: Row) -> Event:

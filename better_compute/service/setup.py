@@ -708,7 +708,13 @@ def _keep_what_bookings_rely_on(conn: Conn, node: InventoryNode, path: str) -> N
 
 def gang_split(conn: Conn, node: Node, labels: dict[str, str]) -> tuple[str, str] | None:
     """(reservation, key) of a live gang on `node` whose topology key `labels` would give another
-    value: its members share one value, so changing it on one member splits the gang."""
+    value: its members share one value, so changing it on one member splits the gang. Only a
+    label that changes can split one: a re-import that changes none reads no gangs (it read
+    every live reservation once per node, minutes on a fleet)."""
+    own = dict(node.labels)
+    changed = {k for k in own.keys() | labels.keys() if own.get(k) != labels.get(k)}
+    if not changed - {FABRIC_DOMAIN}:
+        return None
     for rsv_id, key in repo.live_gang_keys(conn, node.name):
         if key != FABRIC_DOMAIN and node.label(key) != labels.get(key):
             return rsv_id, key

@@ -203,14 +203,19 @@ def lease_charge(conn: Conn, pool_id: str, gpus: int | None, size: int) -> int:
     return max(repo.largest_node_size(conn, pool_id), gpus or 0) * size
 
 
+def start_kept(start: int | None, now: int, *, in_series: bool) -> int | None:
+    """The start a request keeps. One at or before now (`--start now`, or a time already past)
+    asks for now, and is booked from now: the same request as no --start (README), so it is not
+    a calendar request and a pool's calendar policy does not judge it. A series' occurrences
+    keep their starts: `--every` makes every one a calendar request. reserve, preview and
+    update all take a start through here."""
+    return None if start is not None and start <= now and not in_series else start
+
+
 def for_now(ctx: Ctx, args: ReserveArgs) -> ReserveArgs:
-    """A start at or before now (`--start now`, or a time already past) asks for now, and is
-    booked from now: the same request as no --start (README), so it is not a calendar request
-    and a pool's calendar policy does not judge it. The key still compares it as written. A
-    series' occurrences keep their starts: `--every` makes every one a calendar request."""
-    if args.start is not None and args.start <= ctx.now and args.series is None:
-        return replace(args, start=None)
-    return args
+    """`args` with the start it keeps (start_kept); the key still compares it as written."""
+    start = start_kept(args.start, ctx.now, in_series=args.series is not None)
+    return args if start == args.start else replace(args, start=start)
 
 
 def _draft(args: ReserveArgs, pool_id: str, charge: int) -> Draft:

@@ -98,8 +98,7 @@ def _reshaped(ctx: Ctx, old: Reservation, change: Change) -> Reservation:
             raise InvalidInput(
                 f"--start {iso(start)} is in the past (the ledger is at {iso(ctx.now)})"
             )
-        if start == ctx.now and old.series_id is None:  # `--start now`: a request for now, as
-            start = None  # reserve takes it (booking.for_now); a series' occurrence keeps it
+        start = booking.start_kept(start, ctx.now, in_series=old.series_id is not None)
     gpus = change.gpus if change.gpus is not None else old.gpus
     duration = change.duration_ms if change.duration_ms is not None else old.duration_ms
     if max(start or ctx.now, ctx.now) + duration > MAX_MS:

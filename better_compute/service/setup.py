@@ -608,6 +608,7 @@ def inventory_import(
     with ctx.write() as conn:
         inv = _keeping_what_is_omitted(conn, inv)
         _require_one_host_each(conn, inv)
+        live = repo.live_since(conn, ctx.now)
         for pool in inv.pools:
             _pool_name(pool.name)
             found = repo.pool_id_named(conn, pool.name)
@@ -619,7 +620,7 @@ def inventory_import(
             counts["pools"] += 1
             for first in range(0, len(pool.nodes), IMPORT_STEP):
                 step = pool.nodes[first : first + IMPORT_STEP]
-                _import_nodes(ctx, conn, pool_id, pool.name, step)
+                _import_nodes(ctx, conn, pool_id, pool.name, step, live)
                 counts["nodes"] += len(step)
                 if progress is not None:
                     progress(counts["nodes"], total)
@@ -639,16 +640,21 @@ def inventory_import(
 
 
 def _import_nodes(
-    ctx: Ctx, conn: Conn, pool_id: str, pool_name: str, nodes: Sequence[InventoryNode]
+    ctx: Ctx,
+    conn: Conn,
+    pool_id: str,
+    pool_name: str,
+    nodes: Sequence[InventoryNode],
+    live: int,
 ) -> None:
     """Update the nodes that exist, then add the others in bulk (node names are unique in a
-    parsed inventory, so none of them is added twice)."""
+    parsed inventory, so none of them is added twice). `live`: repo.live_since."""
     known = bulk.node_pools(conn, [n.name for n in nodes])
     for node in nodes:
         if node.name in known:
             # Parsed inventories are sorted, so the path names the pool and node, not indexes.
             path = f"pools[{pool_name}].nodes[{node.name}]"
-            _update_node(ctx, conn, pool_id, known[node.name], node, path)
+            _update_node(conn, pool_id, known[node.name], node, path, live)
     fresh = [(n.name, n.labels, _atoms(n)) for n in nodes if n.name not in known]
     bulk.insert_nodes(ctx.db, pool_id, fresh)
 
@@ -722,11 +728,11 @@ def gang_split(conn: Conn, node: Node, labels: dict[str, str]) -> tuple[str, str
 
 
 def _update_node(
-    ctx: Ctx, conn: Conn, pool_id: str, was_in: str, node: InventoryNode, path: str
+    conn: Conn, pool_id: str, was_in: str, node: InventoryNode, path: str, since: int
 ) -> None:
     """An existing node takes the inventory's pool, labels and GPUs, unless live bookings rely
-    on what would change."""
-    live = repo.live_atoms(conn, node.name, ctx.now)
+    on what would change (`since`: repo.live_since)."""
+    live = repo.live_atoms(conn, node.name, since)
     if was_in != pool_id and live:
         raise InvalidInput(
             f"{path}.name: node {node.name} holds live bookings; it cannot change pool"

@@ -1105,16 +1105,21 @@ def first_clash(
     return None if row is None else int(row["atom"])
 
 
-def live_atoms(conn: Conn, node: str, now: int) -> set[int]:
-    """A node's atoms booked by reservations not released: what must not vanish. That is every
-    booking from `now` on, and one that ended before `now` when no tick has released its
-    reservation yet (still active to `get` and `launch`): the walk starts at the earliest end of
-    any live reservation, if that is earlier."""
+def live_since(conn: Conn, now: int) -> int:
+    """Where live_atoms' walk starts: every booking from `now` on, and one that ended before
+    `now` when no tick has released its reservation yet (still active to `get` and `launch`),
+    so from the earliest end of any live reservation, if that is earlier. One read for a whole
+    inventory import."""
     row = conn.execute(
         "SELECT MIN(during_end) FROM reservations WHERE state IN ('placed', 'binding', 'active')"
         " AND state <> 'released'"
     ).fetchone()
-    since = now + 1 if row[0] is None else min(now + 1, int(row[0]))
+    return now + 1 if row[0] is None else min(now + 1, int(row[0]))
+
+
+def live_atoms(conn: Conn, node: str, since: int) -> set[int]:
+    """A node's atoms booked by reservations not released, in bookings that end at `since`
+    (live_since) or later: what must not vanish."""
     rows = conn.execute(
         "SELECT DISTINCT b.atom FROM bookings b JOIN reservations r ON r.id = b.reservation_id"
         " WHERE b.node_id = ? AND b.\"end\" >= ? AND r.state != 'released'",

@@ -74,10 +74,8 @@ class _LazyConsole:
         if self._console is None:
             from rich.console import Console
 
+            _quiet_when_reader_goes(Console)
             self._console = Console(**self._options)
-            # rich ends a write to a closed pipe with SystemExit(1), which §3 keeps for bugs;
-            # a reader that went away (`| head`) ends us as SIGPIPE would, like JSON output.
-            self._console.on_broken_pipe = _reader_gone
         return cast("Console", self._console)
 
     def __getattr__(self, name: str) -> Any:
@@ -270,6 +268,13 @@ def _word_of(command: Any) -> str:
     return str(command.name or command.callback.__name__.lower().replace("_", "-"))
 
 
+def _quiet_when_reader_goes(console_class: type[Console]) -> None:
+    """rich ends a write to a closed pipe with SystemExit(1), which §3 keeps for bugs: every
+    rich console, ours and Typer's help, ends as SIGPIPE would instead (_reader_gone), as JSON
+    output does when its reader went away (`| head`)."""
+    console_class.on_broken_pipe = lambda self: _reader_gone()  # type: ignore[method-assign]
+
+
 def _reader_gone() -> None:
     """End as a process killed by SIGPIPE would (status 128 + 13), without a message: the
     output was cut where the reader stopped reading. Standard output goes to /dev/null first,
@@ -298,7 +303,7 @@ def main(prepare: Callable[[Any], None] | None = None, word: str | None = None) 
     if "--help" in argv or not argv:  # Typer prints help with a rich Console of its own
         from rich.console import Console
 
-        Console.on_broken_pipe = lambda self: _reader_gone()  # type: ignore[method-assign]
+        _quiet_when_reader_goes(Console)
     twice = None if "--help" in argv else repeated_option(command, argv)
     if twice is not None:
         _report("INVALID_INPUT", twice, "--json" in argv)

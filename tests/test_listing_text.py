@@ -10,7 +10,7 @@ from typing import Any
 
 import pgtest
 import pytest
-from conftest import ME, NOW, Cli, at, invoke
+from conftest import ME, NOW, NOW_MS, Cli, at, invoke
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -26,6 +26,7 @@ from better_compute.model import (
 from better_compute.render import json as js
 from better_compute.service import listing
 from better_compute.service.context import open_ctx
+from better_compute.service.finding import Filters
 from better_compute.storage import listing as storage_listing
 from better_compute.storage.listing import ListedReservation
 
@@ -91,9 +92,9 @@ def test_list_json_pages_join_into_one_document(run: Cli) -> None:
         run.ok("reserve", "--tenant", "acme", "--gpus", 1, "--for", "1h")
     ctx = open_ctx(pgtest.ledger(str(run.db)), NOW, ME, None)
     try:
-        pieces = js.reservations(page for page in listing.listed_pages(ctx, None, None, []))
+        pieces = js.reservations(page for page in listing.listed_pages(ctx, Filters()))
         small = js.reservations(
-            [[row] for page in listing.listed_pages(ctx, None, None, []) for row in page]
+            [[row] for page in listing.listed_pages(ctx, Filters()) for row in page]
         )
     finally:
         ctx.db.close()
@@ -229,9 +230,7 @@ def test_gangs_allocations_stay_whole_across_pages(run: Cli, size: int) -> None:
     try:
         with ctx.db.read() as conn:
             pages = list(
-                storage_listing.reservation_pages(
-                    conn, tenants=None, pool_id=None, key=None, states=[], size=size
-                )
+                storage_listing.reservation_pages(conn, storage_listing.Query(), NOW_MS, size)
             )
     finally:
         ctx.db.close()

@@ -18,9 +18,9 @@ import pgtest
 import pytest
 from conftest import HOUR, NOW_MS, Cli, at
 
-from better_compute.model import ReleaseReason, State
-from better_compute.storage import budgets, calendar, finding, listing, repo, tickwork
-from better_compute.storage.conn import Ledger
+from better_compute.model import ReleaseReason, Reservation, State
+from better_compute.storage import budgets, calendar, fleet, listing, repo, tickwork
+from better_compute.storage.conn import Conn, Ledger
 from better_compute.storage.db import open_ledger
 
 
@@ -98,7 +98,7 @@ def test_every_query_of_a_partial_index_still_uses_it(ledger: Ledger) -> None:
     conn = ledger.conn
     pool = str(repo.pool_rows(conn)[0]["id"])
     with ledger.read():
-        _uses(ledger, lambda: finding.find(conn, finding.Query(name="train"), NOW_MS), "_name")
+        _uses(ledger, lambda: _listed(conn, listing.Query(name="train")), "_name")
         _uses(ledger, lambda: calendar.series_members(conn, "ser_x"), "reservations_series")
         _uses(ledger, lambda: repo.held_charge(conn, "acme", pool), "reservations_charge")
         _uses(ledger, lambda: repo.held_charge(conn, "acme", ""), "reservations_charge")
@@ -117,10 +117,10 @@ def test_every_query_of_a_partial_index_still_uses_it(ledger: Ledger) -> None:
         _uses(ledger, lambda: repo.pending_due(conn, NOW_MS), *due)
         due = ("Index",) if pgtest.active() else ("reservations_deadlines",)
         _uses(ledger, lambda: repo.reservations_ending(conn, NOW_MS), *due)
-        active = finding.Query(states=("active", "binding"))
-        _uses(ledger, lambda: finding.find(conn, active, NOW_MS), *BY_STATE)
-        where, args = listing.list_filter(None, None, None, ("active",))
-        plan = _plan(ledger, f"SELECT id FROM reservations WHERE {where} ORDER BY seq", args)
+        active = listing.Query(states=("active", "binding"))
+        _uses(ledger, lambda: _listed(conn, active), *BY_STATE)
+        where, args = listing.selected(listing.Query(states=("active",)), NOW_MS)
+        plan = _plan(ledger, f"SELECT id FROM reservations WHERE {where}", args)
         assert any(index in plan for index in BY_STATE), plan
         # The joins from a node's allocations read no reservation but those they name.
         for call in (
@@ -136,15 +136,18 @@ def test_the_answers_are_those_of_every_row(ledger: Ledger) -> None:
     """`list --state released` reads no index of live rows, and still finds the released."""
     conn = ledger.conn
     with ledger.read():
-        released = finding.find(conn, finding.Query(states=("released",)), NOW_MS)
+        released = _listed(conn, listing.Query(states=("released",)))
         assert [r.idempotency_key for r in released] == ["g"]
-        both = finding.find(conn, finding.Query(states=("released", "pending")), NOW_MS)
+        both = _listed(conn, listing.Query(states=("released", "pending")))
         assert {r.idempotency_key for r in both} == {"g", "w"}
-        assert [r.name for r in finding.find(conn, finding.Query(name="train"), NOW_MS)] == [
-            "train"
-        ]
+        assert [r.name for r in _listed(conn, listing.Query(name="train"))] == ["train"]
         assert {r.state for r in repo.reservations_in(conn, State.RELEASED)} == {State.RELEASED}
         assert tickwork.ids_in_state(conn, "released") == [r.id for r in released]
+
+
+def _listed(conn: Conn, q: listing.Query) -> list[Reservation]:
+    """`list`'s reservations for `q`, every page."""
+    return [rsv for page in fleet.reservation_pages(conn, q, NOW_MS) for rsv in page]
 
 
 def _read(path: Path, sql: str, args: tuple[object, ...] = ()) -> list[Any]:

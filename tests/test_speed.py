@@ -22,6 +22,7 @@ from better_compute.identity import os_user
 from better_compute.service import booking, listing, setup, views
 from better_compute.service.booking import ReserveArgs
 from better_compute.service.context import Ctx
+from better_compute.service.finding import Filters
 from better_compute.storage import repo
 from better_compute.storage.db import Database, expected_schema, schema_digest
 from better_compute.storage.schema import SCHEMA_DIGEST
@@ -174,7 +175,7 @@ def _hot_statements(path: Path) -> list[str]:
         )
         booking.get(ctx, rsv.id)
         booking.list_reservations(ctx, None, None, ["active"])
-        list(listing.listed_pages(ctx, None, None, ["active"]))  # list --json (storage/listing.py)
+        list(listing.listed_pages(ctx, Filters(states=["active"])))  # list --json
         pool_id = repo.pool_rows(db.conn)[0]["name"]
         views.pool(ctx, pool_id)
         views.timeline(ctx, None, None, NOW_MS, NOW_MS + 7 * DAY, 30)

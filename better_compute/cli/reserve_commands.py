@@ -35,7 +35,7 @@ from better_compute.timeparse import (
 if TYPE_CHECKING:
     from better_compute.render import human
     from better_compute.render import json as js
-    from better_compute.service import booking, finding, reading, series
+    from better_compute.service import booking, finding, listing, reading, series
     from better_compute.service.booking import ReserveArgs
 else:
     series = lazy("better_compute.service.series")
@@ -43,6 +43,7 @@ else:
     js = lazy("better_compute.render.json")
     booking = lazy("better_compute.service.booking")
     finding = lazy("better_compute.service.finding")
+    listing = lazy("better_compute.service.listing")
     reading = lazy("better_compute.service.reading")
 
 
@@ -310,13 +311,13 @@ def list_(
     """Reservations, oldest first; filters narrow them (a window filter: those overlapping it)."""
     filters = finding.Filters(tenant, pool, state or [], key, name, label or [], since, until, sort)
     if as_json or G.json:  # encoded page by page (issue 8), written once every page is read
-        sys.stdout.writelines([*js.reservations(finding.json_pages(ctx(), filters)), "\n"])
+        sys.stdout.writelines([*js.reservations(listing.listed_pages(ctx(), filters)), "\n"])
         return
     if ids:  # page by page: a fleet's ids without holding every reservation at once
-        pages = [[r.id for r in page] for page in finding.pages(ctx(), filters)]
+        pages = list(listing.id_pages(ctx(), filters))
         sys.stdout.write("".join(f"{i}\n" for page in pages for i in page))
         return
-    rows = [r for page in finding.pages(ctx(), filters) for r in page]
+    rows = [r for page in listing.pages(ctx(), filters) for r in page]
     emit(False, None, lambda: human.reservations(rows))
 
 

@@ -65,18 +65,11 @@ def held_charge(conn: Conn, tenant: str, pool_id: str) -> int:
 
 
 def reservation_pages(
-    conn: Conn,
-    *,
-    tenants: Sequence[str] | None,
-    pool_id: str | None,
-    key: str | None,
-    states: Sequence[str],
-    size: int = 500,
+    conn: Conn, q: listing.Query, now: int, size: int = 500
 ) -> Iterator[list[Reservation]]:
-    """`list`: reservations of `tenants` (all, when None), narrowed by pool, key and states,
-    oldest first, `size` at a time: one cursor read page by page, so a listing of thousands
-    never holds them all as objects at once."""
-    where, args = listing.list_filter(tenants, pool_id, key, states)
-    cursor = conn.execute(f"SELECT * FROM reservations WHERE {where} ORDER BY seq", args)
+    """`list`: the reservations `q` selects, in its order, `size` at a time: one cursor read
+    page by page, so a listing of thousands never holds them all as objects at once."""
+    selection, args = listing.selected(q, now)
+    cursor = conn.execute(f"SELECT * FROM reservations WHERE {selection}", args)
     while rows := cursor.fetchmany(size):
         yield repo.with_allocations(conn, rows)

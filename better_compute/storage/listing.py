@@ -11,6 +11,7 @@ bytes.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from better_compute.model import SERIES_MARK, Binding, Condition, ReleaseReason, State
@@ -107,26 +108,36 @@ _STRS = (0, 1, 2, 25)  # id, tenant_id, pool_id, principal
 _OPT_STRS = (6, 8, 17, 23, 27, 21)  # topology, topology_key, key, series, preempted_by, name
 
 
+@dataclass(frozen=True)
+class Query:
+    """`list`'s filters, as the ledger reads them; None or empty means "any". `by_start`:
+    ordered by the start of each window (else oldest first)."""
+
+    tenants: Sequence[str] | None = None
+    pool_id: str | None = None
+    key: str | None = None
+    states: Sequence[str] = ()
+    name: str | None = None
+    labels: Sequence[tuple[str, str]] = ()
+    since: int | None = None  # --from: windows that end after it
+    until: int | None = None  # --to: windows that start before it
+    by_start: bool = False
+
+
 def reservation_pages(
-    conn: Conn,
-    *,
-    tenants: Sequence[str] | None,
-    pool_id: str | None,
-    key: str | None,
-    states: Sequence[str],
-    size: int = 500,
+    conn: Conn, q: Query, now: int, size: int = 500
 ) -> Iterator[list[ListedReservation]]:
-    """fleet.reservation_pages's reservations (the same filter, oldest first), `size` at a time,
-    as checked rows, each with its allocations not released (by node, then id).
+    """fleet.reservation_pages's reservations (the same query, in the same order), `size` at a
+    time, as checked rows, each with its allocations not released (by node, then id).
 
     One query joins each reservation to its allocations, so most reservations are one row; a
     gang's are one row per member, in a run."""
-    where, args = list_filter(tenants, pool_id, key, states, alias="r.")
+    selection, args = selected(q, now, alias="r.")
     rows = plain_rows(
         conn,
         f"SELECT {_COLUMNS}, a.id, a.node_id, a.atoms, a.bound FROM reservations r"
         " LEFT JOIN allocations a ON a.reservation_id = r.id AND a.released = 0"
-        f" WHERE {where} ORDER BY r.seq, a.node_id, a.id",
+        f" WHERE {selection}, a.node_id, a.id",
         args,
     )
     page: list[ListedReservation] = []
@@ -149,32 +160,68 @@ def reservation_pages(
         yield page
 
 
-def list_filter(
-    tenants: Sequence[str] | None,
-    pool_id: str | None,
-    key: str | None,
-    states: Sequence[str],
-    *,
-    alias: str = "",
-) -> tuple[str, list[object]]:
-    """`list`'s WHERE clause and its arguments over reservations (`alias`: "r." when the query
-    names the table r): of `tenants` (all, when None), narrowed by pool, key and states."""
+def id_pages(conn: Conn, q: Query, now: int, size: int = 5000) -> Iterator[list[str]]:
+    """The ids of fleet.reservation_pages's reservations, in the same order, `size` at a time:
+    `list --ids` reads nothing else."""
+    selection, args = selected(q, now)
+    cursor = conn.execute(f"SELECT id FROM reservations WHERE {selection}", args)
+    while rows := cursor.fetchmany(size):
+        yield [str(row[0]) for row in rows]
+
+
+def selected(q: Query, now: int, *, alias: str = "") -> tuple[str, list[object]]:
+    """`q` as the text after WHERE, its ORDER BY included, and its arguments in order (`alias`:
+    "r." when the query names the table r). The order is SQL's, so a listing sorted by start
+    is read page by page like any other, never held whole to be sorted."""
+    a = alias
     clauses, args = ["1 = 1"], []  # type: tuple[list[str], list[object]]
-    if tenants is not None:
-        clauses.append(f"{alias}tenant_id IN ({','.join('?' * len(tenants))})")
-        args.extend(tenants)
-    if pool_id is not None:
-        clauses.append(f"{alias}pool_id = ?")
-        args.append(pool_id)
-    if key is not None:
-        clauses.append(KEY_CLAUSE.format(column=f"{alias}idempotency_key"))
-        args.extend(key_args(key))
-    if states:
-        clauses.append(f"{alias}state IN ({','.join('?' * len(states))})")
-        if "released" not in states:  # the state index holds live rows only (migration 12)
-            clauses.append(f"{alias}state <> 'released'")
-        args.extend(states)
-    return " AND ".join(clauses), args
+    if q.tenants is not None:  # none at all matches nothing: `IN ()` is not PostgreSQL's
+        clauses.append(f"{a}tenant_id IN ({','.join('?' * len(q.tenants)) or 'NULL'})")
+        args.extend(q.tenants)
+    for column, value in (("pool_id", q.pool_id), ("name", q.name)):
+        if value is not None:
+            clauses.append(f"{a}{column} = ?")
+            args.append(value)
+    if q.key is not None:
+        clauses.append(KEY_CLAUSE.format(column=f"{a}idempotency_key"))
+        args.extend(key_args(q.key))
+    if q.states:
+        clauses.append(f"{a}state IN ({','.join('?' * len(q.states))})")
+        if "released" not in q.states:  # the state index holds live rows only (migration 12)
+            clauses.append(f"{a}state <> 'released'")
+        args.extend(q.states)
+    for key, value in q.labels:
+        clauses.append(
+            f"{a}id IN (SELECT reservation_id FROM reservation_labels WHERE key = ? AND value = ?)"
+        )
+        args.extend((key, value))
+    if q.since is not None:
+        clauses.append(f"{_END.format(a=a)} > ?")
+        args.extend((now, now, q.since))
+    if q.until is not None:
+        clauses.append(f"{_START.format(a=a)} < ?")
+        args.extend((now, now, q.until))
+    order = f"{a}seq"
+    if q.by_start:  # the window's start; none (released before it held time) last
+        order = f"COALESCE({_START.format(a=a)}, {_LAST}), {a}seq"
+        args.extend((now, now))
+    return f"{' AND '.join(clauses)} ORDER BY {order}", args
+
+
+#: The window a reservation has or wants: its booked `during`, or for a pending one the window a
+#: retry now would book, [max(start, now), + duration) (lifecycle.tick.retry_window). A released
+#: reservation that never held time has none (NULL), so no range finds it. Portable SQL: CASE
+#: rather than SQLite's MAX(a, b), so the PostgreSQL ledger runs the same statements.
+_START = (
+    "(CASE WHEN {a}during_start IS NOT NULL THEN {a}during_start WHEN {a}state = 'pending' THEN"
+    " (CASE WHEN {a}start > ? THEN {a}start ELSE ? END) END)"
+)
+_END = (
+    "(CASE WHEN {a}during_start IS NOT NULL THEN {a}during_end WHEN {a}state = 'pending' THEN"
+    " (CASE WHEN {a}start > ? THEN {a}start ELSE ? END) + {a}duration_ms END)"
+)
+#: After every instant a window can have (SQLite's and PostgreSQL's largest 64-bit integer).
+_LAST = 9_223_372_036_854_775_807
 
 
 #: A key names its reservation, or the occurrences of its series (KEY#1, KEY#2, …): those whose

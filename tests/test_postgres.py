@@ -108,6 +108,29 @@ def test_an_ordinary_role_acts_as_itself_and_may_not_claim_another(role: str) ->
         pgtest.sql(mine, f"INSERT INTO admins VALUES ('{role}', 0, '{role}')")
 
 
+@postgres
+def test_a_role_that_may_act_for_no_tenant_lists_nothing(role: str) -> None:
+    """`list`, `events` and `usage` of no tenant at all read `tenant_id IN (NULL)`: `IN ()`
+    is not PostgreSQL's (it was INTERNAL)."""
+    url = _ledger()
+    _json(invoke(["--db", url, "--now", NOW, "--json", "init", "--demo"]))
+    pgtest.sql(url, *grants(url.rsplit("%3D", 1)[1], role))
+    for tenant in ("acme", "globex"):
+        _json(
+            invoke(["--db", url, "--json", "policy", "set", "--tenant", tenant, "--principal", ME])
+        )
+    _json(
+        invoke(["--db", url, "--json", "reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h"])
+    )
+    mine = pgtest.as_role(url, role)
+    for flags in ([], ["--sort", "start"], ["--name", "x"], ["--state", "placed"]):
+        assert _json(invoke(["--db", mine, "--json", "list", *flags])) == []
+    result = invoke(["--db", mine, "list", "--ids"])
+    assert (result.exit_code, result.stdout) == (0, ""), result.stderr
+    assert all(e["tenantId"] is None for e in _json(invoke(["--db", mine, "--json", "events"])))
+    assert _json(invoke(["--db", mine, "--json", "usage"])) == []
+
+
 def grants(schema: str, role: str) -> list[str]:
     """The README's GRANTs for an ordinary user (docs/postgres.md)."""
     return [

@@ -24,6 +24,7 @@ from better_compute.storage.repo import (
     _json_of,
     _labels,
     _str,
+    among,
     atom_list,
     damaged,
 )
@@ -175,8 +176,8 @@ def selected(q: Query, now: int, *, alias: str = "") -> tuple[str, list[object]]
     is read page by page like any other, never held whole to be sorted."""
     a = alias
     clauses, args = ["1 = 1"], []  # type: tuple[list[str], list[object]]
-    if q.tenants is not None:  # none at all matches nothing: `IN ()` is not PostgreSQL's
-        clauses.append(f"{a}tenant_id IN ({','.join('?' * len(q.tenants)) or 'NULL'})")
+    if q.tenants is not None:
+        clauses.append(among(f"{a}tenant_id", len(q.tenants)))
         args.extend(q.tenants)
     for column, value in (("pool_id", q.pool_id), ("name", q.name)):
         if value is not None:

@@ -116,6 +116,13 @@ _ALPHABET_PAIRS = tuple(_ALPHABET[v & 31] + _ALPHABET[v >> 5] for v in range(102
 _sorted_json = json.JSONEncoder(sort_keys=True).encode
 
 
+def among(column: str, count: int) -> str:
+    """`column IN (?, …)` for `count` values; for none, `IN (NULL)`, which nothing matches:
+    `IN ()` is SQLite's alone, a syntax error on PostgreSQL (a principal that may act for no
+    tenant lists nothing)."""
+    return f"{column} IN ({','.join('?' * count) or 'NULL'})"
+
+
 def db_id(conn: Conn) -> str:
     row = conn.execute("SELECT value FROM meta WHERE key = 'db_id'").fetchone()
     if row is None:
@@ -1288,7 +1295,7 @@ def event_pages(
     events) is never held as objects at once. Read inside the caller's transaction."""
     clauses, args = ["1 = 1"], []  # type: tuple[list[str], list[object]]
     if tenants is not None:
-        clauses.append(f"(tenant_id IS NULL OR tenant_id IN ({','.join('?' * len(tenants))}))")
+        clauses.append(f"(tenant_id IS NULL OR {among('tenant_id', len(tenants))})")
         args.extend(tenants)
     if tenant is not None:
         clauses.append("tenant_id = ?")
@@ -1374,7 +1381,7 @@ def usage_rows(
     sql += " (SELECT 1 FROM meters m WHERE m.name = u.meter)"
     args: list[object] = []
     if tenants is not None:
-        sql += f" AND u.tenant_id IN ({','.join('?' * len(tenants))})"
+        sql += f" AND {among('u.tenant_id', len(tenants))}"
         args.extend(tenants)
     if end is not None:
         sql += " AND u.start < ?"

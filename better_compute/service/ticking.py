@@ -301,8 +301,8 @@ def repair(ctx: Ctx, rsv_id: str | None) -> list[Event]:
             rsv = booking.mine(ctx, rsv_id)
             states.require(rsv, frozenset({State.PLACED}), "repair")
             targets = [rsv]
-        else:
-            targets = repo.reservations_in(conn, State.PLACED)
+        else:  # the others are fine as they are: repair_one would return each unchanged
+            targets = tickwork.placed_on_suspect_nodes(conn)
         for rsv in targets:
             repair_one(ctx, rsv)
         return _shown(ctx, first)

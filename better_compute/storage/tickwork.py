@@ -96,6 +96,25 @@ def node_health(conn: Conn, names: Sequence[str]) -> dict[str, tuple[bool, bool,
     return found
 
 
+def placed_on_suspect_nodes(conn: Conn) -> list[Reservation]:
+    """The placed reservations BookingRepair could find something wrong with, oldest first: a
+    live allocation on a node that is gone, cordoned or unreachable, that has a GPU not
+    healthy, or that has maintenance overlapping the reservation's window. A superset of
+    lifecycle.tick.bad_nodes's (any sick GPU of the node counts, not only the booking's own),
+    read in SQL: `repair` of a whole fleet built every placed reservation to find none."""
+    rows = conn.execute(
+        "SELECT r.* FROM reservations r WHERE r.state = 'placed' AND r.state <> 'released'"
+        " AND EXISTS (SELECT 1 FROM allocations a LEFT JOIN nodes n ON n.name = a.node_id"
+        " WHERE a.reservation_id = r.id AND a.released = 0 AND (n.name IS NULL"
+        " OR n.schedulable = 0 OR n.reachable = 0"
+        " OR EXISTS (SELECT 1 FROM atoms t WHERE t.node_id = a.node_id AND t.healthy = 0)"
+        " OR EXISTS (SELECT 1 FROM maintenance m WHERE m.node_id = a.node_id"
+        ' AND m."end" > r.during_start AND m.start < r.during_end)))'
+        " ORDER BY r.seq"
+    ).fetchall()
+    return repo.with_allocations(conn, rows)
+
+
 def ids_in_state(conn: Conn, state: str) -> list[str]:
     """The ids of the reservations in `state`, oldest first (repo.reservations_in's rows, by id
     alone: the caller may hold most of them already)."""

@@ -317,7 +317,7 @@ def list_(
         pages = list(listing.id_pages(ctx(), filters))
         sys.stdout.write("".join(f"{i}\n" for page in pages for i in page))
         return
-    rows = [r for page in listing.pages(ctx(), filters) for r in page]
+    rows = (r for page in listing.listed_pages(ctx(), filters) for r in page)  # checked rows
     emit(False, None, lambda: human.reservations(rows))
 
 

@@ -9,11 +9,12 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from better_compute.model import Event, LedgerCopy, Node, Policy, Reservation
+from better_compute.model import Binding, Event, LedgerCopy, Node, Policy, Reservation
 from better_compute.render.json import dumps
 from better_compute.service.accounting import UsageWindow
 from better_compute.service.booking import Preview
 from better_compute.service.views import Assignment, Rollup
+from better_compute.storage.listing import ListedReservation
 from better_compute.timeparse import human_duration, iso
 
 if TYPE_CHECKING:
@@ -74,15 +75,38 @@ def span(start: int, end: int | None, year: bool = False) -> str:
 
 
 def _shape(rsv: Reservation) -> str:
-    per_node = "whole node" if rsv.gpus is None else f"{rsv.gpus} gpu"
-    text = f"{per_node} × {rsv.gang_size} nodes" if rsv.gang_size else per_node
-    if rsv.models:
-        text += f" ({','.join(rsv.models)})"
-    if rsv.spot:
+    return _asks(rsv.gpus, rsv.gang_size, rsv.models, rsv.spot, rsv.node_lease)
+
+
+def _asks(
+    gpus: int | None, gang_size: int | None, models: Sequence[str], spot: bool, lease: bool
+) -> str:
+    per_node = "whole node" if gpus is None else f"{gpus} gpu"
+    text = f"{per_node} × {gang_size} nodes" if gang_size else per_node
+    if models:
+        text += f" ({','.join(models)})"
+    if spot:
         text += ", spot"
-    if rsv.node_lease:
+    if lease:
         text += ", node lease"
     return text
+
+
+#: A listing's row: (id, name, tenant, state, asks, window start, window end, nodes).
+_Row = tuple[str, str | None, str, str, str, int | None, int | None, str]
+
+
+def _row(r: Reservation | ListedReservation) -> _Row:
+    """A listing's row of a reservation or of a checked row (storage/listing.py), which `list`
+    reads for a fleet without building a reservation each."""
+    if isinstance(r, Reservation):
+        start, end = (r.during.start, r.during.end) if r.during else (None, None)
+        nodes = ", ".join(a.node_id for a in r.allocations)
+        return (r.id, r.name, r.tenant_id, r.state.value, _shape(r), start, end, nodes or "—")
+    lease = r.binding == Binding.NODE.value
+    asks = _asks(r.gpus, r.gang_size, r.models, r.spot, lease)
+    nodes = ", ".join(a[1] for a in r.allocations)
+    return (r.id, r.name, r.tenant_id, r.state, asks, r.during_start, r.during_end, nodes or "—")
 
 
 def reservation(rsv: Reservation) -> RenderableType:
@@ -130,26 +154,26 @@ def plain_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]
     return "\n".join([title, line(columns), *(line(row) for row in rows)])
 
 
-def reservations(rows: Sequence[Reservation]) -> RenderableType:
-    title = counted(len(rows), "reservation")
-    named = any(r.name is not None for r in rows)  # the name column only when some have one
-    window, year = window_column(
-        t for r in rows if r.during for t in (r.during.start, r.during.end)
-    )
+def reservations(rows: Iterable[Reservation | ListedReservation]) -> RenderableType:
+    """A table of reservations; `rows` may be read as they come (one `_Row` each is kept)."""
+    listed = [_row(r) for r in rows]
+    title = counted(len(listed), "reservation")
+    named = any(r[1] is not None for r in listed)  # the name column only when some have one
+    window, year = window_column(t for r in listed for t in r[5:7])
     columns = ("id", *(("name",) if named else ()), "tenant", "state", "asks", window, "nodes")
     cells = [
         (
-            r.id,
-            *((r.name or "—",) if named else ()),
-            r.tenant_id,
-            r.state.value,
-            _shape(r),
-            span(r.during.start, r.during.end, year) if r.during else "—",
-            ", ".join(a.node_id for a in r.allocations) or "—",
+            i,
+            *((name or "—",) if named else ()),
+            tenant,
+            state,
+            asks,
+            "—" if start is None else span(start, end, year),
+            nodes,
         )
-        for r in rows
+        for i, name, tenant, state, asks, start, end, nodes in listed
     ]
-    if len(rows) > PLAIN_ROWS:
+    if len(cells) > PLAIN_ROWS:
         return plain_table(title, columns, cells)
     table = table_of(title=title)
     for col in columns:

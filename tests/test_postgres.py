@@ -6,6 +6,7 @@ are about what only PostgreSQL has: the server's roles as principals, GRANTs, UR
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import uuid
@@ -129,6 +130,27 @@ def test_a_role_that_may_act_for_no_tenant_lists_nothing(role: str) -> None:
     assert (result.exit_code, result.stdout) == (0, ""), result.stderr
     assert all(e["tenantId"] is None for e in _json(invoke(["--db", mine, "--json", "events"])))
     assert _json(invoke(["--db", mine, "--json", "usage"])) == []
+
+
+@postgres
+def test_a_role_named_system_may_not_act() -> None:
+    """Its events would read as the lifecycle's own work (`actor: system`): FORBIDDEN, as for
+    an OS user of that name on SQLite (test_trust.py)."""
+    import psycopg
+
+    url = _ledger()
+    _json(invoke(["--db", url, "--now", NOW, "--json", "init", "--demo"]))
+    with contextlib.suppress(psycopg.errors.DuplicateObject):  # left by a run that was killed
+        pgtest.sql(url, "CREATE ROLE system LOGIN")
+    try:
+        pgtest.sql(url, *grants(url.rsplit("%3D", 1)[1], "system"))
+        mine = pgtest.as_role(url, "system")
+        for args in (["reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h"], ["list"]):
+            result = invoke(["--db", mine, "--json", *args])
+            assert result.exit_code == 6 and "'system' may not act" in result.stderr, result.stderr
+        assert pgtest.sql(url, "SELECT count(*) FROM reservations") == [(0,)]
+    finally:
+        pgtest.sql(url, "DROP OWNED BY system", "DROP ROLE system")
 
 
 def grants(schema: str, role: str) -> list[str]:

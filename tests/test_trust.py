@@ -490,6 +490,23 @@ def test_system_is_not_a_principal_name(run: Cli) -> None:
     assert run.fails(2, "admin", "add", "system")["code"] == "INVALID_INPUT"
 
 
+@pytest.mark.sqlite_only(reason="an OS user; on PostgreSQL a role named system: test_postgres.py")
+def test_a_user_named_system_may_not_act(
+    run: Cli, monkeypatch: pytest.MonkeyPatch, db_dir: Path
+) -> None:
+    """Its events would read as the lifecycle's own work: refused before anything is read or
+    written, as `--as system` is refused, and `init` makes no such admin."""
+    before = run.ok("events")
+    be(monkeypatch, "system")
+    for args in (["reserve", "--tenant", "acme", "--gpus", 1, "--for", "1h"], ["list"], ["tick"]):
+        err = run.fails(6, *args)
+        assert err["code"] == "FORBIDDEN" and "'system' may not act" in err["message"], err
+    assert Cli(db_dir / "sys.db").fails(6, "init")["code"] == "FORBIDDEN"
+    assert not (db_dir / "sys.db").exists()
+    be(monkeypatch, ME)
+    assert run.ok("events") == before
+
+
 # ---------------------------------------------------------------- found by the hostile review
 
 

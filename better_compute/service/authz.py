@@ -36,6 +36,19 @@ def principal_name(name: str, where: str) -> str:
     return name
 
 
+def session_user(me: str) -> str:
+    """The user running the command (on PostgreSQL, the session's role), who may be anyone but
+    `system`: events name the lifecycle's own work so, and a user of that name would pass for it
+    (`--as system`, `admin add system` and `policy set --principal system` are refused too)."""
+    if me == SYSTEM:
+        raise Forbidden(
+            f"the user {SYSTEM!r} may not act: events name the lifecycle's own work (tick, repair)"
+            f" {SYSTEM!r}, so this user's actions could not be told from it; run better-compute"
+            " as another user (on PostgreSQL, log in as another role)"
+        )
+    return me
+
+
 def resolve(conn: Conn, me: str, as_name: str | None, owner: Callable[[], str]) -> Principal:
     """The principal of this command. `--as` is believed only from an admin.
 

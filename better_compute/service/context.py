@@ -20,7 +20,7 @@ from better_compute import clock
 from better_compute.errors import Forbidden, InvalidInput
 from better_compute.identity import owner_of
 from better_compute.model import SYSTEM, JsonValue, Principal, Settings
-from better_compute.service.authz import resolve
+from better_compute.service.authz import resolve, session_user
 from better_compute.storage import ledger, repo
 from better_compute.storage.conn import Conn, Ledger
 from better_compute.storage.db import open_ledger
@@ -159,7 +159,7 @@ def open_ctx(path: str, now_text: str | None, me: str, as_name: str | None) -> C
     """Open the ledger and resolve the instant reads see and the principal acting."""
     db = open_ledger(path)
     try:
-        me = db.principal(me)  # on PostgreSQL, the session's role
+        me = session_user(db.principal(me))  # on PostgreSQL, the session's role
         with db.read() as conn:
             state = ledger.clock_state(conn)
             who = resolve(conn, me, as_name, lambda: _file_owner(path))

@@ -93,7 +93,7 @@ def init(
 def init_admin(path: str, me: str, as_name: str | None, force: bool, manual: bool) -> str:
     """Who `init` makes the first admin: replacing a ledger is its admins' decision (without
     --force nothing is replaced: an existing ledger is a CONFLICT further on)."""
-    me = principal_at(path, me)  # on PostgreSQL, the session's role
+    me = authz.session_user(principal_at(path, me))  # on PostgreSQL, the session's role
     target = path if force else ""
     what = "replace the ledger (init --force)"
     return backups.replacer(target, me, as_name, what, pinned_clock=manual)

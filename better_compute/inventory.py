@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from better_compute.errors import InvalidInput, is_utf8
 from better_compute.model import FABRIC_DOMAIN
+from better_compute.model import NAME_RE as NAME_RE  # re-exported: setup and workload use it
 
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 MODEL_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 MAX_GPUS = 64
 MAX_INT = 2**31 - 1  # cap on cliques and quotas: far above any fleet, far below SQLite's limit

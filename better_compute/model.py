@@ -6,6 +6,7 @@ Times are epoch milliseconds (int); durations are milliseconds (int).
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -39,6 +40,8 @@ JsonScalar = str | int | float | bool | None
 JsonValue = JsonScalar | list["JsonValue"] | dict[str, "JsonValue"]
 
 FABRIC_DOMAIN = "fabric.domain"
+#: A name people type for a pool, a node, a tenant: one word of at most 63 characters.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 NVLINK_ALL = "nvlink-all"
 
 

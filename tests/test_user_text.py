@@ -143,3 +143,52 @@ def test_events_read_page_by_page_say_the_same(run: Cli, monkeypatch: pytest.Mon
     assert run.ok("events") == whole and run.ok("events", json=False) == text
     assert [e["seq"] for e in whole] == list(range(1, len(whole) + 1))
     assert run.ok("events", "--since", str(len(whole))) == []
+
+
+# ---------------------------------------------------------------- found by a fuzzer (2026-12-01)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--key", "k\x1b]0;x\x07"],
+        ["reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--key", "k" * 201],
+        ["node", "cordon", "west-01", "--reason", ""],
+        ["node", "cordon", "west-01", "--reason", "x\x1b[2J"],
+        ["node", "mark-unreachable", "west-01", "--reason", "r" * 201],
+        ["node", "cordon", "west-01", "--from", "+1h", "--until", "+2h", "--reason", "a\nb"],
+        ["device", "quarantine", "west-01:1", "--reason", "x\x1b[2Jy"],
+    ],
+)
+def test_keys_and_reasons_are_printable_text_like_names(run: Cli, args: list[str]) -> None:
+    """They are printed in tables and events: an escape sequence reached the terminal as
+    written. The rule of `--name`: 1 to 200 printable characters."""
+    before = run.ok("events")
+    err = run.fails(2, *args)
+    assert "must be 1 to 200 printable characters" in err["message"], err
+    assert run.ok("events") == before
+
+
+def test_an_unknown_tenant_that_is_no_tenant_id_is_named_on_one_line(run: Cli) -> None:
+    code, out, err = run("list", "--tenant", "a\nb", json=False)
+    assert (code, out) == (3, "") and err.count("\n") == 1, err
+    assert "`tenant list` shows the tenants" in err
+    assert (
+        "create it with `tenant create ghost`"
+        in run.fails(3, "list", "--tenant", "ghost")["message"]
+    )
+
+
+@pytest.mark.sqlite_only(reason="a ledger file's path")
+@pytest.mark.parametrize("command", [["list"], ["backup", "/tmp/" + "b" * 300]])
+def test_a_path_too_long_for_the_system_is_bad_input(
+    run: Cli, tmp_path: Path, command: list[str]
+) -> None:
+    """The system refuses a name over 255 bytes before anything is opened: INVALID_INPUT, not
+    INTERNAL (Path.exists() raises it)."""
+    db = str(tmp_path / ("a" * 300)) if command == ["list"] else str(run.db)
+    code, out, err = Cli(Path(db))(*command)
+    assert (code, out) == (2, ""), err
+    assert json.loads(err)["error"]["message"].endswith(
+        "is too long for this system (most file systems allow 255 bytes a name); give a shorter one"
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import json as jsonlib
 import os
@@ -106,6 +107,15 @@ def _fail(exc: BetterComputeError, as_json: bool) -> None:
     raise typer.Exit(exc.exit_code)
 
 
+def _too_long(path: object) -> str:
+    name = str(path if path is not None else "")
+    shown = name if len(name) <= 60 else name[:57] + "..."
+    return (
+        f"the path {shown!r} is too long for this system (most file systems allow 255 bytes a"
+        " name); give a shorter one"
+    )
+
+
 def handled(fn: F) -> F:
     """Turn BetterComputeError into `error: CODE: message` and its exit code; bugs into INTERNAL."""
 
@@ -129,6 +139,12 @@ def handled(fn: F) -> F:
             raise
         except BrokenPipeError:  # the reader went away (`| head`): not a bug, and no message
             _reader_gone()
+        except OSError as exc:
+            if exc.errno != errno.ENAMETOOLONG:
+                raise
+            # A path the system refuses before anything is opened (Path.exists() raises it):
+            # bad input wherever it was typed (--db, backup, restore, migrate --to, demo --keep).
+            _fail(InvalidInput(_too_long(exc.filename)), as_json)
         except Exception as exc:  # the one place a bug becomes a message instead of a traceback
             if os.environ.get("BETTER_COMPUTE_DEBUG"):
                 raise

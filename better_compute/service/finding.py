@@ -20,7 +20,8 @@ Labels = tuple[tuple[str, str], ...]
 
 
 def check_name(name: str | None, flag: str = "--name") -> str | None:
-    """Printable text, 1 to 200 characters: it is shown in tables and matched exactly."""
+    """Printable text, 1 to 200 characters: it is shown in tables and matched exactly. The rule
+    of every free text a request or an operator gives: names, keys, reasons."""
     if name is None:
         return None
     if not name.strip() or len(name) > MAX_NAME or not name.isprintable():

@@ -38,6 +38,7 @@ from better_compute.model import (
 from better_compute.service import authz, backups, ticking
 from better_compute.service.authz import require_admin
 from better_compute.service.context import Ctx
+from better_compute.service.finding import check_name
 from better_compute.storage import bulk, fleet, ledger, repo
 from better_compute.storage.conn import Ledger
 from better_compute.storage.create import create_ledger
@@ -285,6 +286,7 @@ def node_label(ctx: Ctx, name: str, pairs: Sequence[str]) -> Node:
 
 def node_flag(ctx: Ctx, name: str, event: str, reason: str | None, **columns: object) -> Node:
     """Cordon, uncordon, mark (un)reachable: one column change and an event with who and why."""
+    check_name(reason, "--reason")
     require_admin(ctx.who, "change nodes")
     with ctx.write() as conn:
         repo.get_node(conn, name)
@@ -310,6 +312,7 @@ class MaintenanceAdded:
 
 
 def node_maintenance(ctx: Ctx, name: str, window: Window, reason: str | None) -> MaintenanceAdded:
+    check_name(reason, "--reason")
     require_admin(ctx.who, "change nodes")
     if window.end <= window.start:
         raise InvalidInput("--until must be after --from")
@@ -368,6 +371,7 @@ def device_health(ctx: Ctx, ref: str, healthy: bool, reason: str | None) -> Node
     index = int(index_text)
     if not healthy and (reason is None or not reason.strip()):
         raise InvalidInput("--reason must say why the GPU is quarantined, such as xid-79")
+    check_name(reason, "--reason")
     require_admin(ctx.who, "change device health")
     with ctx.write() as conn:
         node = repo.get_node(conn, node_name)

@@ -17,6 +17,7 @@ from typing import TypeVar
 from better_compute.errors import InvalidInput, NotFound, Unavailable
 from better_compute.model import (
     LIVE_STATES,
+    NAME_RE,
     Allocation,
     Atom,
     Binding,
@@ -672,7 +673,9 @@ def tenant_exists(conn: Conn, tenant: str) -> bool:
 
 def require_tenant(conn: Conn, tenant: str) -> None:
     if not tenant_exists(conn, tenant):
-        raise NotFound(f"no tenant {tenant!r}; create it with `tenant create {tenant}`")
+        # The command to type only for an id `tenant create` takes: one line, nothing to escape.
+        hint = f"create it with `tenant create {tenant}`" if NAME_RE.fullmatch(tenant) else ""
+        raise NotFound(f"no tenant {tenant!r}; {hint or '`tenant list` shows the tenants'}")
 
 
 def insert_tenant(conn: Conn, tenant: str) -> None:

@@ -127,3 +127,36 @@ def test_help_to_a_reader_that_goes_away_ends_as_sigpipe_would() -> None:
     proc.stdout.close()  # gone before the help is written: its first write meets a closed pipe
     assert proc.wait(timeout=60) == 141
     assert proc.stderr.read() == b""
+
+
+@pytest.mark.parametrize("unbuffered", ["1", ""])
+def test_output_larger_than_a_pipe_is_written_whole_or_ends_as_sigpipe_would(
+    db_dir: Path, tmp_path: Path, unbuffered: str
+) -> None:
+    """Under PYTHONUNBUFFERED the text layer wrote to the pipe once and dropped what a partial
+    write left: `events | head -c1` ended with status 0 and the rest of the log was lost
+    (a fuzzer, 2026-12-01). Now all of it reaches a reader that reads all, and a reader that
+    goes away ends the process as SIGPIPE would."""
+    from conftest import Cli
+
+    cli = Cli(init_db(db_dir / "big.db", "--demo"))
+    work = tmp_path / "w.jsonl"
+    work.write_text(
+        "".join(
+            f'{{"at": "+{k}m", "tenant": "acme", "gpus": 1, "duration": "30m"}}\n'
+            for k in range(400)
+        )
+    )
+    cli.ok("simulate", "--workload", str(work), "--format", "jsonl", now=None)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BETTER_COMPUTE_", "PYTHONU"))}
+    env.update(BETTER_COMPUTE_DB=str(cli.db), PYTHONUNBUFFERED=unbuffered)
+    whole = subprocess.run([*ENTRY, "events"], capture_output=True, env=env, check=True).stdout
+    assert len(whole) > 4 * 65536 and whole.count(b"\n") > 1600
+    proc = subprocess.Popen(
+        [*ENTRY, "events"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.read(1) == whole[:1]
+    proc.stdout.close()  # the reader goes away with the log far from written
+    assert proc.wait(timeout=120) == 141
+    assert proc.stderr.read() == b""

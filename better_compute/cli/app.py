@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import io
 import json as jsonlib
 import os
 import sqlite3
@@ -300,10 +301,28 @@ def _reader_gone() -> None:
     sys.exit(141)
 
 
+def _whole_writes() -> None:
+    """Standard output written whole, or not at all. Unbuffered (PYTHONUNBUFFERED, `python -u`),
+    its text layer hands each write to the file once and drops what a partial write left: a
+    listing cut short by its reader (`| head`) ended with status 0, the rest lost. A buffered
+    layer writes until all is out or the pipe is gone (BrokenPipeError: status 141)."""
+    stdout = sys.stdout
+    raw = getattr(stdout, "buffer", None)
+    if isinstance(stdout, io.TextIOWrapper) and isinstance(raw, io.RawIOBase):
+        sys.stdout = io.TextIOWrapper(
+            io.BufferedWriter(raw),
+            encoding=stdout.encoding,
+            errors=stdout.errors,
+            line_buffering=stdout.line_buffering,
+            write_through=True,  # each write reaches the buffer at once, as unbuffered asked
+        )
+
+
 def main(prepare: Callable[[Any], None] | None = None, word: str | None = None) -> None:
     """Entry point: Typer's own usage errors are reported in our format too (exit 2).
     `prepare` adjusts the built command first (shell completion's value lookups); with `word`,
     only that command or group is built (see `only`)."""
+    _whole_writes()
     argv = sys.argv[1:]
     for i, arg in enumerate(argv, 1):
         if not is_utf8(arg):  # bytes the locale could not decode, kept as surrogates by Python

@@ -160,3 +160,15 @@ def test_output_larger_than_a_pipe_is_written_whole_or_ends_as_sigpipe_would(
     proc.stdout.close()  # the reader goes away with the log far from written
     assert proc.wait(timeout=120) == 141
     assert proc.stderr.read() == b""
+
+
+@pytest.mark.parametrize("columns", ["0", "3"])
+def test_a_width_too_small_for_any_table_is_ignored(db_dir: Path, columns: str) -> None:
+    """rich took COLUMNS=0 as the width: every table printed nothing, with status 0."""
+    db = init_db(db_dir / "w.db", "--demo")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BETTER_COMPUTE_")}
+    env.update(BETTER_COMPUTE_DB=str(db), COLUMNS=columns)
+    shown = subprocess.run([*ENTRY, "node", "list"], capture_output=True, env=env, check=True)
+    lines = shown.stdout.decode().splitlines()
+    assert lines[0].split() == ["node", "gpus", "model", "labels", "state"]
+    assert len(lines) == 8 and all(line.startswith("west-0") for line in lines[1:])

@@ -77,12 +77,22 @@ class _LazyConsole:
             from rich.console import Console
 
             _quiet_when_reader_goes(Console)
-            self._console = Console(**self._options)
+            self._console = Console(**self._options, width=_sane_width())
         return cast("Console", self._console)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real(), name)
 
+
+def _sane_width() -> int | None:
+    """rich takes COLUMNS as the width, whatever it says: at 0 every table printed nothing, and
+    a few columns leave no room for any cell. Below MIN_COLUMNS it is ignored for 80; otherwise
+    None lets rich read it (or the terminal) as usual."""
+    columns = os.environ.get("COLUMNS", "").strip()
+    return 80 if columns.isdigit() and int(columns) < MIN_COLUMNS else None
+
+
+MIN_COLUMNS = 20
 
 #: markup=False: what people name (labels, reasons, reservation names) is printed as written.
 #: With markup on, `[spare]` vanished from a table and `[/x]` crashed each command showing it.

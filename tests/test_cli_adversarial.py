@@ -167,6 +167,16 @@ def test_reserve_whose_window_ends_after_9999_is_invalid_and_the_database_stays_
     assert run.ok("list", now=now) == []
 
 
+def test_a_spot_window_that_ends_before_9999_is_not_refused_for_a_notice(run: Cli) -> None:
+    """The horizon check added the spot notice to every request; only a regular request may
+    wait for one (a spot request preempts nothing): a spot booking that ends in time fits."""
+    late = "9999-12-31T23:57:30Z"
+    spot = run.ok("reserve", "--tenant", "acme", "--gpus", "8", "--for", "1m", "--spot", now=late)
+    assert spot["state"] == "placed" and spot["during"]["end"] == MAX_MS - 89_999
+    error = refused(run, 2, "reserve", "--tenant", "acme", "--gpus", "8", "--for", "1m", now=late)
+    assert "9999" in error["message"]  # a regular one might wait out a notice: still refused
+
+
 def test_extend_past_9999_is_refused_and_changes_nothing(run: Cli) -> None:
     """Today: the extension is committed, then printing it fails (exit 1), and every later `list`
     fails with INTERNAL."""

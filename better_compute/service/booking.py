@@ -318,8 +318,10 @@ def check_horizon_at(
     now: int, spot_notice_ms: int, args: ReserveArgs, fix: str = "an earlier --start or --for"
 ) -> None:
     """check_horizon for a request acting at `now` (simulate checks each line before writing;
-    `fix` says what to change, in the words of where the request came from)."""
-    latest_end = max(args.start or now, now) + spot_notice_ms + args.duration_ms
+    `fix` says what to change, in the words of where the request came from). A regular request
+    may start only once a spot one's notice has run; a spot request preempts nothing."""
+    notice = 0 if args.spot else spot_notice_ms
+    latest_end = max(args.start or now, now) + notice + args.duration_ms
     if latest_end > MAX_MS:
         raise InvalidInput(f"that window would end after {iso(MAX_MS)}; use {fix}")
 

@@ -12,6 +12,7 @@ one line, never INTERNAL "a bug".
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 import time
@@ -181,6 +182,7 @@ def test_7_a_key_value_string_is_not_made_an_sqlite_file(
     run: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(db_dir)
+    gc.collect()  # close the fixture's connections: SQLite removes -wal and -shm at the last
     before = sorted(p.name for p in db_dir.iterdir())
     for argv in (
         ["--db", DSN, "--now", NOW, "--json", "init"],
@@ -190,6 +192,7 @@ def test_7_a_key_value_string_is_not_made_an_sqlite_file(
         error = _error(invoke(argv), 2)
         assert error["code"] == "INVALID_INPUT" and "key/value" in error["message"]
         assert "goodpw" not in error["message"]
+    gc.collect()  # as above: what is left is what the commands made
     assert sorted(p.name for p in db_dir.iterdir()) == before
 
 

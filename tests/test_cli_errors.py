@@ -390,3 +390,20 @@ def test_an_option_of_one_value_given_twice_is_refused(run: Cli) -> None:
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["name"] == "--tenant"
     assert cli("--json", "list").returncode == 0
+
+
+def test_an_os_error_that_is_no_refusal_is_still_internal(
+    run: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a path too long (INVALID_INPUT) and a full disk (UNAVAILABLE) are the system's
+    refusals; any other OSError is a bug of ours, reported on one line, never a traceback."""
+    import errno
+
+    from better_compute.service import setup
+
+    def broken(*_: object) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(setup, "tenant_list", broken)
+    err = run.fails(1, "tenant", "list")
+    assert err["code"] == "INTERNAL" and "a bug; please report it" in err["message"]

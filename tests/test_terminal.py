@@ -164,7 +164,8 @@ def test_output_larger_than_a_pipe_is_written_whole_or_ends_as_sigpipe_would(
 
 @pytest.mark.parametrize("columns", ["0", "3"])
 def test_a_width_too_small_for_any_table_is_ignored(db_dir: Path, columns: str) -> None:
-    """rich took COLUMNS=0 as the width: every table printed nothing, with status 0."""
+    """rich took COLUMNS=0 as the width: every table, and Typer's help, printed nothing, with
+    status 0."""
     db = init_db(db_dir / "w.db", "--demo")
     env = {k: v for k, v in os.environ.items() if not k.startswith("BETTER_COMPUTE_")}
     env.update(BETTER_COMPUTE_DB=str(db), COLUMNS=columns)
@@ -172,3 +173,40 @@ def test_a_width_too_small_for_any_table_is_ignored(db_dir: Path, columns: str) 
     lines = shown.stdout.decode().splitlines()
     assert lines[0].split() == ["node", "gpus", "model", "labels", "state"]
     assert len(lines) == 8 and all(line.startswith("west-0") for line in lines[1:])
+    shown = subprocess.run([*ENTRY, "--help"], capture_output=True, env=env, check=True)
+    assert b"Usage: better-compute" in shown.stdout
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("unbuffered", ["1", ""])
+@pytest.mark.parametrize("args", [["list"], ["list", "--json"], ["node", "list", "--json"]])
+def test_output_to_a_full_disk_is_unavailable_on_one_line(
+    db_dir: Path, unbuffered: str, args: list[str]
+) -> None:
+    """`list --json > /dev/full` ended with status 0 and nothing said (buffered), or with a
+    traceback (unbuffered, once stdout was made buffered): UNAVAILABLE, one line on stderr."""
+    db = init_db(db_dir / "f.db", "--demo")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BETTER_COMPUTE_", "PYTHONU"))}
+    env.update(BETTER_COMPUTE_DB=str(db), PYTHONUNBUFFERED=unbuffered)
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run([*ENTRY, *args], stdout=full, stderr=subprocess.PIPE, env=env)
+    assert proc.returncode == 7, proc.stderr
+    assert proc.stderr.count(b"\n") == 1 and b"No space left on device" in proc.stderr
+
+
+@pytest.mark.parametrize("args", [["node", "list"], ["list", "--json"], ["tenant", "list"]])
+def test_a_reader_gone_before_a_short_answer_ends_as_sigpipe_would(
+    db_dir: Path, args: list[str]
+) -> None:
+    """Under PYTHONUNBUFFERED a short answer stayed buffered until exit, where a closed pipe
+    printed 'Exception ignored … BrokenPipeError' and ended with status 120."""
+    db = init_db(db_dir / "s.db", "--demo")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BETTER_COMPUTE_")}
+    env.update(BETTER_COMPUTE_DB=str(db), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [*ENTRY, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # gone before anything is written
+    assert proc.wait(timeout=60) == 141
+    assert proc.stderr.read() == b""

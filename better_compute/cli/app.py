@@ -77,22 +77,12 @@ class _LazyConsole:
             from rich.console import Console
 
             _quiet_when_reader_goes(Console)
-            self._console = Console(**self._options, width=_sane_width())
+            self._console = Console(**self._options)
         return cast("Console", self._console)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real(), name)
 
-
-def _sane_width() -> int | None:
-    """rich takes COLUMNS as the width, whatever it says: at 0 every table printed nothing, and
-    a few columns leave no room for any cell. Below MIN_COLUMNS it is ignored for 80; otherwise
-    None lets rich read it (or the terminal) as usual."""
-    columns = os.environ.get("COLUMNS", "").strip()
-    return 80 if columns.isdigit() and int(columns) < MIN_COLUMNS else None
-
-
-MIN_COLUMNS = 20
 
 #: markup=False: what people name (labels, reasons, reservation names) is printed as written.
 #: With markup on, `[spare]` vanished from a table and `[/x]` crashed each command showing it.
@@ -118,13 +108,23 @@ def _fail(exc: BetterComputeError, as_json: bool) -> None:
     raise typer.Exit(exc.exit_code)
 
 
-def _too_long(path: object) -> str:
-    name = str(path if path is not None else "")
+def _refused_by_the_system(exc: Exception) -> BetterComputeError | None:
+    """What the system refused that is no bug of ours: a path too long for it, bad input
+    wherever it was typed (Path.exists() raises it before anything is opened); a full disk,
+    which a retry may meet again (the output, or a file it writes)."""
+    if not isinstance(exc, OSError):
+        return None
+    name = "" if exc.filename is None else str(exc.filename)
     shown = name if len(name) <= 60 else name[:57] + "..."
-    return (
-        f"the path {shown!r} is too long for this system (most file systems allow 255 bytes a"
-        " name); give a shorter one"
-    )
+    if exc.errno == errno.ENAMETOOLONG:
+        return InvalidInput(
+            f"the path {shown!r} is too long for this system (most file systems allow 255"
+            " bytes a name); give a shorter one"
+        )
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = f" {shown!r}" if name else " the output"
+        return Unavailable(f"could not write{where}: {exc.strerror}; free some space first")
+    return None
 
 
 def handled(fn: F) -> F:
@@ -134,7 +134,9 @@ def handled(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         as_json = bool(kwargs.get("as_json")) or G.json
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            sys.stdout.flush()  # what is still buffered is written here, where failing is told
+            return result
         except BetterComputeError as exc:
             _fail(exc, as_json)
         except (sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError) as exc:
@@ -150,13 +152,12 @@ def handled(fn: F) -> F:
             raise
         except BrokenPipeError:  # the reader went away (`| head`): not a bug, and no message
             _reader_gone()
-        except OSError as exc:
-            if exc.errno != errno.ENAMETOOLONG:
-                raise
-            # A path the system refuses before anything is opened (Path.exists() raises it):
-            # bad input wherever it was typed (--db, backup, restore, migrate --to, demo --keep).
-            _fail(InvalidInput(_too_long(exc.filename)), as_json)
         except Exception as exc:  # the one place a bug becomes a message instead of a traceback
+            refused = _refused_by_the_system(exc)
+            if refused is not None:
+                if isinstance(refused, Unavailable):
+                    _drop_output()  # what stays buffered can never be written either
+                _fail(refused, as_json)
             if os.environ.get("BETTER_COMPUTE_DEBUG"):
                 raise
             _fail(
@@ -306,9 +307,31 @@ def _reader_gone() -> None:
     """End as a process killed by SIGPIPE would (status 128 + 13), without a message: the
     output was cut where the reader stopped reading. Standard output goes to /dev/null first,
     so that flushing it at exit raises no second BrokenPipeError."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    _drop_output()
     sys.exit(141)
+
+
+def _drop_output() -> None:
+    """Standard output goes to /dev/null from here on: what is still buffered is dropped
+    there, so flushing it at exit raises nothing more. (A stream without a file, as tests
+    capture it, is left as it is.)"""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # io.UnsupportedOperation is both
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+
+
+def _sane_columns() -> None:
+    """rich takes COLUMNS as the width, whatever it says: at 0 every table, and Typer's help,
+    printed nothing. Below MIN_COLUMNS it is taken as 80, for our consoles and Typer's alike."""
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) < MIN_COLUMNS:
+        os.environ["COLUMNS"] = "80"
+
+
+MIN_COLUMNS = 20
 
 
 def _whole_writes() -> None:
@@ -333,6 +356,7 @@ def main(prepare: Callable[[Any], None] | None = None, word: str | None = None) 
     `prepare` adjusts the built command first (shell completion's value lookups); with `word`,
     only that command or group is built (see `only`)."""
     _whole_writes()
+    _sane_columns()
     argv = sys.argv[1:]
     for i, arg in enumerate(argv, 1):
         if not is_utf8(arg):  # bytes the locale could not decode, kept as surrogates by Python

@@ -14,19 +14,21 @@ from better_compute.errors import InvalidInput
 from better_compute.inventory import label_pairs
 
 MAX_NAME = 200
+#: Keys are made by scripts from run ids, branches and job names: room for long ones.
+MAX_KEY = 1000
 SORTS = ("created", "start")
 
 Labels = tuple[tuple[str, str], ...]
 
 
-def check_name(name: str | None, flag: str = "--name") -> str | None:
-    """Printable text, 1 to 200 characters: it is shown in tables and matched exactly. The rule
-    of every free text a request or an operator gives: names, keys, reasons."""
+def check_name(name: str | None, flag: str = "--name", most: int = MAX_NAME) -> str | None:
+    """Printable text, 1 to `most` characters: it is shown in tables and matched exactly. The
+    rule of every free text a request or an operator gives: names, keys, reasons."""
     if name is None:
         return None
-    if not name.strip() or len(name) > MAX_NAME or not name.isprintable():
+    if not name.strip() or len(name) > most or not name.isprintable():
         raise InvalidInput(
-            f"{flag} must be 1 to {MAX_NAME} printable characters (no newlines or tabs),"
+            f"{flag} must be 1 to {most} printable characters (no newlines or tabs),"
             f" got {name[:40]!r}"
         )
     return name

@@ -96,6 +96,11 @@ def test_a_webhook_for_a_misspelt_event_type_is_refused(run: Cli) -> None:
     for events in ("reservation.preempting,reservation.expiring", "reservation.*"):
         run.ok("webhook", "add", "--tenant", "acme", "--url", url, "--events", events)
     run.ok("webhook", "add", "--tenant", "*", "--url", url, "--events", "pool.policy.*,node.*")
+    # `*` (every event) excuses no misspelling, nor a fleet type on a tenant's webhook, beside it
+    for tenant, events in (("acme", "reservation.expring,*"), ("acme", "node.*,*")):
+        run.fails(2, "webhook", "add", "--tenant", tenant, "--url", url, "--events", events)
+    everything = run.ok("webhook", "add", "--tenant", "acme", "--url", url, "--events", "*,*")
+    assert run.ok("webhook", "list")[-1]["id"] == everything["id"]
 
 
 def test_every_event_type_the_code_writes_is_one_a_webhook_may_name() -> None:

@@ -84,8 +84,8 @@ def check_events(text: str | None, tenant: str) -> tuple[str, ...]:
         raise InvalidInput("--events is empty; give event types such as reservation.preempting")
     for t in types:
         m = _TYPE.match(t)
-        if t == "*":
-            return ()
+        if t == "*":  # every event; the others are still checked: `*` excuses no misspelling
+            continue
         if m is None or m.group(1) not in NAMESPACES:
             raise InvalidInput(
                 f"--events: {t[:60]!r} is not an event type; give TYPE,… such as"
@@ -103,7 +103,7 @@ def check_events(text: str | None, tenant: str) -> tuple[str, ...]:
                 f" webhook receives {', '.join(n + '.*' for n in TENANT_NAMESPACES)}; an admin's"
                 " --tenant '*' webhook receives every event"
             )
-    return tuple(types)
+    return () if "*" in types else tuple(types)
 
 
 def _names_events(pattern: str) -> bool:

@@ -79,6 +79,8 @@ def check(
     booked, in every rolling period the window reaches into; else QUOTA_EXCEEDED with the
     figures of the fullest such period."""
     for budget in store.budgets(conn, tenant, pool_id):
+        if _surely_within(conn, tenant, budget, gpus, window, now, ignore):
+            continue
         period, spent, need = _fullest(conn, tenant, budget, gpus, window, now, ignore)
         if spent + need > budget.gpu_ms:
             where = (
@@ -94,6 +96,25 @@ def check(
 def _named(period: Window) -> str:
     """`ending <instant>`, or `from <instant>` for a period that ends after the end of time."""
     return f"ending {iso(period.end)}" if period.end <= MAX_MS else f"from {iso(period.start)}"
+
+
+def _surely_within(
+    conn: Conn,
+    tenant: str,
+    budget: store.Budget,
+    gpus: int,
+    window: Window,
+    now: int,
+    ignore: str | None,
+) -> bool:
+    """Whether the budget holds everything the tenant has booked or promised near `window`
+    together with the request's whole GPU-time: then it holds every period the window reaches
+    into, since each lies inside [start - period, end + period). One sum over that range (one
+    range of the bookings_tenant index) settles the usual request, far from its budget, without
+    _fullest's walk over every span."""
+    p = budget.period_ms
+    near = used(conn, tenant, budget.pool_id, Window(window.start - p, window.end + p), now, ignore)
+    return near + gpus * (window.end - window.start) <= budget.gpu_ms
 
 
 def _fullest(

@@ -42,12 +42,11 @@ def budgets(conn: Conn, tenant: str, pool_id: str | None = None) -> list[Budget]
 def booked_gpu_ms(conn: Conn, tenant: str, pool_id: str, window: Window, ignore: str | None) -> int:
     """GPU-milliseconds of the tenant's bookings inside `window` (in one pool, or every pool for
     ''), released reservations' past included: what was held is spent. `ignore`: a reservation
-    whose bookings are being replaced (update, extend)."""
+    whose bookings are being replaced (update, extend). One range of the bookings_tenant index."""
     sql = (
         'SELECT COALESCE(SUM((CASE WHEN b."end" < ? THEN b."end" ELSE ? END)'
         " - (CASE WHEN b.start > ? THEN b.start ELSE ? END)), 0)"
-        " FROM bookings b JOIN reservations r ON r.id = b.reservation_id"
-        ' WHERE r.tenant_id = ? AND b."end" > ? AND b.start < ?'
+        ' FROM bookings b WHERE b.tenant_id = ? AND b."end" > ? AND b.start < ?'
     )
     args: list[object] = [window.end, window.end, window.start, window.start, tenant]
     args += [window.start, window.end]
@@ -62,8 +61,7 @@ def booked_spans(
     them, one row per distinct span (a reservation's GPUs share theirs)."""
     sql = (
         'SELECT b.start, b."end", COUNT(*) FROM bookings b'
-        " JOIN reservations r ON r.id = b.reservation_id"
-        ' WHERE r.tenant_id = ? AND b."end" > ? AND b.start < ?'
+        ' WHERE b.tenant_id = ? AND b."end" > ? AND b.start < ?'
     )
     args: list[object] = [tenant, window.start, window.end]
     sql = _narrowed(sql, args, pool_id, ignore, pool="b.pool_id", own="b.reservation_id")

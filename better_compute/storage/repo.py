@@ -1072,15 +1072,16 @@ def insert_allocation(
     conn: Conn, rsv: Reservation, node_id: str, atoms: Sequence[int], window: Window
 ) -> Allocation:
     alloc_id = next_id(conn, "alc")
+    span = (window.start, window.end)
     conn.execute(
         "INSERT INTO allocations(id, reservation_id, node_id, atoms) VALUES (?, ?, ?, ?)",
         (alloc_id, rsv.id, node_id, json.dumps(sorted(atoms))),
     )
     conn.executemany(
-        "INSERT INTO bookings(pool_id, node_id, atom, allocation_id, reservation_id, spot, start,"
-        ' "end") VALUES (?, ?, ?, ?, ?, ?, ?, ?)',
+        "INSERT INTO bookings(pool_id, node_id, atom, allocation_id, reservation_id, tenant_id,"
+        ' spot, start, "end") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)',
         [
-            (rsv.pool_id, node_id, a, alloc_id, rsv.id, int(rsv.spot), window.start, window.end)
+            (rsv.pool_id, node_id, a, alloc_id, rsv.id, rsv.tenant_id, int(rsv.spot), *span)
             for a in sorted(atoms)
         ],
     )

@@ -33,8 +33,8 @@ def rebook(
         (json.dumps(sorted(atoms)), allocation_id),
     )
     conn.executemany(
-        "INSERT INTO bookings(pool_id, node_id, atom, allocation_id, reservation_id, spot, start,"
-        ' "end") VALUES (?, ?, ?, ?, ?, ?, ?, ?)',
+        "INSERT INTO bookings(pool_id, node_id, atom, allocation_id, reservation_id, tenant_id,"
+        ' spot, start, "end") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)',
         [
             (
                 rsv.pool_id,
@@ -42,6 +42,7 @@ def rebook(
                 a,
                 allocation_id,
                 rsv.id,
+                rsv.tenant_id,
                 int(rsv.spot),
                 window.start,
                 window.end,

@@ -493,11 +493,16 @@ def test_reserve_with_a_model_no_node_can_have_is_invalid_input(run: Cli, model:
     )
 
 
-def test_tick_step_without_until_is_still_validated(run: Cli) -> None:
-    """Today `tick --step garbage` (or `--step 0s`) silently ignores the value and ticks."""
-    for step in ("garbage", "0s"):
+def test_tick_step_without_until_is_refused(run: Cli) -> None:
+    """`tick --step` alone used to be ignored (once even unchecked): §4's synopsis is `tick
+    [--until TIME [--step DURATION]]`, so a cron line that lost its --until is told so."""
+    for step in ("garbage", "0s", "1m"):
         error = refused(run, 2, "tick", "--step", step)
+        assert error["message"] == "--step needs --until TIME: without it, tick runs once, at now"
+    for step in ("garbage", "0s"):
+        error = refused(run, 2, "tick", "--until", "+1h", "--step", step)
         assert "--step" in error["message"] or "DURATION" in error["message"]
+    assert run.ok("tick", "--until", "+2m", "--step", "1m")["now"] > 0
 
 
 @pytest.mark.parametrize("principal", ["", "   "])

@@ -78,6 +78,7 @@ def test_maintenance_window_blocks_placement_only_inside_it(cli: Cli) -> None:
         "moved": [],
         "waiting": [],
         "kept": [],
+        "running": [],
     }
     ev = last_event(cli, "node.maintenance")
     assert ev["data"] == {

@@ -157,3 +157,25 @@ def test_a_spot_reservation_being_preempted_warns_with_its_deadline(solo: Cli) -
     code, text, err = solo("launch", spot["id"], json=False)
     assert code == 0 and "is being preempted: it ends at 2026-09-28T08:02:00Z" in err
     assert "NODE_RANK=0" in text
+
+
+def test_a_reservation_whose_end_has_come_does_not_launch(run: Cli) -> None:
+    """Until a tick releases it, a reservation past its end still reads as active or placed,
+    but its GPUs may be booked by someone else from that end on (a hostile review: launch
+    printed them with no warning, or said a placed one "has not started")."""
+    active = reserve(run, "--gpus", "8", "--gang", "7", "--for", "1h")
+    run.ok("tick")
+    later = reserve(run, "--gpus", "8", "--for", "1h", "--start", "+3h")
+    other = run.ok(
+        "reserve", "--tenant", "globex", "--gpus", "8", "--for", "1h", "--gang", "4", now=at(HOUR)
+    )
+    assert other["state"] == "placed"  # on GPUs the ended gang still reads as holding
+    assert run.ok("get", active["id"])["state"] == "active"
+    err = run.fails(4, "launch", active["id"], now=at(HOUR))
+    assert err["message"] == (
+        f"cannot launch on {active['id']}: its end or preemption deadline came at"
+        " 2026-09-28T09:00:00Z; a tick releases it"
+    )
+    err = run.fails(4, "launch", later["id"], now=at(5 * HOUR))
+    assert "came at 2026-09-28T12:00:00Z" in err["message"]
+    assert run.ok("launch", active["id"], "--format", "json", now=at(HOUR - 1))

@@ -68,7 +68,7 @@ def test_a_maintenance_window_says_what_its_repair_did(db_dir: Path, tmp_path: P
     assert cli.ok("get", on_n1["id"])["state"] == "pending"
     cli.ok("node", "uncordon", "n1")
     text = " ".join(cli.ok("node", "cordon", "n2", *window, json=False).split())
-    assert "no placed booking overlapped it" not in text
+    assert "no booking overlapped it" not in text
     assert "moved" in text or "no node fits" in text
     # A lease whose window has begun is left in place (BookingRepair judges a lease only
     # before it begins): not reported as moved.
@@ -78,7 +78,24 @@ def test_a_maintenance_window_says_what_its_repair_did(db_dir: Path, tmp_path: P
     assert (out["moved"], out["waiting"], out["kept"]) == ([], [], [lease["id"]])
     empty = ("--from", "2026-10-09T09:00:00Z", "--until", "2026-10-09T09:30:00Z")
     text = " ".join(cli.ok("node", "cordon", "n1", *empty, json=False).split())
-    assert "no placed booking overlapped it" in text
+    assert "no booking overlapped it" in text
+
+
+def test_a_maintenance_window_names_what_already_runs_into_it(run: Cli) -> None:
+    """A reservation that has begun is never moved, so the window's report names it instead of
+    saying nothing overlapped (a hostile review: `kept` was empty and the text said so)."""
+    rsv = run.ok("reserve", "--tenant", "acme", "--gpus", "8", "--for", "5h")
+    run.ok("tick")
+    assert run.ok("get", rsv["id"])["state"] in ("binding", "active")
+    node = rsv["allocations"][0]["nodeId"]
+    out = run.ok("node", "cordon", node, "--from", "+1h", "--until", "+2h")
+    assert (out["moved"], out["waiting"], out["kept"], out["running"]) == ([], [], [], [rsv["id"]])
+    text = " ".join(
+        run.ok("node", "cordon", node, "--from", "+3h", "--until", "+4h", json=False).split()
+    )
+    assert f"still running into it: {rsv['id']}" in text and "no booking" not in text
+    # one that ends before the window is not named
+    assert run.ok("node", "cordon", node, "--from", "+6h", "--until", "+7h")["running"] == []
 
 
 def test_inventory_export_shows_a_quota_only_to_whom_quota_show_does(run: Cli) -> None:

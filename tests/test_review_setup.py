@@ -323,7 +323,10 @@ def test_a_node_cannot_report_bound_once_the_window_has_ended(run: Cli) -> None:
     run.ok("tick")
     node = rsv["allocations"][0]["nodeId"]
     err = run.fails(4, "node", "report-bound", node, rsv["id"], now="2026-09-28T09:30:00Z")
-    assert "the next tick releases it" in err["message"]
+    assert err["message"].endswith(
+        "its end or preemption deadline came at 2026-09-28T09:00:00Z; a tick at or after that"
+        " instant releases it"
+    )
     assert run.ok("get", rsv["id"])["state"] == "binding"
     run.ok("node", "report-bound", node, rsv["id"], now="2026-09-28T08:30:00Z")
 

@@ -56,12 +56,13 @@ def node_cordon(
             "moved": list(added.moved),
             "waiting": list(added.waiting),
             "kept": list(added.kept),
+            "running": list(added.running),
         }
         emit(
             as_json,
             doc,
             f"{node}: maintenance {iso(m.window.start)} → {iso(m.window.end)};"
-            f" {human.repaired(added.moved, added.waiting, added.kept)}",
+            f" {human.repaired(added.moved, added.waiting, added.kept, added.running)}",
         )
         return
     n = setup.node_flag(c, node, "node.cordoned", reason, schedulable=0, cordon_reason=reason)

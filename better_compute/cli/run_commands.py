@@ -21,6 +21,7 @@ from better_compute.cli.app import (
     out,
     progress_bar,
 )
+from better_compute.errors import InvalidInput
 from better_compute.lazy import lazy
 from better_compute.model import Event, JsonValue
 from better_compute.timeparse import parse_duration, parse_time
@@ -47,11 +48,15 @@ def tick(
     until: Annotated[
         str | None, typer.Option("--until", help="Tick at every step up to TIME.")
     ] = None,
-    step: Annotated[str, typer.Option("--step", help="DURATION between ticks.")] = "30s",
+    step: Annotated[
+        str | None, typer.Option("--step", help="DURATION between ticks (with --until; 30s).")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Advance the lifecycle at now (or at every step to --until); prints what changed."""
-    step_ms = parse_duration(step)  # checked even without --until: a typo is never ignored
+    if step is not None and until is None:  # §4: tick [--until TIME [--step DURATION]]
+        raise InvalidInput("--step needs --until TIME: without it, tick runs once, at now")
+    step_ms = parse_duration("30s" if step is None else step)
     c = ctx()
     if until is None:
         changes = ticking.tick(c)

@@ -52,6 +52,15 @@ def release_due(
     return None
 
 
+def ended_at(during: Window | None, deadline: int | None, now: int) -> int | None:
+    """The instant a reservation's end or preemption deadline came, the earlier of the two, if
+    either has by `now`; None when neither has. Until a tick releases it, such a reservation
+    still looks live, but its GPUs are no longer its own: nothing may start on them."""
+    ends = (deadline, None if during is None else during.end)
+    came = [t for t in ends if t is not None and t <= now]
+    return min(came) if came else None
+
+
 def kept_window(during: Window | None, at: int) -> Window | None:
     """The window a reservation released at `at` keeps, as booking.finish writes it: none when
     it had not begun (it held no time at all), else cut back to `at`."""

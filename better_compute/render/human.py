@@ -356,10 +356,13 @@ def counted(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def repaired(moved: Sequence[str], waiting: Sequence[str], kept: Sequence[str]) -> str:
-    """What a maintenance window's repair did to the placed bookings it overlapped."""
-    if not moved and not waiting and not kept:
-        return "no placed booking overlapped it"
+def repaired(
+    moved: Sequence[str], waiting: Sequence[str], kept: Sequence[str], running: Sequence[str]
+) -> str:
+    """What a maintenance window's repair did to the placed bookings it overlapped, and which
+    reservations already running on the node it reaches."""
+    if not moved and not waiting and not kept and not running:
+        return "no booking overlapped it"
     parts = [f"moved {', '.join(moved)}"] if moved else []
     if waiting:
         parts.append(f"no node fits {', '.join(waiting)}: pending (BookingRepairFailed), retried")
@@ -367,6 +370,11 @@ def repaired(moved: Sequence[str], waiting: Sequence[str], kept: Sequence[str]) 
         parts.append(
             f"left in place {', '.join(kept)} (a spot reservation under notice, or a lease that"
             " has begun)"
+        )
+    if running:
+        parts.append(
+            f"still running into it: {', '.join(running)} (begun, so not moved; release them"
+            " or wait for their end)"
         )
     return "; ".join(parts)
 

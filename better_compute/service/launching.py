@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from better_compute.errors import Conflict, InvalidInput
+from better_compute.lifecycle.tick import ended_at
 from better_compute.model import Reservation, State
 from better_compute.service import reading
 from better_compute.service.context import Ctx
@@ -65,6 +66,12 @@ def launch(ctx: Ctx, rsv_id: str, node: str | None = None) -> Launch:
     with ctx.db.read() as conn:
         rsv = reading.mine(ctx, rsv_id)
         members = _members(rsv)
+        came = ended_at(rsv.during, rsv.preempt_deadline, ctx.now)
+        if came is not None:  # not yet released by a tick, but its GPUs may be another's now
+            raise Conflict(
+                f"cannot launch on {rsv.id}: its end or preemption deadline came at {iso(came)};"
+                " a tick releases it"
+            )
         chosen = None
         if node is not None:
             chosen = next((m for m in members if m.node_id == node), None)

@@ -303,12 +303,15 @@ class MaintenanceAdded:
     """A maintenance window, and what its repair did to the placed bookings it overlapped:
     `moved` were placed again elsewhere for the same window, `waiting` found no node and are
     pending (BookingRepairFailed), retried as any pending request, and `kept` stay where they
-    are (BookingRepair leaves a spot reservation under notice, and a lease that has begun)."""
+    are (BookingRepair leaves a spot reservation under notice, and a lease that has begun).
+    `running`: reservations that have begun on the node and overlap the window; nothing moves
+    them, so the admin is told they run into it."""
 
     maintenance: Maintenance
     moved: tuple[str, ...]
     waiting: tuple[str, ...]
     kept: tuple[str, ...]
+    running: tuple[str, ...]
 
 
 def node_maintenance(ctx: Ctx, name: str, window: Window, reason: str | None) -> MaintenanceAdded:
@@ -344,7 +347,10 @@ def node_maintenance(ctx: Ctx, name: str, window: Window, reason: str | None) ->
                 outcome["kept" if same else "moved"].append(rsv.id)
         return MaintenanceAdded(
             Maintenance(mid, name, window, reason),
-            *(tuple(outcome[k]) for k in ("moved", "waiting", "kept")),
+            moved=tuple(outcome["moved"]),
+            waiting=tuple(outcome["waiting"]),
+            kept=tuple(outcome["kept"]),
+            running=tuple(repo.started_on_node_during(conn, name, window)),
         )
 
 

@@ -14,6 +14,7 @@ from better_compute.lifecycle.tick import (
     due_binding,
     due_repair,
     due_retries,
+    ended_at,
     kept_window,
     other_groups,
     release_due,
@@ -405,10 +406,12 @@ def report_bound(ctx: Ctx, node: str, rsv_id: str) -> Reservation:
         alloc = next((a for a in rsv.allocations if a.node_id == node), None)
         if alloc is None:
             raise NotFound(f"reservation {rsv_id} has no allocation on node {node}")
-        if rsv.state == State.BINDING and booking.overdue(ctx, rsv) is not None:
+        came = ended_at(rsv.during, rsv.preempt_deadline, ctx.now)
+        if rsv.state == State.BINDING and came is not None:
+            # A manual clock's next tick may still be earlier than that instant: say which.
             raise Conflict(
-                f"cannot report {rsv_id} bound on {node}: its end or preemption deadline has"
-                " come; the next tick releases it"
+                f"cannot report {rsv_id} bound on {node}: its end or preemption deadline came at"
+                f" {iso(came)}; a tick at or after that instant releases it"
             )
         repo.set_bound(conn, alloc.id)
         activate_if_bound(ctx, rsv_id)

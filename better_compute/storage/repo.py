@@ -974,6 +974,19 @@ def placed_on_node_during(conn: Conn, node: str, window: Window) -> list[Reserva
     )
 
 
+def started_on_node_during(conn: Conn, node: str, window: Window) -> list[str]:
+    """Ids of binding or active reservations holding an allocation on `node` whose window
+    overlaps `window`: they run where they are (BookingRepair moves only what has not begun)."""
+    rows = conn.execute(
+        "SELECT id FROM reservations WHERE state IN ('binding', 'active') AND state <> 'released'"
+        " AND during_end > ? AND during_start < ? AND id IN"
+        " (SELECT reservation_id FROM allocations WHERE node_id = ? AND released = 0)"
+        " ORDER BY seq",
+        (window.start, window.end, node),
+    )
+    return [str(r[0]) for r in rows]
+
+
 def tenant_of(conn: Conn, rsv_id: str) -> str | None:
     """The tenant of a reservation; None when there is no such reservation."""
     row = conn.execute("SELECT tenant_id FROM reservations WHERE id = ?", (rsv_id,)).fetchone()

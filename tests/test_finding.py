@@ -195,6 +195,7 @@ def test_sort_start_is_sqls_order_read_page_by_page(
     assert len(created) == 7 and created[-1]["state"] == "released"
     assert ids(run.ok("list", "--sort", "start", now=later)) == expected
     assert run.ok("list", "--sort", "start", "--ids", now=later, json=False).split() == expected
+    assert run.ok("list", "--sort", "start", "--ids", now=later) == expected  # --json: an array
     text = run.ok("list", "--sort", "start", now=later, json=False)
     assert [line.split()[0] for line in text.splitlines() if line.startswith("rsv_")] == expected
     window = ids(run.ok("list", "--sort", "start", "--from", "+2h", now=later))

@@ -305,17 +305,22 @@ def list_(
     sort: Annotated[
         str, typer.Option("--sort", help="created (oldest first) or start.", metavar="ORDER")
     ] = "created",
-    ids: Annotated[bool, typer.Option("--ids", help="Print only ids, one per line.")] = False,
+    ids: Annotated[
+        bool, typer.Option("--ids", help="Print only ids, one per line (--json: an array).")
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Reservations, oldest first; filters narrow them (a window filter: those overlapping it)."""
     filters = finding.Filters(tenant, pool, state or [], key, name, label or [], since, until, sort)
+    if ids:  # page by page: a fleet's ids without holding every reservation at once
+        found = [i for page in listing.id_pages(ctx(), filters) for i in page]
+        if as_json or G.json:  # a JSON array of the ids
+            emit(True, [*found])
+        else:
+            sys.stdout.write("".join(f"{i}\n" for i in found))
+        return
     if as_json or G.json:  # encoded page by page (issue 8), written once every page is read
         sys.stdout.writelines([*js.reservations(listing.listed_pages(ctx(), filters)), "\n"])
-        return
-    if ids:  # page by page: a fleet's ids without holding every reservation at once
-        pages = list(listing.id_pages(ctx(), filters))
-        sys.stdout.write("".join(f"{i}\n" for page in pages for i in page))
         return
     rows = (r for page in listing.listed_pages(ctx(), filters) for r in page)  # checked rows
     emit(False, None, lambda: human.reservations(rows))

@@ -374,12 +374,18 @@ def parse_openb_nodes(text: str, pool: str = "openb") -> OpenbNodes:
     if not NAME_RE.fullmatch(pool):
         raise InvalidInput(f"--pool {_got(pool)} must be {_NAME_WHAT}")
     nodes: list[InventoryNode] = []
-    seen: dict[str, str] = {}
+    seen: dict[str, tuple[int, str]] = {}  # every row's name, folded: skipped rows' too
     skipped = 0
     for line, row in csv_rows(text, OPENB_NODE_COLUMNS, "the openb node list"):
         name = row["sn"]
         if not NAME_RE.fullmatch(name):
             raise InvalidInput(f"line {line}: sn must be {_NAME_WHAT}, got {_got(name)}")
+        first = seen.setdefault(name.lower(), (line, name))
+        if first[0] != line:  # a row without GPUs may not contradict another either
+            same = "" if first[1] == name else f" (as {json.dumps(first[1])}: case does not count)"
+            raise InvalidInput(
+                f"line {line}: duplicate node name {json.dumps(name)} (also line {first[0]}){same}"
+            )
         gpus = csv_int(row, "gpu", line, 0, MAX_GPUS)
         model = normal_model(row["model"])
         if gpus == 0:
@@ -389,7 +395,6 @@ def parse_openb_nodes(text: str, pool: str = "openb") -> OpenbNodes:
             raise InvalidInput(
                 f"line {line}: model must be {_MODEL_WHAT}, got {_got(row['model'])}"
             )
-        _unique(seen, "node name", name, f"line {line}")
         nodes.append(InventoryNode(name, (), gpus, model, omitted=KEEP_NODE))
     if not nodes:  # a header alone, or only CPU nodes: the wrong file, not an empty pool to make
         what = "no nodes" if not skipped else f"no node with GPUs (all {skipped} rows have 0)"

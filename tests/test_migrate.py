@@ -8,7 +8,7 @@ from typing import Any
 
 import pgtest
 import pytest
-from conftest import HOUR, NOW, Cli, at, init_db
+from conftest import HOUR, NOW, Cli, at, init_db, invoke
 
 from better_compute.storage.copy import snapshot
 from better_compute.storage.db import open_ledger
@@ -61,6 +61,29 @@ def test_migrate_refuses_a_target_that_is_not_empty_and_a_non_admin(run: Cli, db
     assert "not empty" in error["message"]
     error = run.fails(6, "--as", "mallory", "migrate", "--to", db_dir / "x.db")
     assert "only an admin may migrate the ledger" in error["message"]
+
+
+def test_migrate_names_its_own_flag_for_an_empty_or_foreign_target(run: Cli) -> None:
+    """An empty --to blamed --db, and a mysql:// URL was looked for as a folder `mysql:`."""
+    for empty in ("", "  "):
+        error = run.fails(2, "migrate", "--to", empty)
+        assert error["message"] == "--to is empty; name an SQLite file or a postgresql:// URL"
+    error = run.fails(2, "migrate", "--to", "mysql://ops:secret@db/ledger")
+    assert error["message"] == (
+        "--to is a mysql:// URL; a ledger is an SQLite file path or a postgresql:// URL"
+    )  # and the password is not repeated
+
+
+@pytest.mark.sqlite_only(reason="--db of another scheme, on the SQLite side of the CLI")
+def test_a_url_of_another_scheme_is_no_ledger(db_dir: Path) -> None:
+    import json
+
+    for verb in (["get", "rsv_x"], ["init"]):
+        result = invoke(["--db", f"sqlite:///{db_dir / 'x.db'}", "--json", *verb])
+        assert result.exit_code == 2 and result.stdout == ""
+        message = json.loads(result.stderr)["error"]["message"]
+        assert message.startswith("--db is a sqlite:// URL; a ledger is"), message
+    assert list(db_dir.iterdir()) == []
 
 
 def _raw(db: str, *args: str) -> Any:

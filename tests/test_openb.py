@@ -151,6 +151,12 @@ def test_a_node_list_keeps_what_it_does_not_say(empty: Cli, db_dir: Path) -> Non
         ("a-1,1,1,8,T4\na 2,1,1,8,T4\n", "line 3: sn must be"),
         ("a-1,1,1,8,T4\na-2,1,1,8,T 4\n", "line 3: model must be"),
         ("a-1,1,1,8,T4\na-1,1,1,8,T4\n", 'line 3: duplicate node name "a-1" (also line 2)'),
+        # a row without GPUs is skipped, but may not contradict another (a hostile review)
+        ("a-1,1,1,2,P100\na-1,1,1,0,T4\n", 'line 3: duplicate node name "a-1" (also line 2)'),
+        (
+            "a-1,1,1,2,P100\nA-1,1,1,0,P100\n",
+            'line 3: duplicate node name "A-1" (also line 2) (as "a-1": case does not count)',
+        ),
         ("a-1,1,1,8,T4\na-2,1,1,8\n", "line 3: expected 5 fields"),
     ],
 )

@@ -713,8 +713,13 @@ def _keep_what_bookings_rely_on(conn: Conn, node: InventoryNode, path: str) -> N
             raise InvalidInput(
                 f"{path}.gpus.model: {node.name} holds live bookings on {atom.model}"
             )
-        if atom.nvlink_group != new.nvlink_group:
-            raise InvalidInput(f"{path}.gpus.nvlinkGroups: {node.name} holds live bookings")
+        if atom.nvlink_group != new.nvlink_group:  # often a file that leaves the key out
+            per = len(current.atoms) // len({a.nvlink_group for a in current.atoms})
+            raise InvalidInput(
+                f"{path}.gpus.nvlinkGroups: {node.name} holds live bookings and GPU {atom.index}"
+                f" would leave its NVLink group; give nvlinkGroups with {per} GPUs a group, as"
+                " now (left out, it is 1 group)"
+            )
         if (atom.fabric_cluster, atom.fabric_clique) != (new.fabric_cluster, new.fabric_clique):
             raise InvalidInput(f"{path}.gpus.fabric: {node.name} holds live bookings")
     split = gang_split(conn, current, dict(node.labels))

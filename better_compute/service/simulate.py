@@ -189,9 +189,11 @@ def _check_pools(ctx: Ctx, plan: list[tuple[Request, ReserveArgs]], flag: str | 
             try:
                 row = repo.find_pool(conn, ref)
             except BetterComputeError as exc:
-                if line == 0:
+                if line == 0:  # --pool's, or the ledger's only pool: NOT_FOUND as for any command
                     raise
-                raise type(exc)(f"line {line}: {exc.message}") from None
+                # A line naming a pool that is not there is a bad line (issue 8: INVALID_INPUT).
+                bad = InvalidInput if isinstance(exc, NotFound) else type(exc)
+                raise bad(f"line {line}: {exc.message}") from None
             if ref in asked:
                 pools.add(str(row["id"]))
     return pools

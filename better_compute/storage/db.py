@@ -97,9 +97,25 @@ def _refuse_key_value(path: str) -> None:
         )
 
 
+#: A URL's scheme: one that is not postgresql:// would otherwise become a relative file path.
+_SCHEME = re.compile(r"\s*([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def refuse_foreign_url(path: str, flag: str = "--db") -> None:
+    """A `mysql://` or `sqlite://` URL names no ledger: say so rather than look for a folder
+    named `mysql:`. The message never repeats the value, since it may hold a password."""
+    match = _SCHEME.match(path)
+    if match is not None and not is_postgres_url(path):
+        raise InvalidInput(
+            f"{flag} is a {match.group(1)}:// URL; a ledger is an SQLite file path or a"
+            " postgresql:// URL"
+        )
+
+
 def _require_path(path: str) -> None:
     if not path.strip():
         raise InvalidInput("--db (or BETTER_COMPUTE_DB) is empty; name a database file")
+    refuse_foreign_url(path)
     _refuse_key_value(path)
     if is_postgres_url(path):
         raise InvalidInput(

@@ -78,6 +78,7 @@ def test_the_migration_names_the_tenant_of_older_bookings(run: Cli) -> None:
     conn = sqlite3.connect(str(run.db), isolation_level=None)
     try:
         # What migration 12 left: no column, no index, version 12.
+        conn.execute("DROP TRIGGER bookings_tenant_named")
         conn.execute("DROP INDEX bookings_tenant")
         conn.execute("ALTER TABLE bookings DROP COLUMN tenant_id")
         conn.execute("PRAGMA user_version = 12")
@@ -87,6 +88,31 @@ def test_the_migration_names_the_tenant_of_older_bookings(run: Cli) -> None:
     assert after == before and after["budgets"][0]["bookedAhead"] == 30
     total, misnamed = _counts(run)
     assert total == 4 + 8 + 2 and misnamed == 0
+
+
+def test_a_booking_written_without_its_tenant_is_named_by_the_ledger(run: Cli) -> None:
+    """A process of the version before migration 13, still running when another one migrated
+    the ledger, inserts bookings without the column (a hostile review: a budget then never
+    counted them). The ledger's trigger names the tenant from the reservation."""
+    rsv = run.ok("reserve", "--tenant", "globex", "--gpus", "2", "--for", "1h")
+    ledger = open_ledger(pgtest.ledger(str(run.db)))
+    try:
+        with ledger.write() as conn:
+            conn.execute(
+                "INSERT INTO bookings(pool_id, node_id, atom, allocation_id, reservation_id,"
+                ' spot, start, "end") SELECT pool_id, node_id, 7, allocation_id,'
+                ' reservation_id, spot, start, "end" FROM bookings WHERE reservation_id = ?'
+                " AND atom = (SELECT MIN(atom) FROM bookings WHERE reservation_id = ?)",
+                (rsv["id"], rsv["id"]),
+            )
+            named = conn.execute(
+                "SELECT tenant_id FROM bookings WHERE reservation_id = ? AND atom = 7",
+                (rsv["id"],),
+            ).fetchall()
+    finally:
+        ledger.close()
+    assert [tuple(r) for r in named] == [("globex",)]
+    assert _counts(run)[1] == 0
 
 
 @given(

@@ -63,6 +63,7 @@ def test_migrate_refuses_a_target_that_is_not_empty_and_a_non_admin(run: Cli, db
     assert "only an admin may migrate the ledger" in error["message"]
 
 
+@pytest.mark.sqlite_only(reason="the suite maps a file argument, an empty one too, to a schema")
 def test_migrate_names_its_own_flag_for_an_empty_or_foreign_target(run: Cli) -> None:
     """An empty --to blamed --db, and a mysql:// URL was looked for as a folder `mysql:`."""
     for empty in ("", "  "):

@@ -141,9 +141,14 @@ class Ctx:
             self.db.conn, type_, self.now, tenant, rsv_id, data, who.name, who.acting_admin
         )
 
+    @cached_property
+    def db_id(self) -> str:
+        """The ledger's id, read once: it never changes (a tick's retries each read it)."""
+        return repo.db_id(self.db.conn)
+
     def seed(self, *parts: object) -> int:
         """The topN pick's seed: from the database and the request, never the process."""
-        text = ":".join([repo.db_id(self.db.conn), *map(str, parts)])
+        text = ":".join([self.db_id, *map(str, parts)])
         return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8])
 
 

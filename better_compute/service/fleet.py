@@ -62,6 +62,7 @@ class Fleet:
         self.looked: Looked | None = None
         self.version: int | None = None
         self.seen = 0  # the last event seq whose changes the indexes hold
+        self.appended = -1  # repo.events_appended() when `seen` was read
         #: The bookings placing.commit wrote in this process since the last catch-up, by
         #: reservation, as (pool, row): see booked().
         self.written: dict[str, list[tuple[str, BookingRow]]] = {}
@@ -79,6 +80,7 @@ class Fleet:
             self.pools.clear()
             self.written.clear()
             self.version = version
+            self.appended = repo.events_appended()
             self.seen = repo.last_event_seq(conn)
         else:
             self._catch_up(conn)
@@ -108,9 +110,14 @@ class Fleet:
         ]
 
     def _catch_up(self, conn: Conn) -> None:
-        """Bring the indexes up to this process's own commits (module docstring)."""
+        """Bring the indexes up to this process's own commits (module docstring). The data
+        version says no other process wrote; if this one appended no event either since `seen`
+        was read, the log has nothing newer and is not asked."""
+        appended = repo.events_appended()
+        if appended == self.appended:
+            return
         last, touched = store.touched_since(conn, self.seen, UNCHANGED)
-        self.seen = last
+        self.seen, self.appended = last, appended
         written, self.written = self.written, {}
         if not touched or not self.pools:
             return

@@ -275,7 +275,7 @@ def place_now(
 ) -> Reservation | NoFit:
     """Plan and commit, excluding a node that lost a race, up to placement.maxAttempts times.
     `before_booking`: see commit (called once, for the plan that is booked)."""
-    locks.lock_pool(ctx.db.conn, rsv.pool_id)  # the lock order: clock row, pool row, victims
+    locks.lock_pool(ctx.db, rsv.pool_id)  # the lock order: clock row, pool row, victims
     excluded = set(exclude)
     outcome: Plan | NoFit = NoFit("no attempt made")
     for _ in range(max(1, ctx.settings.max_attempts)):

@@ -48,7 +48,7 @@ def try_preempt(ctx: Ctx, rsv: Reservation) -> Reservation | None:
     if not may_preempt(rsv):
         return None
     conn = ctx.db.conn
-    locks.lock_pool(conn, rsv.pool_id)
+    locks.lock_pool(ctx.db, rsv.pool_id)
     deadline = max(rsv.start or ctx.now, ctx.now + ctx.settings.spot_notice_ms)
     window = Window(deadline, deadline + rsv.duration_ms)
     pool = placing.fleet_pool(ctx, rsv.pool_id, window)  # a long-running command's memory

@@ -350,7 +350,7 @@ def node_maintenance(ctx: Ctx, name: str, window: Window, reason: str | None) ->
             moved=tuple(outcome["moved"]),
             waiting=tuple(outcome["waiting"]),
             kept=tuple(outcome["kept"]),
-            running=tuple(repo.started_on_node_during(conn, name, window)),
+            running=tuple(repo.started_on_node_during(conn, name, window, ctx.now)),
         )
 
 

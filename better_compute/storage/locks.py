@@ -10,13 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from better_compute.storage.conn import SQLITE, Conn, dialect
+from better_compute.storage.conn import SQLITE, Conn, Ledger, dialect
 
 
-def lock_pool(conn: Conn, pool_id: str) -> None:
-    """Hold the pool's row until the transaction ends: placements in one pool queue here."""
-    if dialect(conn) != SQLITE:
-        conn.execute("SELECT id FROM pools WHERE id = ? FOR UPDATE", (pool_id,)).fetchall()
+def lock_pool(db: Ledger, pool_id: str) -> None:
+    """Hold the pool's row until the transaction ends: placements in one pool queue here.
+    Taken once per transaction (a tick's retries each asked again, a round trip apiece): the
+    memo is emptied when the transaction ends and when a savepoint of it rolls back, which may
+    give a lock taken inside it back."""
+    key = f"locks.pool:{pool_id}"
+    if dialect(db.conn) == SQLITE or db.memo.get(key):
+        return
+    db.conn.execute("SELECT id FROM pools WHERE id = ? FOR UPDATE", (pool_id,)).fetchall()
+    db.memo[key] = True
 
 
 def lock_victims(conn: Conn, ids: Sequence[str]) -> bool:

@@ -974,15 +974,19 @@ def placed_on_node_during(conn: Conn, node: str, window: Window) -> list[Reserva
     )
 
 
-def started_on_node_during(conn: Conn, node: str, window: Window) -> list[str]:
-    """Ids of binding or active reservations holding an allocation on `node` whose window
-    overlaps `window`: they run where they are (BookingRepair moves only what has not begun)."""
+def started_on_node_during(conn: Conn, node: str, window: Window, now: int) -> list[str]:
+    """Ids of binding or active reservations holding an allocation on `node` that still run
+    after `now` and inside `window` (to their end, or a preemption deadline before it): they run
+    where they are (BookingRepair moves only what has not begun). One whose end or deadline has
+    come is over, though no tick has released it yet (lifecycle/tick.ended_at)."""
+    since = max(window.start, now)
     rows = conn.execute(
         "SELECT id FROM reservations WHERE state IN ('binding', 'active') AND state <> 'released'"
-        " AND during_end > ? AND during_start < ? AND id IN"
+        " AND during_end > ? AND (preempt_deadline IS NULL OR preempt_deadline > ?)"
+        " AND during_start < ? AND id IN"
         " (SELECT reservation_id FROM allocations WHERE node_id = ? AND released = 0)"
         " ORDER BY seq",
-        (window.start, window.end, node),
+        (since, since, window.end, node),
     )
     return [str(r[0]) for r in rows]
 
@@ -1268,6 +1272,17 @@ def booking_buckets(
 # ---------------------------------------------------------------- events
 
 
+#: How many events this process has appended (committed or rolled back). A reader that caught
+#: up with the event log at a count, on a ledger no other process has written since, has
+#: nothing newer to read while the count stands (service/fleet.Fleet's catch-up: on PostgreSQL
+#: a round trip per placement attempt, thousands in a replay of retries).
+_appended = [0]
+
+
+def events_appended() -> int:
+    return _appended[0]
+
+
 def append_event(
     conn: Conn,
     type_: str,
@@ -1283,6 +1298,7 @@ def append_event(
         " VALUES (?, ?, ?, ?, ?, ?, ?)",
         (type_, at, tenant, rsv_id, _sorted_json(data), actor, acting_admin),
     )
+    _appended[0] += 1
 
 
 def events(

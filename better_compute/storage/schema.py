@@ -838,17 +838,40 @@ END $$;
 )
 
 
-MIGRATION_13 = """
+_MIGRATION_13_COLUMN = """
 -- Issue 8, GPU-hour budgets at fleet scale: each booking names its reservation's tenant, so a
 -- budget's sum over a tenant's bookings is one range of this index. Through the reservations it
 -- was a lookup per reservation of the tenant (0.2 s for 20,000 of them). A reservation's tenant
 -- never changes, and every INSERT INTO bookings names it (repo.insert_allocation,
--- updating.rebook).
+-- updating.rebook). A process of the version before, still running when another one migrated
+-- the ledger, writes bookings without it: the trigger names their tenant, so no budget misses
+-- them (it never fires for a booking that names its tenant).
 ALTER TABLE bookings ADD COLUMN tenant_id TEXT;
 UPDATE bookings SET tenant_id = (SELECT r.tenant_id FROM reservations r
                                  WHERE r.id = bookings.reservation_id);
 CREATE INDEX bookings_tenant ON bookings(tenant_id, "end", start, pool_id, reservation_id);
 """
+
+MIGRATION_13 = Dialects(
+    _MIGRATION_13_COLUMN
+    + """
+CREATE TRIGGER bookings_tenant_named AFTER INSERT ON bookings WHEN NEW.tenant_id IS NULL BEGIN
+  UPDATE bookings SET tenant_id = (SELECT r.tenant_id FROM reservations r
+                                   WHERE r.id = NEW.reservation_id)
+    WHERE id = NEW.id;
+END;
+""",
+    _MIGRATION_13_COLUMN
+    + """
+CREATE FUNCTION bookings_tenant_named() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  NEW.tenant_id := (SELECT r.tenant_id FROM reservations r WHERE r.id = NEW.reservation_id);
+  RETURN NEW;
+END $$;
+CREATE TRIGGER bookings_tenant_named BEFORE INSERT ON bookings
+  FOR EACH ROW WHEN (NEW.tenant_id IS NULL) EXECUTE FUNCTION bookings_tenant_named();
+""",
+)
 
 
 #: Append-only. Index i holds the SQL that brings version i to i + 1 (SQLite's user_version;
@@ -878,4 +901,4 @@ APPLICATION_ID = 0x42434D50  # "BCMP"
 #: sha256 of the sorted (type, name, tbl_name, sql) rows of sqlite_master that MIGRATIONS make:
 #: opening a ledger compares its schema with this instead of rebuilding every migration in memory
 #: (storage/db.py). tests/test_speed.py fails with the new value whenever a migration is added.
-SCHEMA_DIGEST = "d96d69dc93eb6ac84c9b23b66e5bcd84a1c4edc7dd89784cf03b1fdab35a956d"
+SCHEMA_DIGEST = "d9ad02c18b809d0394e1d99fd6ea3f07cac08eb3102d0217e982f2104751f0f7"

@@ -90,6 +90,30 @@ def test_the_migration_names_the_tenant_of_older_bookings(run: Cli) -> None:
     assert total == 4 + 8 + 2 and misnamed == 0
 
 
+@pytest.mark.sqlite_only(reason="turns an SQLite file back into one migration 13 left")
+@pytest.mark.parametrize("with_trigger", [False, True], ids=["13", "13-with-trigger"])
+def test_a_ledger_at_version_13_gains_the_trigger(run: Cli, with_trigger: bool) -> None:
+    """Migration 13 shipped without the trigger, and for a while a commit had put it into 13
+    (a review: such a ledger's schema then matched neither): both kinds open and reach 14."""
+    conn = sqlite3.connect(str(run.db), isolation_level=None)
+    try:
+        if not with_trigger:
+            conn.execute("DROP TRIGGER bookings_tenant_named")
+        conn.execute("PRAGMA user_version = 13")
+    finally:
+        conn.close()
+    assert run.ok("pool", "list")  # opening it runs migration 14
+    conn = sqlite3.connect(str(run.db))
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        named = conn.execute(
+            "SELECT COUNT(*) FROM sqlite_master WHERE name = 'bookings_tenant_named'"
+        ).fetchone()[0]
+    finally:
+        conn.close()
+    assert (version, named) == (14, 1)
+
+
 def test_a_booking_written_without_its_tenant_is_named_by_the_ledger(run: Cli) -> None:
     """A process of the version before migration 13, still running when another one migrated
     the ledger, inserts bookings without the column (a hostile review: a budget then never

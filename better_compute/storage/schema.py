@@ -838,31 +838,33 @@ END $$;
 )
 
 
-_MIGRATION_13_COLUMN = """
+MIGRATION_13 = """
 -- Issue 8, GPU-hour budgets at fleet scale: each booking names its reservation's tenant, so a
 -- budget's sum over a tenant's bookings is one range of this index. Through the reservations it
 -- was a lookup per reservation of the tenant (0.2 s for 20,000 of them). A reservation's tenant
 -- never changes, and every INSERT INTO bookings names it (repo.insert_allocation,
--- updating.rebook). A process of the version before, still running when another one migrated
--- the ledger, writes bookings without it: the trigger names their tenant, so no budget misses
--- them (it never fires for a booking that names its tenant).
+-- updating.rebook).
 ALTER TABLE bookings ADD COLUMN tenant_id TEXT;
 UPDATE bookings SET tenant_id = (SELECT r.tenant_id FROM reservations r
                                  WHERE r.id = bookings.reservation_id);
 CREATE INDEX bookings_tenant ON bookings(tenant_id, "end", start, pool_id, reservation_id);
 """
 
-MIGRATION_13 = Dialects(
-    _MIGRATION_13_COLUMN
-    + """
+#: Migration 14: a process of a version before 13, still running when another one migrated the
+#: ledger, writes bookings without their tenant, which a budget would then miss; the trigger
+#: names it from the reservation (it never fires for a booking that names its tenant). The DROP
+#: first: a ledger made between two commits of 2026-12-01 has the trigger under version 13.
+MIGRATION_14 = Dialects(
+    """
+DROP TRIGGER IF EXISTS bookings_tenant_named;
 CREATE TRIGGER bookings_tenant_named AFTER INSERT ON bookings WHEN NEW.tenant_id IS NULL BEGIN
   UPDATE bookings SET tenant_id = (SELECT r.tenant_id FROM reservations r
                                    WHERE r.id = NEW.reservation_id)
     WHERE id = NEW.id;
 END;
 """,
-    _MIGRATION_13_COLUMN
-    + """
+    """
+DROP FUNCTION IF EXISTS bookings_tenant_named() CASCADE;
 CREATE FUNCTION bookings_tenant_named() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   NEW.tenant_id := (SELECT r.tenant_id FROM reservations r WHERE r.id = NEW.reservation_id);
@@ -891,6 +893,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     MIGRATION_11,
     MIGRATION_12,
     MIGRATION_13,
+    MIGRATION_14,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

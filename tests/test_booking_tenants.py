@@ -5,8 +5,8 @@ scale: a budget made a `reserve` of a tenant with 20,000 reservations 0.5 s slow
 The column is only as good as the writes that fill it, so a ledger's whole history (placing,
 gangs, updates that keep or move a place, extends, spot work preempted and requeued, repairs,
 releases) is checked for a booking without its tenant, and an older ledger's bookings are
-checked to be named by the migration itself. The budget's shortcut (service/budgets.
-_surely_within) is checked against the exact fullest period it stands in for.
+checked to be named by the migration itself. The budget's shortcut (the bound service/budgets.
+_fullest tries first) is checked against the exact fullest period it stands in for.
 """
 
 from __future__ import annotations
@@ -149,9 +149,10 @@ def test_a_booking_written_without_its_tenant_is_named_by_the_ledger(run: Cli) -
 def test_the_shortcut_bounds_the_fullest_period(
     spans: list[tuple[int, int, int]], start: int, length: int, period: int, gpus: int
 ) -> None:
-    """_surely_within admits when what is booked in [start - period, end + period), plus the
-    request's whole GPU-time, fits the budget. That sum is never less than the fullest period
-    with the request in it, so whatever the shortcut admits the exact check admits too."""
+    """The bound admits (budgets._fullest answers None) when what is booked in [start - period,
+    end + period), plus the request's whole GPU-time, fits the budget. That sum is never less
+    than the fullest period with the request in it, so whatever the shortcut admits the exact
+    check admits too."""
     window = Window(start, start + length)
     spans = [(s, s + d, n) for s, d, n in spans]
     near = Window(window.start - period, window.end + period)

@@ -33,6 +33,7 @@ from better_compute.timeparse import (
 )
 
 if TYPE_CHECKING:
+    from better_compute.model import JsonValue
     from better_compute.render import human
     from better_compute.render import json as js
     from better_compute.service import booking, finding, listing, reading, series
@@ -313,9 +314,9 @@ def list_(
     """Reservations, oldest first; filters narrow them (a window filter: those overlapping it)."""
     filters = finding.Filters(tenant, pool, state or [], key, name, label or [], since, until, sort)
     if ids:  # page by page: a fleet's ids without holding every reservation at once
-        found = [i for page in listing.id_pages(ctx(), filters) for i in page]
+        found: list[JsonValue] = [i for page in listing.id_pages(ctx(), filters) for i in page]
         if as_json or G.json:  # a JSON array of the ids
-            emit(True, [*found])
+            emit(True, found)
         else:
             sys.stdout.write("".join(f"{i}\n" for i in found))
         return

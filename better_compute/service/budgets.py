@@ -44,10 +44,8 @@ def used(
     conn: Conn, tenant: str, pool_id: str, period: Window, now: int, ignore: str | None
 ) -> int:
     """GPU-milliseconds booked or promised (pending) by the tenant inside `period`."""
-    total = store.booked_gpu_ms(conn, tenant, pool_id, period, ignore)
-    for s, e, n in _promised(conn, tenant, pool_id, now, ignore):
-        total += n * _overlap(Window(s, e), period)
-    return total
+    promised = _promised(conn, tenant, pool_id, now, ignore)
+    return store.booked_gpu_ms(conn, tenant, pool_id, period, ignore) + _inside(promised, period)
 
 
 def _promised(
@@ -66,6 +64,11 @@ def _overlap(a: Window, b: Window) -> int:
     return max(0, min(a.end, b.end) - max(a.start, b.start))
 
 
+def _inside(spans: list[tuple[int, int, int]], period: Window) -> int:
+    """GPU-milliseconds of these (start, end, GPUs) spans inside `period`."""
+    return sum(n * _overlap(Window(s, e), period) for s, e, n in spans)
+
+
 def check(
     conn: Conn,
     tenant: str,
@@ -79,9 +82,10 @@ def check(
     booked, in every rolling period the window reaches into; else QUOTA_EXCEEDED with the
     figures of the fullest such period."""
     for budget in store.budgets(conn, tenant, pool_id):
-        if _surely_within(conn, tenant, budget, gpus, window, now, ignore):
+        fullest = _fullest(conn, tenant, budget, gpus, window, now, ignore)
+        if fullest is None:
             continue
-        period, spent, need = _fullest(conn, tenant, budget, gpus, window, now, ignore)
+        period, spent, need = fullest
         if spent + need > budget.gpu_ms:
             where = (
                 f"pool {repo.pool_name(conn, budget.pool_id)}" if budget.pool_id else "all pools"
@@ -98,25 +102,6 @@ def _named(period: Window) -> str:
     return f"ending {iso(period.end)}" if period.end <= MAX_MS else f"from {iso(period.start)}"
 
 
-def _surely_within(
-    conn: Conn,
-    tenant: str,
-    budget: store.Budget,
-    gpus: int,
-    window: Window,
-    now: int,
-    ignore: str | None,
-) -> bool:
-    """Whether the budget holds everything the tenant has booked or promised near `window`
-    together with the request's whole GPU-time: then it holds every period the window reaches
-    into, since each lies inside [start - period, end + period). One sum over that range (one
-    range of the bookings_tenant index) settles the usual request, far from its budget, without
-    _fullest's walk over every span."""
-    p = budget.period_ms
-    near = used(conn, tenant, budget.pool_id, Window(window.start - p, window.end + p), now, ignore)
-    return near + gpus * (window.end - window.start) <= budget.gpu_ms
-
-
 def _fullest(
     conn: Conn,
     tenant: str,
@@ -125,17 +110,24 @@ def _fullest(
     window: Window,
     now: int,
     ignore: str | None,
-) -> tuple[Window, int, int]:
+) -> tuple[Window, int, int] | None:
     """The rolling period (of the budget's length) that meets `window` and holds the most
     GPU-time with the request's own included: (that period, what is booked in it, what the
     request adds). Checking only the period ending at the window's end let a request through
     whose GPU-time pushed a later period over (one booked further ahead) or an earlier one
-    (a short request after a long one)."""
+    (a short request after a long one).
+
+    None when the budget surely holds: every such period lies inside [start - period, end +
+    period), so when all the tenant has booked or promised there, with the request's whole
+    GPU-time, fits the budget, each period does. That one sum (a range of the bookings_tenant
+    index) settles the usual request, far from its budget, without the walk over every span."""
     p = budget.period_ms
-    spans = store.booked_spans(
-        conn, tenant, budget.pool_id, Window(window.start - p, window.end + p), ignore
-    )
-    spans += _promised(conn, tenant, budget.pool_id, now, ignore)
+    near = Window(window.start - p, window.end + p)
+    promised = _promised(conn, tenant, budget.pool_id, now, ignore)
+    booked = store.booked_gpu_ms(conn, tenant, budget.pool_id, near, ignore)
+    if booked + _inside(promised, near) + gpus * (window.end - window.start) <= budget.gpu_ms:
+        return None
+    spans = store.booked_spans(conn, tenant, budget.pool_id, near, ignore) + promised
     t, most = fullest_period([*spans, (window.start, window.end, gpus)], window, p)
     period = Window(t, t + p)
     need = gpus * _overlap(window, period)

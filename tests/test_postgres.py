@@ -205,3 +205,60 @@ def test_group_and_backup_say_what_to_use_on_postgres() -> None:
     _json(invoke(["--db", url, "--now", NOW, "--json", "init"]))
     result = invoke(["--db", url, "backup", os.devnull + ".copy"])
     assert result.exit_code == 2 and "pg_dump" in result.stderr
+
+
+def _prepared(db: Any) -> int:
+    """How many statements this connection has prepared on the server."""
+    return int(db.conn.raw.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0])
+
+
+@postgres
+def test_statements_run_often_are_prepared_and_planned_once() -> None:
+    """Parameters are bound on the server, so psycopg prepares a statement run five times: a
+    replay's few dozen statements are planned once per connection, not at every call."""
+    from better_compute.storage import repo
+    from better_compute.storage.postgres import open_database
+
+    url = _ledger()
+    _json(invoke(["--db", url, "--now", NOW, "--json", "init", "--demo"]))
+    db = open_database(url)
+    try:
+        assert _prepared(db) == 0
+        for _ in range(6):
+            with db.read() as conn:
+                assert [r["name"] for r in repo.pool_rows(conn)] == ["west"]
+        assert _prepared(db) >= 1
+    finally:
+        db.close()
+
+
+@postgres
+def test_a_table_changed_by_another_process_costs_one_command_not_the_connection() -> None:
+    """A prepared `SELECT *` fails once another process has added a column to its table (an
+    upgrade's migration). Inside a transaction that command is UNAVAILABLE with nothing
+    written, and the connection forgets its prepared statements, so the next command works;
+    outside one, the statement simply runs again."""
+    from better_compute.errors import Unavailable
+    from better_compute.storage import repo
+    from better_compute.storage.postgres import open_database
+
+    url = _ledger()
+    _json(invoke(["--db", url, "--now", NOW, "--json", "init", "--demo"]))
+    db = open_database(url)
+    try:
+        for _ in range(6):
+            with db.read() as conn:
+                repo.pool_rows(conn)
+        pgtest.sql(url, "ALTER TABLE pools ADD COLUMN added_later INTEGER")
+        stale = pytest.raises(Unavailable, match="another process changed the ledger's tables")
+        with stale, db.read() as conn:
+            repo.pool_rows(conn)
+        with db.read() as conn:
+            assert [r["name"] for r in repo.pool_rows(conn)] == ["west"]
+        for _ in range(6):
+            list(db.conn.execute("SELECT * FROM pools WHERE name = ?", ("west",)))
+        pgtest.sql(url, "ALTER TABLE pools ADD COLUMN added_later_still INTEGER")
+        rows = list(db.conn.execute("SELECT * FROM pools WHERE name = ?", ("west",)))
+        assert rows[0]["added_later_still"] is None  # read as the table now is
+    finally:
+        db.close()

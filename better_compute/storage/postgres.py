@@ -20,10 +20,10 @@ import contextlib
 import random
 import re
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -33,6 +33,8 @@ from better_compute.storage.conn import POSTGRES
 from better_compute.storage.schema import MIGRATIONS, SCHEMA_VERSION, migration_text
 
 DEFAULT_LOCK_TIMEOUT_MS = 30_000
+
+T = TypeVar("T")
 
 #: The lock order's first lock: every write holds the ledger clock row (PRODUCT.md §2). Taking
 #: it counts the write (meta.writes, migration 9), in the same statement: the count moves exactly
@@ -98,8 +100,22 @@ def translate(sql: str) -> str:
     return _PLACEHOLDER.sub(one, sql)
 
 
+#: What PostgreSQL says when a statement this connection prepared reads a table whose columns
+#: another process changed since (a migration by a newer version, `init --force`, a restore).
+_STALE_PLAN = "cached plan must not change result type"
+
+
+def _stale_plan(exc: BaseException) -> bool:
+    return isinstance(exc, pg_errors.FeatureNotSupported) and _STALE_PLAN in str(exc)
+
+
 class PgConn:
-    """A psycopg connection speaking the storage interface (storage/conn.Conn)."""
+    """A psycopg connection speaking the storage interface (storage/conn.Conn).
+
+    Parameters are bound on the server, so a statement this connection has run five times
+    (psycopg's prepare_threshold) is prepared there and planned once, not at every call: a
+    replay runs each of its few dozen statements thousands of times. A prepared statement
+    fails once another process has changed the columns of a table it reads; see _run."""
 
     dialect = POSTGRES
 
@@ -146,15 +162,29 @@ class PgConn:
     def execute(self, sql: str, parameters: Any = None, /) -> psycopg.Cursor[Any]:
         cursor = self.raw.cursor()
         if parameters is None or (isinstance(parameters, Sequence) and not parameters):
-            return cursor.execute(sql)  # no parameters: psycopg reads no placeholders either
+            return self._run(lambda: cursor.execute(sql))  # no parameters, no placeholders
         if not isinstance(parameters, dict):
             parameters = tuple(parameters)
-        return cursor.execute(translate(sql), parameters)
+        return self._run(lambda: cursor.execute(translate(sql), parameters))
 
     def executemany(self, sql: str, parameters: Iterable[Any], /) -> psycopg.Cursor[Any]:
         cursor = self.raw.cursor()
-        cursor.executemany(translate(sql), [tuple(p) for p in parameters])
+        rows = [tuple(p) for p in parameters]
+        self._run(lambda: cursor.executemany(translate(sql), rows))
         return cursor
+
+    def _run(self, call: Callable[[], T]) -> T:
+        """The statement; if a table it reads changed its columns since this connection
+        prepared it, the connection's prepared statements are forgotten. Outside a transaction
+        the statement then runs again. Inside one, the transaction is lost: its ROLLBACK makes
+        psycopg forget them, and the command is UNAVAILABLE with nothing written (mapped)."""
+        try:
+            return call()
+        except pg_errors.FeatureNotSupported as exc:
+            if not _stale_plan(exc) or self.in_transaction:
+                raise
+        self.raw.execute("DEALLOCATE ALL")  # psycopg forgets its names on seeing this
+        return call()
 
     def cursor(self) -> psycopg.Cursor[Any]:
         return self.raw.cursor()
@@ -194,9 +224,7 @@ def _connect(url: str) -> psycopg.Connection[Any]:
             " in the environment of cron and CI jobs)"
         )
     try:
-        raw = psycopg.connect(
-            url, autocommit=True, cursor_factory=psycopg.ClientCursor, row_factory=_row_factory
-        )
+        raw = psycopg.connect(url, autocommit=True, row_factory=_row_factory)
     except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
         detail = " ".join(str(exc).split())[:300]
         if isinstance(exc, psycopg.ProgrammingError) or _MALFORMED.search(detail):
@@ -385,6 +413,14 @@ def mapped(where: str) -> Iterator[None]:
         raise Unavailable(
             f"database {where} was busy ({type(exc).__name__}): nothing was written,"
             " run the command again"
+        ) from None
+    except pg_errors.FeatureNotSupported as exc:
+        if not _stale_plan(exc):
+            raise
+        raise Unavailable(
+            f"database {where}: another process changed the ledger's tables while this command"
+            " ran (an upgrade's migration, or init --force): nothing was written, run the"
+            " command again"
         ) from None
     except pg_errors.InsufficientPrivilege as exc:
         detail = " ".join(str(exc).split())[:200]

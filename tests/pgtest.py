@@ -69,7 +69,7 @@ def end_run() -> None:
 
 def url_for(path: str) -> str:
     """The URL of the ledger a test calls `path`: its own schema of the run's database."""
-    if path.startswith(("postgresql://", "postgres://")) or not path.strip():
+    if path.strip().lower().startswith(("postgresql://", "postgres://")) or not path.strip():
         return path
     schema = "l_" + hashlib.sha256(os.path.abspath(path).encode()).hexdigest()[:20]
     if schema not in _state["schemas"]:

@@ -262,3 +262,15 @@ def test_a_table_changed_by_another_process_costs_one_command_not_the_connection
         assert rows[0]["added_later_still"] is None  # read as the table now is
     finally:
         db.close()
+
+
+@postgres
+def test_a_url_scheme_in_capitals_names_the_same_ledger() -> None:
+    """A URL's scheme is case-insensitive (RFC 3986); libpq knows only `postgresql://`."""
+    url = _ledger()
+    _json(invoke(["--db", url, "--now", NOW, "--json", "init", "--demo"]))
+    scheme, rest = url.split("://", 1)
+    shouted = f" {scheme.upper()}://{rest}"
+    assert [p["name"] for p in _json(invoke(["--db", shouted, "--json", "pool", "list"]))] == [
+        "west"
+    ]

@@ -216,6 +216,14 @@ _MALFORMED = re.compile(
 )
 
 
+def _scheme_lowered(url: str) -> str:
+    """The URL as libpq reads it: a scheme is case-insensitive (RFC 3986) and `PostgreSQL://`
+    names a PostgreSQL ledger here (db.is_postgres_url), but libpq knows only the lower case."""
+    url = url.strip()
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme.lower()}{sep}{rest}"
+
+
 def _connect(url: str) -> psycopg.Connection[Any]:
     if _PASSWORD.search(url):
         raise InvalidInput(
@@ -224,7 +232,7 @@ def _connect(url: str) -> psycopg.Connection[Any]:
             " in the environment of cron and CI jobs)"
         )
     try:
-        raw = psycopg.connect(url, autocommit=True, row_factory=_row_factory)
+        raw = psycopg.connect(_scheme_lowered(url), autocommit=True, row_factory=_row_factory)
     except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
         detail = " ".join(str(exc).split())[:300]
         if isinstance(exc, psycopg.ProgrammingError) or _MALFORMED.search(detail):

@@ -293,9 +293,11 @@ def record_outcome(
     ctx: Ctx, rsv: Reservation, previous: Reservation | None = None, *, saved: bool = False
 ) -> None:
     """Save a reservation after a placement attempt (unless its row is `saved` as it stands)
-    and log what changed."""
+    and log what changed. A retry that left it pending wrote nothing of it yet, so `previous`
+    is the row as stored: only what the retry changed is written (its next attempt)."""
     if not saved:
-        repo.save_reservation(ctx.db.conn, rsv)
+        stored = previous if rsv.state == State.PENDING else None
+        repo.save_reservation(ctx.db.conn, rsv, stored=stored)
     if rsv.state == State.PLACED:
         ctx.event("reservation.placed", rsv.tenant_id, rsv.id, placed_data(rsv))
     elif previous is None or previous.conditions != rsv.conditions:

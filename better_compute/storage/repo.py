@@ -1042,30 +1042,39 @@ def insert_reservation(conn: Conn, rsv: Reservation, params: str) -> None:
     )
 
 
-def save_reservation(conn: Conn, rsv: Reservation) -> None:
+def save_reservation(conn: Conn, rsv: Reservation, *, stored: Reservation | None = None) -> None:
     """Write the mutable columns of a reservation (allocations are written separately).
 
-    `duration_ms` is mutable because `extend` lengthens the booked window (§7's durationMs)."""
-    conn.execute(
-        "UPDATE reservations SET state = ?, during_start = ?, during_end = ?, conditions = ?,"
-        " quota_charge = ?, release_reason = ?, next_attempt_at = ?, lead_checked = ?,"
-        " start_checked = ?, preempt_deadline = ?, preempted_by = ?, duration_ms = ? WHERE id = ?",
-        (
-            rsv.state.value,
-            rsv.during.start if rsv.during else None,
-            rsv.during.end if rsv.during else None,
-            conditions_json(rsv.conditions),
-            rsv.quota_charge,
-            rsv.release_reason.value if rsv.release_reason else None,
-            rsv.next_attempt_at,
-            int(rsv.lead_checked),
-            int(rsv.start_checked),
-            rsv.preempt_deadline,
-            rsv.preempted_by,
-            rsv.duration_ms,
-            rsv.id,
-        ),
-    )
+    `duration_ms` is mutable because `extend` lengthens the booked window (§7's durationMs).
+    `stored`: the row as the ledger holds it now; only the columns that differ from it are
+    written (none: no statement), so an index over the others is left alone. A pending
+    request's failed retry changes only its next attempt, and the row has a dozen indexes."""
+    values = _mutable_columns(rsv)
+    if stored is not None:
+        before = _mutable_columns(stored)
+        values = {k: v for k, v in values.items() if before[k] != v}
+        if not values:
+            return
+    sets = ", ".join(f"{column} = ?" for column in values)
+    conn.execute(f"UPDATE reservations SET {sets} WHERE id = ?", (*values.values(), rsv.id))
+
+
+def _mutable_columns(rsv: Reservation) -> dict[str, object]:
+    """save_reservation's columns and their values for `rsv`."""
+    return {
+        "state": rsv.state.value,
+        "during_start": rsv.during.start if rsv.during else None,
+        "during_end": rsv.during.end if rsv.during else None,
+        "conditions": conditions_json(rsv.conditions),
+        "quota_charge": rsv.quota_charge,
+        "release_reason": rsv.release_reason.value if rsv.release_reason else None,
+        "next_attempt_at": rsv.next_attempt_at,
+        "lead_checked": int(rsv.lead_checked),
+        "start_checked": int(rsv.start_checked),
+        "preempt_deadline": rsv.preempt_deadline,
+        "preempted_by": rsv.preempted_by,
+        "duration_ms": rsv.duration_ms,
+    }
 
 
 def pending_since(conn: Conn, rsv: Reservation) -> int:

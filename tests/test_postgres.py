@@ -207,15 +207,17 @@ def test_group_and_backup_say_what_to_use_on_postgres() -> None:
     assert result.exit_code == 2 and "pg_dump" in result.stderr
 
 
-def _prepared(db: Any) -> int:
-    """How many statements this connection has prepared on the server."""
-    return int(db.conn.raw.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0])
+def _prepared(db: Any) -> list[str]:
+    """The statements this connection has prepared on the server."""
+    rows = db.conn.raw.execute("SELECT statement FROM pg_prepared_statements").fetchall()
+    return [str(r[0]) for r in rows]
 
 
 @postgres
 def test_statements_run_often_are_prepared_and_planned_once() -> None:
     """Parameters are bound on the server, so psycopg prepares a statement run five times: a
-    replay's few dozen statements are planned once per connection, not at every call."""
+    replay's few dozen statements are planned once per connection, not at every call. One that
+    selects `*` never is: its columns are whatever the table has when it runs."""
     from better_compute.storage import repo
     from better_compute.storage.postgres import open_database
 
@@ -223,21 +225,49 @@ def test_statements_run_often_are_prepared_and_planned_once() -> None:
     _json(invoke(["--db", url, "--now", NOW, "--json", "init", "--demo"]))
     db = open_database(url)
     try:
-        assert _prepared(db) == 0
+        assert _prepared(db) == []
         for _ in range(6):
             with db.read() as conn:
-                assert [r["name"] for r in repo.pool_rows(conn)] == ["west"]
-        assert _prepared(db) >= 1
+                pool_id = repo.find_pool(conn, "west")["id"]  # SELECT *
+                assert repo.pool_name(conn, pool_id) == "west"
+        prepared = _prepared(db)
+        assert any("SELECT name FROM pools" in s for s in prepared), prepared
+        assert not any("*" in s for s in prepared), prepared
     finally:
         db.close()
 
 
 @postgres
-def test_a_table_changed_by_another_process_costs_one_command_not_the_connection() -> None:
-    """A prepared `SELECT *` fails once another process has added a column to its table (an
-    upgrade's migration). Inside a transaction that command is UNAVAILABLE with nothing
-    written, and the connection forgets its prepared statements, so the next command works;
-    outside one, the statement simply runs again."""
+def test_a_column_added_by_another_process_changes_nothing_for_a_running_command() -> None:
+    """A newer version's migration adds columns while an older process runs on (a long
+    `simulate`, `tick --until`, `events --follow`): its statements keep working."""
+    from better_compute.storage import repo
+    from better_compute.storage.postgres import open_database
+
+    url = _ledger()
+    _json(invoke(["--db", url, "--now", NOW, "--json", "init", "--demo"]))
+    db = open_database(url)
+    try:
+        for _ in range(6):
+            with db.read() as conn:
+                pool_id = repo.find_pool(conn, "west")["id"]
+                repo.pool_name(conn, pool_id)
+                repo.pool_rows(conn)
+        pgtest.sql(url, "ALTER TABLE pools ADD COLUMN added_later INTEGER")
+        with db.read() as conn:
+            assert repo.pool_name(conn, pool_id) == "west"
+            assert repo.pool_rows(conn)[0]["added_later"] is None  # read as the table now is
+    finally:
+        db.close()
+
+
+@postgres
+def test_a_column_retyped_under_a_prepared_statement_costs_one_command_each_time() -> None:
+    """A prepared statement fails once a column it reads changes type. Inside a transaction
+    that command is UNAVAILABLE, and the connection forgets its prepared statements, so the
+    next command works: every time, even after earlier rollbacks (psycopg notices a ROLLBACK
+    statement only the first time its text runs; its rollback() always). Outside a
+    transaction the statement simply runs again."""
     from better_compute.errors import Unavailable
     from better_compute.storage import repo
     from better_compute.storage.postgres import open_database
@@ -246,20 +276,25 @@ def test_a_table_changed_by_another_process_costs_one_command_not_the_connection
     _json(invoke(["--db", url, "--now", NOW, "--json", "init", "--demo"]))
     db = open_database(url)
     try:
-        for _ in range(6):
-            with db.read() as conn:
-                repo.pool_rows(conn)
-        pgtest.sql(url, "ALTER TABLE pools ADD COLUMN added_later INTEGER")
-        stale = pytest.raises(Unavailable, match="another process changed the ledger's tables")
-        with stale, db.read() as conn:
-            repo.pool_rows(conn)
         with db.read() as conn:
-            assert [r["name"] for r in repo.pool_rows(conn)] == ["west"]
+            pool_id = repo.find_pool(conn, "west")["id"]
+        with pytest.raises(Unavailable), db.write():  # a rollback before anything is prepared
+            raise Unavailable("a command that failed")
+        for kind in ("varchar(200)", "text", "varchar(300)"):
+            for _ in range(6):
+                with db.read() as conn:
+                    repo.pool_name(conn, pool_id)
+            pgtest.sql(url, f"ALTER TABLE pools ALTER COLUMN name TYPE {kind}")
+            stale = pytest.raises(Unavailable, match="changed a column of the ledger's tables")
+            with stale, db.read() as conn:
+                repo.pool_name(conn, pool_id)
+            with db.read() as conn:
+                assert repo.pool_name(conn, pool_id) == "west"
         for _ in range(6):
-            list(db.conn.execute("SELECT * FROM pools WHERE name = ?", ("west",)))
-        pgtest.sql(url, "ALTER TABLE pools ADD COLUMN added_later_still INTEGER")
-        rows = list(db.conn.execute("SELECT * FROM pools WHERE name = ?", ("west",)))
-        assert rows[0]["added_later_still"] is None  # read as the table now is
+            db.conn.execute("SELECT name FROM pools WHERE id = ?", (pool_id,)).fetchall()
+        pgtest.sql(url, "ALTER TABLE pools ALTER COLUMN name TYPE text")
+        rows = db.conn.execute("SELECT name FROM pools WHERE id = ?", (pool_id,)).fetchall()
+        assert rows[0][0] == "west"
     finally:
         db.close()
 
@@ -274,3 +309,60 @@ def test_a_url_scheme_in_capitals_names_the_same_ledger() -> None:
     assert [p["name"] for p in _json(invoke(["--db", shouted, "--json", "pool", "list"]))] == [
         "west"
     ]
+
+
+def test_a_replay_near_the_epoch_with_short_settings_adds_small_numbers(db_dir: Any) -> None:
+    """On PostgreSQL two small parameters added in SQL (`:a + :notice`) were each sent as a
+    smallint, and their sum overflowed it: INTERNAL. Every integer is a bigint now."""
+    db = str(db_dir / "epoch.db")
+    for args in (["init", "--demo"], ["config", "set", "notice.expiringMs", "20000"]):
+        assert invoke(["--db", db, "--now", "1000", *args]).exit_code == 0
+    workload = db_dir / "near-epoch.jsonl"
+    workload.write_text(
+        '{"at": 1000, "tenant": "acme", "gpus": 8, "duration": "20s"}\n'
+        '{"at": 2000, "tenant": "acme", "gpus": 8, "duration": "20s", "start": 25000}\n'
+    )
+    report = _json(
+        invoke(
+            [
+                "--db",
+                db,
+                "--now",
+                "1000",
+                "--json",
+                "simulate",
+                "--workload",
+                str(workload),
+                "--format",
+                "jsonl",
+            ]
+        )
+    )
+    assert report["requests"] == 2 and report["placedAtOnce"] == 2
+
+
+def test_a_ledger_replaced_under_a_running_command_stops_its_next_write(db_dir: Any) -> None:
+    """`init --force` by another process while a long command runs (a `simulate`, `tick
+    --until`): that command's next write is UNAVAILABLE, on either backend, instead of going
+    on into the new ledger (on PostgreSQL the URL still names a ledger, a new one)."""
+    from better_compute.errors import Unavailable
+    from better_compute.storage import repo
+    from better_compute.storage.db import open_ledger
+
+    path = str(db_dir / "replaced.db")
+    assert invoke(["--db", path, "--now", NOW, "init", "--demo"]).exit_code == 0
+    ledger = open_ledger(pgtest.ledger(path))
+    try:
+        with ledger.write() as conn:
+            first = repo.db_id(conn)
+        assert invoke(["--db", path, "--now", NOW, "init", "--force"]).exit_code == 0
+        with pytest.raises(Unavailable, match="replaced"), ledger.write():
+            pass
+    finally:
+        ledger.close()
+    again = open_ledger(pgtest.ledger(path))
+    try:
+        with again.write() as conn:  # the new ledger (its id: init's instant, the same)
+            assert repo.db_id(conn) == first
+    finally:
+        again.close()

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.types.numeric import Int8Dumper
 
 from better_compute.errors import Conflict, Forbidden, InvalidInput, Unavailable
 from better_compute.storage.conn import POSTGRES
@@ -39,7 +40,7 @@ T = TypeVar("T")
 #: The lock order's first lock: every write holds the ledger clock row (PRODUCT.md §2). Taking
 #: it counts the write (meta.writes, migration 9), in the same statement: the count moves exactly
 #: when a write transaction commits, which is what PgConn.data_version reads.
-CLOCK_WRITE = "UPDATE meta SET writes = writes + 1 WHERE key = 'last_at' RETURNING writes"
+CLOCK_WRITE = "UPDATE meta SET writes = writes + 1 WHERE key = 'last_at' RETURNING writes, tableoid"
 
 #: The same lock for `init --force`, which replaces the ledger (whatever its schema version, so
 #: whatever columns the row has).
@@ -101,12 +102,23 @@ def translate(sql: str) -> str:
 
 
 #: What PostgreSQL says when a statement this connection prepared reads a table whose columns
-#: another process changed since (a migration by a newer version, `init --force`, a restore).
+#: another process changed since (a newer version's migration, `init --force`, a restore).
 _STALE_PLAN = "cached plan must not change result type"
+
+#: A statement that selects a table's `*` (or returns it): its result has whatever columns the
+#: table has when it runs, so a prepared plan of it would fail once another process added one.
+_STAR = re.compile(r"(?i)(?:\bSELECT\s+(?:DISTINCT\s+)?|,\s*|\bRETURNING\s+)(?:\w+\.)?\*")
 
 
 def _stale_plan(exc: BaseException) -> bool:
     return isinstance(exc, pg_errors.FeatureNotSupported) and _STALE_PLAN in str(exc)
+
+
+@lru_cache(maxsize=1024)
+def _preparable(sql: str) -> bool | None:
+    """psycopg's `prepare` for a statement: None (once run five times) unless it selects `*`,
+    False then. Naming its columns keeps a statement's result the same when a column is added."""
+    return None if _STAR.search(sql) is None else False
 
 
 class PgConn:
@@ -114,8 +126,11 @@ class PgConn:
 
     Parameters are bound on the server, so a statement this connection has run five times
     (psycopg's prepare_threshold) is prepared there and planned once, not at every call: a
-    replay runs each of its few dozen statements thousands of times. A prepared statement
-    fails once another process has changed the columns of a table it reads; see _run."""
+    replay runs each of its few dozen statements thousands of times. Statements that select
+    `*` are never prepared (_preparable), so a column another process adds (a newer
+    version's migration) changes nothing for a long-running command; one whose type changes
+    under a prepared statement is handled by _run. Every integer is sent as a bigint: the
+    smallest type that holds it would make `:a + :b` of two small values overflow a smallint."""
 
     dialect = POSTGRES
 
@@ -161,11 +176,13 @@ class PgConn:
 
     def execute(self, sql: str, parameters: Any = None, /) -> psycopg.Cursor[Any]:
         cursor = self.raw.cursor()
+        prepare = _preparable(sql)
         if parameters is None or (isinstance(parameters, Sequence) and not parameters):
-            return self._run(lambda: cursor.execute(sql))  # no parameters, no placeholders
+            # No parameters: psycopg reads no placeholders either.
+            return self._run(lambda: cursor.execute(sql, prepare=prepare))
         if not isinstance(parameters, dict):
             parameters = tuple(parameters)
-        return self._run(lambda: cursor.execute(translate(sql), parameters))
+        return self._run(lambda: cursor.execute(translate(sql), parameters, prepare=prepare))
 
     def executemany(self, sql: str, parameters: Iterable[Any], /) -> psycopg.Cursor[Any]:
         cursor = self.raw.cursor()
@@ -174,17 +191,26 @@ class PgConn:
         return cursor
 
     def _run(self, call: Callable[[], T]) -> T:
-        """The statement; if a table it reads changed its columns since this connection
-        prepared it, the connection's prepared statements are forgotten. Outside a transaction
-        the statement then runs again. Inside one, the transaction is lost: its ROLLBACK makes
-        psycopg forget them, and the command is UNAVAILABLE with nothing written (mapped)."""
+        """The statement. If a column it reads changed its type since this connection prepared
+        it, PostgreSQL refuses the prepared plan. Outside a transaction the connection forgets
+        its prepared statements and runs it again; inside one, the transaction is lost, its
+        rollback (PgDatabase: psycopg's rollback()) makes psycopg forget them, and the command
+        is UNAVAILABLE (mapped)."""
         try:
             return call()
         except pg_errors.FeatureNotSupported as exc:
             if not _stale_plan(exc) or self.in_transaction:
                 raise
-        self.raw.execute("DEALLOCATE ALL")  # psycopg forgets its names on seeing this
+        self.forget_prepared()
         return call()
+
+    def forget_prepared(self) -> None:
+        """Make psycopg forget this connection's prepared statements and DEALLOCATE them on the
+        server, which its rollback() does, whatever it rolls back. (A ROLLBACK statement, or
+        a DEALLOCATE ALL, is seen by psycopg only the first time its text runs.)"""
+        if not self.in_transaction:
+            self.raw.execute("BEGIN")
+        self.raw.rollback()
 
     def cursor(self) -> psycopg.Cursor[Any]:
         return self.raw.cursor()
@@ -233,6 +259,7 @@ def _connect(url: str) -> psycopg.Connection[Any]:
         )
     try:
         raw = psycopg.connect(_scheme_lowered(url), autocommit=True, row_factory=_row_factory)
+        raw.adapters.register_dumper(int, Int8Dumper)  # see PgConn
     except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
         detail = " ".join(str(exc).split())[:300]
         if isinstance(exc, psycopg.ProgrammingError) or _MALFORMED.search(detail):
@@ -260,6 +287,9 @@ class PgDatabase:
         self.path = self.where
         self.conn = PgConn(_connect(url), self.where)
         self.memo: dict[str, Any] = {}  # see conn.Ledger.memo
+        #: Which `meta` table this connection opened (its oid, new with every `init`): the
+        #: ledger's id would not do, as `init --force` at the same instant makes the same one.
+        self.meta_oid: int | None = None
         self.set_busy_timeout(DEFAULT_LOCK_TIMEOUT_MS)
 
     @property
@@ -348,6 +378,7 @@ class PgDatabase:
                     with self._abandoned():
                         raw.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
                         row = raw.execute(CLOCK_WRITE).fetchone()
+                        self._same_ledger(None if row is None else int(row[1]))
                     self.conn._began_write(None if row is None else int(row[0]))
                     return
                 except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected):
@@ -361,6 +392,19 @@ class PgDatabase:
             " deadlocks or serialization failures; nothing was written, run it again"
         )
 
+    def _same_ledger(self, meta_oid: int | None) -> None:
+        """UNAVAILABLE when the URL holds another ledger than the one this connection opened:
+        `init --force` rebuilt it since, as each write finds when it takes the lock (the clock
+        row's table is another). On SQLite the file's identity says the same. A long
+        `simulate` or `tick --until` stops there instead of carrying on into the new ledger."""
+        if self.meta_oid is None or meta_oid is None:
+            self.meta_oid = self.meta_oid or meta_oid
+        elif meta_oid != self.meta_oid:
+            raise Unavailable(
+                f"database {self.where} was replaced (init --force) since this command opened"
+                " it; nothing of its transaction in progress was written: run it again"
+            )
+
     @contextmanager
     def _abandoned(self) -> Iterator[None]:
         """ROLLBACK what the body began if it raised, unless the connection is gone with it."""
@@ -370,7 +414,7 @@ class PgDatabase:
         except BaseException:
             if self.conn.in_transaction and not raw.closed:
                 with contextlib.suppress(psycopg.Error):
-                    raw.execute("ROLLBACK")
+                    raw.rollback()  # forgets prepared statements too: see PgConn._run
             raise
 
     @contextmanager
@@ -383,7 +427,7 @@ class PgDatabase:
         except BaseException:
             self.conn._ended_write(False)
             if self.conn.in_transaction and not raw.closed:
-                raw.execute("ROLLBACK")
+                raw.rollback()  # forgets prepared statements too: see PgConn._run
             raise
         try:
             raw.execute("COMMIT")
@@ -426,9 +470,9 @@ def mapped(where: str) -> Iterator[None]:
         if not _stale_plan(exc):
             raise
         raise Unavailable(
-            f"database {where}: another process changed the ledger's tables while this command"
-            " ran (an upgrade's migration, or init --force): nothing was written, run the"
-            " command again"
+            f"database {where}: another process changed a column of the ledger's tables while"
+            " this command ran; its transaction in progress was rolled back (what it had"
+            " committed before stays): run the command again"
         ) from None
     except pg_errors.InsufficientPrivilege as exc:
         detail = " ".join(str(exc).split())[:200]
@@ -511,8 +555,10 @@ def _open(db: PgDatabase, busy_timeout_ms: int) -> None:
             " there is one, your role may not use its schema: see the GRANTs in docs/postgres.md)"
         )
     _migrate(db, version)
-    if db.conn.raw.execute("SELECT 1 FROM meta WHERE key = 'db_id'").fetchone() is None:
+    row = db.conn.raw.execute("SELECT tableoid FROM meta WHERE key = 'db_id'").fetchone()
+    if row is None:
         raise Unavailable(f"{db.where} holds a ledger that `init` never finished")
+    db.meta_oid = int(row[0])
     db.set_busy_timeout(busy_timeout_ms)
 
 

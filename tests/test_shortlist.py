@@ -22,6 +22,7 @@ from better_compute.engine import shortlist
 from better_compute.engine.fit import plan_nodes
 from better_compute.engine.gang import rank_gangs
 from better_compute.engine.place import rank_single
+from better_compute.engine.preempt import plan_preemption
 from better_compute.model import (
     Atom,
     Binding,
@@ -402,3 +403,33 @@ def test_perfect_fits_in_name_order_are_the_full_planners_best(
         assert placing.plan(ctx, subject, WINDOW) == placing.full_plan(ctx, subject, WINDOW)
         whole = len(found or ()) == len(all_fits) and len(fleet) <= scan
         event("whole pool" if whole else "answered" if found is not None else "passed")
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(worlds())
+def test_preemption_plans_the_same_on_the_nodes_it_could_use(
+    world: tuple[list[NodeSpec], list[BookingSpec], Ask],
+) -> None:
+    """placing.preemption_snapshots reads only the nodes that could take a share were every
+    spot booking freed; preemption's plan on them is its plan on the whole pool."""
+    fleet, held, ask = world
+    db, pool_id = ledger()
+    with rolled_back(db):
+        subject = write_world(db, pool_id, fleet, held, ask)
+        ctx = context(db, ask.top_n)
+        request = subject.request(WINDOW)
+        everything = repo.snapshots(db.conn, pool_id, WINDOW, ignore_reservation=subject.id)
+        some = placing.preemption_snapshots(ctx, pool_id, request, subject.id)
+        full = plan_preemption(request, everything)
+        short = plan_preemption(request, some)
+        assert isinstance(short, Plan) == isinstance(full, Plan)
+        if isinstance(full, Plan):
+            assert short == full
+        fits, _ = plan_nodes(request, everything, free_spot=True)
+        assert {p.node_id for _, p in fits} <= {s.node.name for s in some}
+        victims = bool(full.victims) if isinstance(full, Plan) else False
+        event(f"{'plan' if isinstance(full, Plan) else 'no fit'}, {victims=}")

@@ -13,6 +13,7 @@ from better_compute.engine.gang import pick_gang
 from better_compute.engine.place import pick_single, place
 from better_compute.model import (
     Condition,
+    NodeSnapshot,
     NoFit,
     Plan,
     Request,
@@ -167,6 +168,31 @@ def candidates(
     yield from rows
     if first is not None and len(rows) == first:
         yield from read(None)[first:]
+
+
+def preemption_snapshots(
+    ctx: Ctx, pool_id: str, request: Request, ignore: str | None
+) -> list[NodeSnapshot]:
+    """The nodes preemption's planning (engine/preempt.py) can find a plan on, by name: those
+    that could take a share were every spot booking in the window freed. The others it would
+    refuse whatever it frees, and its answer is the same without them (a no-fit's reason is
+    not used): a pool of 4,000 nodes is not built for a request that finds nothing to preempt
+    (a pending gang, at every retry)."""
+    rows = fitting.fit_candidates(
+        ctx.db.conn,
+        pool_id,
+        request.window,
+        ignore_reservation=ignore,
+        need=request.gpus or 0,
+        whole_node=request.node_lease,
+        free_spot=True,
+    )
+    names = sorted(name for name, _, _ in rows)
+    if not names:
+        return []
+    return repo.snapshots(
+        ctx.db.conn, pool_id, request.window, ignore_reservation=ignore, names=names
+    )
 
 
 #: At most this many nodes, in name order, are read looking for perfect fits (shortlist.perfect)

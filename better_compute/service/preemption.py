@@ -58,7 +58,7 @@ def try_preempt(ctx: Ctx, rsv: Reservation) -> Reservation | None:
     if pool is not None:
         snaps = pool.snapshots(window, rsv.id)
     else:
-        snaps = repo.snapshots(conn, rsv.pool_id, window, ignore_reservation=rsv.id)
+        snaps = placing.preemption_snapshots(ctx, rsv.pool_id, rsv.request(window), rsv.id)
     option = plan_preemption(
         rsv.request(window),
         snaps,

@@ -236,15 +236,19 @@ def repair_one(ctx: Ctx, rsv: Reservation, reach: dict[str, bool] | None = None)
     bad = bad_nodes(rsv, health, maintenance, ctx.now)
     if not bad:
         return rsv
-    nodes = {n.name: n for n in repo.load_nodes(conn, rsv.pool_id)}
+    # A gang stays on its topology value if it can, else moves whole to another one. Only such
+    # a gang needs the pool's nodes (their labels): building them costs about 0.5 s on 4,000
+    # nodes, once per reservation a cordon moves.
+    others = frozenset[str]()
+    if rsv.gang_size and rsv.topology_key:
+        others = other_groups(rsv, {n.name: n for n in repo.load_nodes(conn, rsv.pool_id)})
     left: list[JsonValue] = [a.node_id for a in rsv.allocations]
     window = rsv.during
     with ctx.db.savepoint("repair"):
         repo.drop_allocations(conn, rsv.id, window.start)
         fresh = evolve(rsv, allocations=(), during=None, lease_cap=rsv.lease_most())
-        # A gang stays on its topology value if it can, else moves whole to another one.
-        outcome = placing.place_now(ctx, fresh, window, frozenset(bad) | other_groups(rsv, nodes))
-        if not isinstance(outcome, Reservation) and other_groups(rsv, nodes):
+        outcome = placing.place_now(ctx, fresh, window, frozenset(bad) | others)
+        if not isinstance(outcome, Reservation) and others:
             outcome = placing.place_now(ctx, fresh, window, exclude=frozenset(bad))
         if isinstance(outcome, Reservation):
             repo.save_reservation(conn, outcome)

@@ -15,17 +15,18 @@ from better_compute.storage.repo import Conn, window_params
 
 #: The window's bookings of one node, as a correlated subquery on `s.name` (the node's index:
 #: `|| ''` keeps SQLite off the pool's window index). `{healthy}`: only the node's healthy GPUs.
+#: `{spot}`: spot bookings left out (FIT_CANDIDATES_FREEING_SPOT_SQL), or not.
 _RECOUNT = """(SELECT COUNT(DISTINCT b.atom) FROM bookings b
      JOIN atoms a ON a.node_id = b.node_id AND a.idx = b.atom{healthy}
      WHERE b.node_id = s.name AND b.pool_id || '' = :pool
        AND b."end" > :from AND b."end" < :bound AND b.start < :to
-       AND b.reservation_id IS DISTINCT FROM :ignore)"""
+       AND b.reservation_id IS DISTINCT FROM :ignore{spot})"""
 
-FIT_CANDIDATES_SQL = f"""
+_FIT_CANDIDATES = """
 WITH busy AS (
   SELECT b.node_id, COUNT(DISTINCT b.atom) AS busy, MAX(b.atom) AS top FROM bookings b
   WHERE b.pool_id = :pool AND b."end" > :from AND b."end" < :bound AND b.start < :to
-    AND b.reservation_id IS DISTINCT FROM :ignore
+    AND b.reservation_id IS DISTINCT FROM :ignore{spot}
   GROUP BY b.node_id
 ), sized AS (
   SELECT n.name, n.gpus, n.healthy_gpus, busy.busy, busy.top
@@ -34,9 +35,9 @@ WITH busy AS (
 ), exact AS (
   SELECT s.name, s.gpus, s.healthy_gpus,
     CASE WHEN s.busy IS NULL THEN 0 WHEN s.top < s.gpus THEN s.busy
-         ELSE {_RECOUNT.format(healthy="")} END AS busy,
+         ELSE {recount} END AS busy,
     CASE WHEN s.busy IS NULL THEN 0 WHEN s.top < s.gpus AND s.healthy_gpus = s.gpus THEN s.busy
-         ELSE {_RECOUNT.format(healthy=" AND a.healthy != 0")} END AS busy_healthy
+         ELSE {recount_healthy} END AS busy_healthy
   FROM sized s
 )
 SELECT e.name, e.busy, e.gpus FROM exact e
@@ -49,6 +50,21 @@ ORDER BY 10 * ((e.busy + CASE WHEN :whole != 0 THEN e.gpus ELSE :need END) * 100
 """
 
 
+def _candidates_sql(spot: str) -> str:
+    return _FIT_CANDIDATES.format(
+        spot=spot,
+        recount=_RECOUNT.format(healthy="", spot=spot),
+        recount_healthy=_RECOUNT.format(healthy=" AND a.healthy != 0", spot=spot),
+    )
+
+
+FIT_CANDIDATES_SQL = _candidates_sql("")
+
+#: The nodes that could take the share were every spot booking freed (preemption's planning,
+#: engine/preempt.py, frees live ones): a superset of those it can find a plan on.
+FIT_CANDIDATES_FREEING_SPOT_SQL = _candidates_sql(" AND b.spot = 0")
+
+
 def fit_candidates(
     conn: Conn,
     pool_id: str,
@@ -58,10 +74,14 @@ def fit_candidates(
     need: int,
     whole_node: bool,
     limit: int | None = None,
+    free_spot: bool = False,
 ) -> list[tuple[str, int, int]]:
     """repo.fit_candidates' rows in its order, the first `limit` of them (None: all). A limit
-    lets the database keep only the best few while it sorts, and builds no row past them."""
-    sql = FIT_CANDIDATES_SQL if limit is None else FIT_CANDIDATES_SQL + f"LIMIT {int(limit)}"
+    lets the database keep only the best few while it sorts, and builds no row past them.
+    `free_spot`: as if no spot booking were there (FIT_CANDIDATES_FREEING_SPOT_SQL)."""
+    sql = FIT_CANDIDATES_FREEING_SPOT_SQL if free_spot else FIT_CANDIDATES_SQL
+    if limit is not None:
+        sql += f"LIMIT {int(limit)}"
     params = window_params(conn, pool_id, window, ignore_reservation)
     params.update(need=need, whole=int(whole_node), least=max(need, 1))
     rows = conn.execute(sql, params)

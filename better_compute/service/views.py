@@ -185,9 +185,11 @@ def follow_events(
     """
     cursor = since
     while True:
-        for event in events(ctx, tenant, reservation, cursor):
-            on_event(event)
-            cursor = event.seq
+        # A page at a time: the history before the first poll may be a million events.
+        for page in event_pages(ctx, tenant, reservation, cursor):
+            for event in page:
+                on_event(event)
+                cursor = event.seq
         time.sleep(poll_seconds)
 
 

@@ -10,7 +10,7 @@ import pgtest
 import pytest
 from conftest import HOUR, NOW, Cli, at, init_db, invoke
 
-from better_compute.storage.copy import snapshot
+from better_compute.storage import copy
 from better_compute.storage.db import open_ledger
 
 
@@ -29,8 +29,12 @@ def _busy_ledger(cli: Cli) -> None:
 def _tables(db: str) -> dict[str, Any]:
     ledger = open_ledger(db)
     try:
-        with ledger.read() as conn:
-            return snapshot(conn)
+        with ledger.read() as conn:  # every table's columns and rows, in the copy's order
+            return {
+                t: (cols, list(copy._rows(conn, t, cols)))
+                for t in copy.tables(conn)
+                for cols in [copy._columns(conn, t)]
+            }
     finally:
         ledger.close()
 
@@ -46,11 +50,11 @@ def test_migrate_copies_every_table_and_leaves_the_source_untouched(run: Cli, db
     assert _tables(str(run.db)) == before  # the source is only read
     assert {t["table"] for t in doc["tables"]} >= {"reservations", "bookings", "events", "usage"}
     assert _tables(str(run.db)) == _tables(str(target))
-    copy = Cli(target)
-    assert copy.ok("list") == run.ok("list")
+    copied = Cli(target)
+    assert copied.ok("list") == run.ok("list")
     # The copy keeps the ledger's id: the next reservation gets the same id on both.
     assert (
-        copy.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h")["id"]
+        copied.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h")["id"]
         == run.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h")["id"]
     )
 
@@ -151,3 +155,23 @@ def test_sqlite_to_postgres_and_back_is_the_same_ledger(db_dir: Path) -> None:
     assert _raw(url, "list") == _raw(back, "list")
     ask = ("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h")
     assert _raw(url, *ask)["id"] == _raw(back, *ask)["id"]
+
+
+@pytest.mark.sqlite_only(reason="damages the SQLite target as it fills")
+def test_a_copy_that_differs_from_the_source_is_not_kept(
+    run: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checksums are taken as the rows stream: one row lost in the target fails the copy,
+    and nothing is left at the target's name."""
+    _busy_ledger(run)
+    load = copy._load_sqlite
+
+    def lossy(conn: Any, *rest: Any) -> None:
+        load(conn, *rest)
+        conn.execute("DELETE FROM events WHERE seq = (SELECT MAX(seq) FROM events)")
+
+    monkeypatch.setattr(copy, "_load_sqlite", lossy)
+    target = db_dir / "lossy.db"
+    error = run.fails(7, "migrate", "--to", target)
+    assert "the copy of table 'events' differs from the source" in error["message"]
+    assert not target.exists()

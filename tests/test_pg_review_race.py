@@ -71,9 +71,9 @@ def test_second_migrate_to_one_new_file_is_a_conflict(
     made: list[Database] = []
     load = copy._load
 
-    def racing_load(conn: Any, data: Any) -> None:  # the other `migrate` finishes meanwhile
+    def racing_load(conn: Any, *rest: Any) -> Any:  # the other `migrate` finishes meanwhile
         made.append(_winner(target))
-        load(conn, data)
+        return load(conn, *rest)
 
     monkeypatch.setattr(copy, "_load", racing_load)
     error = run.fails(4, "migrate", "--to", target)

@@ -603,3 +603,41 @@ def _held(pool: fleet_engine.PoolIndex) -> tuple[object, ...]:
     by_node = {n: sorted(b) for n, b in pool.booked.items() if b}
     by_rsv = {r: sorted(h) for r, h in pool.by_rsv.items() if h}
     return by_node, by_rsv
+
+
+_ROWS = st.lists(
+    st.builds(
+        fleet_engine.BookingRow,
+        st.sampled_from(["rsv_a", "rsv_b", "rsv_c", "rsv_d", "rsv_e"]),
+        st.sampled_from(["n1", "n2", "n3", "gone"]),
+        st.integers(0, 7),
+        st.integers(0, 5 * fleet_engine.SLOT),
+        st.integers(1, 3 * fleet_engine.SLOT),
+        st.booleans(),
+        st.booleans(),
+    ).map(lambda r: r._replace(end=r.start + r.end)),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_ROWS, st.integers(0, 4 * fleet_engine.SLOT))
+def test_building_holds_every_booking_as_one_by_one_would(
+    rows: list[fleet_engine.BookingRow], horizon: int
+) -> None:
+    """PoolIndex.build holds all the bookings at once (_hold_all): the same lists, heaps,
+    longest booking and generations as holding each reservation's in turn (_hold)."""
+    from better_compute.model import Atom, Node
+
+    fleet = [Node(n, "p", tuple(Atom(i, "h100") for i in range(8))) for n in ("n1", "n2", "n3")]
+    built = fleet_engine.PoolIndex.build(horizon, fleet, (), rows)
+    one_by_one = fleet_engine.PoolIndex.build(horizon, fleet, (), ())
+    grouped: dict[str, list[fleet_engine.BookingRow]] = {}
+    for row in rows:
+        grouped.setdefault(row.reservation_id, []).append(row)
+    for rsv_id, held in grouped.items():
+        one_by_one._hold(rsv_id, held)
+    for name in ("booked", "slots", "by_rsv", "longest", "generation", "node_gen"):
+        assert getattr(built, name) == getattr(one_by_one, name), name
+    assert sorted(built.ends) == sorted(one_by_one.ends)
+    assert sorted(built.starts) == sorted(one_by_one.starts)

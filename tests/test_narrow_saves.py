@@ -13,6 +13,7 @@ import pgtest
 from conftest import HOUR, ME, NOW_MS, Cli, at
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_partial_indexes import _statements
 
 from better_compute.model import Condition, ReleaseReason, State, Window
 from better_compute.service import ticking
@@ -32,28 +33,7 @@ def _pending(solo: Cli) -> str:
 
 def _updates(ctx: Any, call: Any) -> list[str]:
     """The UPDATEs of `reservations` that `call` runs on the command's connection."""
-    seen: list[str] = []
-    conn = ctx.db.conn
-    if pgtest.active():
-        cls = type(conn)
-        plain = cls.execute
-
-        def recording(self: Any, sql: str, parameters: Any = None, /) -> Any:
-            seen.append(sql)
-            return plain(self, sql, parameters)
-
-        cls.execute = recording
-        try:
-            call()
-        finally:
-            cls.execute = plain
-    else:
-        conn.set_trace_callback(seen.append)
-        try:
-            call()
-        finally:
-            conn.set_trace_callback(None)
-    return [s for s in seen if s.lstrip().upper().startswith("UPDATE RESERVATIONS")]
+    return [sql for sql, _ in _statements(ctx.db, call, "UPDATE RESERVATIONS")]
 
 
 def test_a_failed_retry_writes_only_its_next_attempt(solo: Cli) -> None:

@@ -54,8 +54,11 @@ def _plan(ledger: Ledger, sql: str, args: Any) -> str:
     return "\n".join(str(r[3]) for r in conn.execute("EXPLAIN QUERY PLAN " + sql, args))
 
 
-def _statements(ledger: Ledger, call: Callable[[], object]) -> list[tuple[str, Any]]:
-    """The SELECTs `call` runs on the ledger's connection, with their arguments."""
+def _statements(
+    ledger: Ledger, call: Callable[[], object], kind: str = "SELECT"
+) -> list[tuple[str, Any]]:
+    """The statements `call` runs on the ledger's connection that begin with `kind` (the
+    SELECTs by default), with their arguments."""
     seen: list[tuple[str, Any]] = []
     cls = type(ledger.conn)
     if pgtest.active():
@@ -79,7 +82,7 @@ def _statements(ledger: Ledger, call: Callable[[], object]) -> list[tuple[str, A
         finally:
             ledger.conn.set_trace_callback(None)
         seen = [(t, ()) for t in texts]
-    return [(s, a) for s, a in seen if s.lstrip().upper().startswith("SELECT")]
+    return [(s, a) for s, a in seen if s.lstrip().upper().startswith(kind)]
 
 
 #: The indexes led by the state, each holding every live row: any of them serves a read by state.

@@ -153,21 +153,32 @@ def candidates(
     all) at once, the rest only if planning gets that far. Both reads see one snapshot: the
     command's transaction."""
 
-    def read(limit: int | None) -> list[tuple[str, int, int]]:
-        return fitting.fit_candidates(
-            ctx.db.conn,
-            pool_id,
-            request.window,
-            ignore_reservation=ignore,
-            need=request.gpus or 0,
-            whole_node=request.node_lease,
-            limit=limit,
-        )
-
-    rows = read(first)
+    rows = _fit_rows(ctx, pool_id, request, ignore, limit=first)
     yield from rows
     if first is not None and len(rows) == first:
-        yield from read(None)[first:]
+        yield from _fit_rows(ctx, pool_id, request, ignore)[first:]
+
+
+def _fit_rows(
+    ctx: Ctx,
+    pool_id: str,
+    request: Request,
+    ignore: str | None,
+    *,
+    limit: int | None = None,
+    free_spot: bool = False,
+) -> list[tuple[str, int, int]]:
+    """fitting.fit_candidates for one node's share of `request`."""
+    return fitting.fit_candidates(
+        ctx.db.conn,
+        pool_id,
+        request.window,
+        ignore_reservation=ignore,
+        need=request.gpus or 0,
+        whole_node=request.node_lease,
+        limit=limit,
+        free_spot=free_spot,
+    )
 
 
 def preemption_snapshots(
@@ -178,16 +189,7 @@ def preemption_snapshots(
     refuse whatever it frees, and its answer is the same without them (a no-fit's reason is
     not used): a pool of 4,000 nodes is not built for a request that finds nothing to preempt
     (a pending gang, at every retry)."""
-    rows = fitting.fit_candidates(
-        ctx.db.conn,
-        pool_id,
-        request.window,
-        ignore_reservation=ignore,
-        need=request.gpus or 0,
-        whole_node=request.node_lease,
-        free_spot=True,
-    )
-    names = sorted(name for name, _, _ in rows)
+    names = sorted(name for name, _, _ in _fit_rows(ctx, pool_id, request, ignore, free_spot=True))
     if not names:
         return []
     return repo.snapshots(

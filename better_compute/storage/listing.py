@@ -227,8 +227,9 @@ _LAST = 9_223_372_036_854_775_807
 
 #: A key names its reservation, or the occurrences of its series (KEY#1, KEY#2, …): those whose
 #: key begins with "KEY#". A prefix compared with substr, not a range of keys, which only byte
-#: order (SQLite, PostgreSQL's C collation) would keep to the prefix.
-KEY_CLAUSE = "({column} = ? OR substr({column}, 1, ?) = ?)"
+#: order (SQLite, PostgreSQL's C collation) would keep to the prefix. The length is cast: on
+#: PostgreSQL every integer parameter is a bigint (storage/postgres.py), and substr takes an int.
+KEY_CLAUSE = "({column} = ? OR substr({column}, 1, CAST(? AS INTEGER)) = ?)"
 
 
 def key_args(key: str) -> list[object]:

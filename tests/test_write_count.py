@@ -14,6 +14,7 @@ import pgtest
 import pytest
 from conftest import NOW_MS
 
+from better_compute.errors import Unavailable
 from better_compute.service import setup
 from better_compute.storage.db import open_ledger
 from better_compute.storage.simulation import data_version
@@ -63,9 +64,10 @@ def test_only_another_connections_commits_change_it() -> None:
 
 
 def test_init_force_carries_the_count_on() -> None:
-    """`init --force` rebuilds the ledger in place, and a connection of the old one goes on
-    working: were the count to start again at 0, a few writes later it could equal what that
-    connection last knew, and the change would go unseen."""
+    """`init --force` rebuilds the ledger in place. A connection of the old one may still read
+    (the new ledger, on PostgreSQL): were the count to start again at 0, a few writes later it
+    could equal what that connection last knew, and the change would go unseen. Its next write
+    is UNAVAILABLE: it would carry on into a ledger it did not open."""
     url = pgtest.url_for(f"/pg-writes/{uuid.uuid4().hex}.db")
     mine = setup.init(url, NOW_MS, False, manual=True, admin="admin", group=None)[0]
     try:
@@ -79,7 +81,9 @@ def test_init_force_carries_the_count_on() -> None:
                 _write(other)
         finally:
             other.close()
-        with mine.write() as conn:
+        with mine.read() as conn:
             assert data_version(conn) != seen
+        with pytest.raises(Unavailable, match="was replaced"), mine.write():
+            pass
     finally:
         mine.close()

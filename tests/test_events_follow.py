@@ -10,10 +10,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from better_compute.demo import DEMO_INVENTORY
-from better_compute.service import booking, setup
+from better_compute.model import Event
+from better_compute.service import booking, setup, views
 from better_compute.service.booking import ReserveArgs
 from better_compute.service.context import Ctx
+from better_compute.storage import repo
 
 NOW = 1_790_582_400_000
 ENTRY = [sys.executable, "-c", "from better_compute.cli import main; main()"]
@@ -107,3 +111,36 @@ def test_a_reader_that_goes_away_ends_the_watch_quietly(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 141 and proc.stderr.read() == b""
+
+
+def test_follow_hands_each_page_over_outside_any_transaction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page at a time, each read in a transaction that ends before the page is handed over:
+    a consumer that stops reading holds no snapshot open (it kept `init --force` waiting on
+    PostgreSQL). Every event arrives once, in order, across page boundaries."""
+    monkeypatch.setattr(repo, "EVENT_PAGE", 3)
+    path = str(tmp_path / "pages.db")
+    db = setup.init(path, NOW, force=True, manual=True, admin="admin", group=None)[0]
+    ctx = Ctx(db, NOW)
+    setup.inventory_import(ctx, DEMO_INVENTORY)
+    for i in range(4):
+        booking.reserve(Ctx(db, NOW), ReserveArgs("acme", None, 2, 3_600_000, key=f"k{i}"))
+    with db.read() as conn:
+        every = [e.seq for e in repo.events(conn, tenant=None, reservation=None, since=None)]
+    assert len(every) >= 3 * repo.EVENT_PAGE
+    seen: list[int] = []
+
+    class Enough(Exception):
+        pass
+
+    def on_event(event: Event) -> None:
+        assert not db.conn.in_transaction
+        seen.append(event.seq)
+        if len(seen) == len(every):
+            raise Enough
+
+    with pytest.raises(Enough):
+        views.follow_events(ctx, None, None, None, on_event, poll_seconds=0)
+    db.close()
+    assert seen == every

@@ -175,3 +175,21 @@ def test_a_copy_that_differs_from_the_source_is_not_kept(
     error = run.fails(7, "migrate", "--to", target)
     assert "the copy of table 'events' differs from the source" in error["message"]
     assert not target.exists()
+
+
+@pytest.mark.postgres_only
+def test_a_ledger_in_a_database_that_sorts_by_language_migrates_out(db_dir: Path) -> None:
+    """`init` refuses a database that sorts text by a language's rules, but a ledger made
+    before it may live in one, and `migrate` is its way out: the copy's order (and so its
+    checksums) compares text by bytes on PostgreSQL too. Emulated with a column collation."""
+    source = str(db_dir / "names.db")
+    _raw(source, "--now", NOW, "init", "--demo")
+    for name in ("ta", "tA", "t", "t.b", "t-b", "tB", "t_a", "T0"):
+        _raw(source, "tenant", "create", name)
+    url = pgtest.url_for(f"/pg-collate/{uuid.uuid4().hex}.db")
+    _raw(source, "migrate", "--to", url)
+    pgtest.sql(url, 'ALTER TABLE tenants ALTER COLUMN id TYPE text COLLATE "en-x-icu"')
+    back = str(db_dir / "back.db")
+    doc = _raw(url, "migrate", "--to", back)
+    assert any(t["table"] == "tenants" and t["rows"] >= 9 for t in doc["tables"])
+    assert _tables(back)["tenants"] == _tables(source)["tenants"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from functools import partial
 
@@ -181,16 +181,31 @@ def follow_events(
 ) -> None:
     """Hand over each matching event as it is committed, until interrupted (`events --follow`).
 
-    A fresh read transaction per poll sees every commit; the sequence number is the cursor.
+    A page at a time, each read in a read transaction of its own that ends before any of it
+    is handed over: a consumer that stops reading (a full pipe) holds no snapshot open, which
+    would keep `init --force` or a migration waiting on PostgreSQL and the WAL growing on
+    SQLite. The sequence number is the cursor; a short page means the log is read to its end,
+    and the next look waits `poll_seconds`.
     """
     cursor = since
     while True:
-        # A page at a time: the history before the first poll may be a million events.
-        for page in event_pages(ctx, tenant, reservation, cursor):
-            for event in page:
-                on_event(event)
-                cursor = event.seq
-        time.sleep(poll_seconds)
+        page = _one_page(ctx, tenant, reservation, cursor)
+        for event in page:
+            on_event(event)
+            cursor = event.seq
+        if len(page) < repo.EVENT_PAGE:
+            time.sleep(poll_seconds)
+
+
+def _one_page(
+    ctx: Ctx, tenant: str | None, reservation: str | None, since: int | None
+) -> list[Event]:
+    """event_pages' first page, its read transaction ended."""
+    pages = event_pages(ctx, tenant, reservation, since, first_page=True)
+    try:
+        return next(pages, [])
+    finally:
+        pages.close()
 
 
 def events(ctx: Ctx, tenant: str | None, reservation: str | None, since: int | None) -> list[Event]:
@@ -198,10 +213,15 @@ def events(ctx: Ctx, tenant: str | None, reservation: str | None, since: int | N
 
 
 def event_pages(
-    ctx: Ctx, tenant: str | None, reservation: str | None, since: int | None
-) -> Iterator[list[Event]]:
+    ctx: Ctx,
+    tenant: str | None,
+    reservation: str | None,
+    since: int | None,
+    *,
+    first_page: bool = False,
+) -> Generator[list[Event], None, None]:
     """`events`, a page at a time, in one read transaction; bad input is raised by the first
-    `next()`, before any page."""
+    `next()`, before any page. `first_page`: that page only."""
     with ctx.db.read() as conn:
         if tenant is not None:
             repo.require_tenant(conn, tenant)
@@ -212,4 +232,4 @@ def event_pages(
         if since is not None:  # seqs are positive SQLite integers: clamp so any --since works
             since = max(0, min(since, 2**63 - 1))
         seen = authz.visible_tenants(conn, ctx.who)
-        yield from repo.event_pages(conn, tenant, reservation, since, seen)
+        yield from repo.event_pages(conn, tenant, reservation, since, seen, first_page=first_page)

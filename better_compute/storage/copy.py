@@ -8,10 +8,11 @@ over their values, in the order of all their columns), so a value the other back
 hold exactly is caught rather than copied wrong. The source is only read, in one snapshot held
 while the target fills.
 
-Rows stream, a page at a time, in an order both backends agree on (every column in turn, NULLs
-first; text compares by bytes on both, as a PostgreSQL ledger's database must: postgres.py), so
-the copy of a fleet's ledger holds a page in memory, not every table (a review measured 2.6 GB
-for the big benchmark pool when the tables were read whole and sorted in Python).
+Rows stream in an order both backends agree on (every column in turn, NULLs first, text by its
+bytes), so the copy of a fleet's ledger holds a page of rows in memory, not every table (a review
+measured 2.6 GB for the big benchmark pool when the tables were read whole and sorted in
+Python). A PostgreSQL source is read through psycopg's client-side cursor, which holds a table's
+raw result (about 300 MB for the big pool's events) while its rows are built a page at a time.
 
 sqlite-utils writes the SQLite side (bulk inserts into the new file); it is imported on first use
 only (storage/db.sqlite_tools), so `get` and `reserve` never pay for it.
@@ -103,7 +104,8 @@ def _rows(conn: Conn, table: str, columns: list[str]) -> Iterator[tuple[Any, ...
     """The table's rows (less what its backend keeps for itself), ordered by every column in
     turn, NULLs first: the same order on both backends for the same rows."""
     listed = ", ".join(f'"{c}"' for c in columns)
-    order = ", ".join(f'"{c}" NULLS FIRST' for c in columns)
+    text = _text_columns(conn, table)
+    order = ", ".join(f'"{c}"{_BYTES if c in text else ""} NULLS FIRST' for c in columns)
     cursor = conn.execute(f"SELECT {listed} FROM {table} ORDER BY {order}")
     own = _OWN_ROWS.get(table)
     at = columns.index(own[0]) if own is not None else -1
@@ -111,6 +113,25 @@ def _rows(conn: Conn, table: str, columns: list[str]) -> Iterator[tuple[Any, ...
         for row in page:
             if own is None or row[at] != own[1]:
                 yield tuple(row)
+
+
+#: Text by bytes on PostgreSQL whatever the database's collation: a ledger made before `init`
+#: refused databases that sort by a language's rules may live in one, and migrating out of it
+#: is the way out. (SQLite compares text by bytes already.)
+_BYTES = ' COLLATE "C"'
+
+
+def _text_columns(conn: Conn, table: str) -> set[str]:
+    """The table's text columns on PostgreSQL (none to name on SQLite)."""
+    if dialect(conn) == SQLITE:
+        return set()
+    rows = conn.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_schema ="
+        " current_schema() AND table_name = ? AND data_type IN ('text', 'character varying',"
+        " 'character')",
+        (table,),
+    )
+    return {str(r[0]) for r in rows}
 
 
 class _Sum:

@@ -1349,9 +1349,12 @@ def event_pages(
     reservation: str | None,
     since: int | None,
     tenants: Sequence[str] | None = None,
+    *,
+    first_page: bool = False,
 ) -> Iterator[list[Event]]:
     """`events`, EVENT_PAGE at a time from one cursor: the whole log of a fleet (a million
-    events) is never held as objects at once. Read inside the caller's transaction."""
+    events) is never held as objects at once. Read inside the caller's transaction. With
+    `first_page`, only the first page is read (the database returns no more)."""
     clauses, args = ["1 = 1"], []  # type: tuple[list[str], list[object]]
     if tenants is not None:
         clauses.append(f"(tenant_id IS NULL OR {among('tenant_id', len(tenants))})")
@@ -1365,7 +1368,10 @@ def event_pages(
     if since is not None:
         clauses.append("seq > ?")
         args.append(since)
-    rows = conn.execute(f"SELECT * FROM events WHERE {' AND '.join(clauses)} ORDER BY seq", args)
+    limit = f" LIMIT {EVENT_PAGE}" if first_page else ""
+    rows = conn.execute(
+        f"SELECT * FROM events WHERE {' AND '.join(clauses)} ORDER BY seq{limit}", args
+    )
     while page := rows.fetchmany(EVENT_PAGE):
         yield [decoded(conn, f"event {r['seq']}", partial(_event, r)) for r in page]
 

@@ -102,7 +102,7 @@ def translate(sql: str) -> str:
 
 
 #: What PostgreSQL says when a statement this connection prepared reads a table whose columns
-#: another process changed since (a newer version's migration, `init --force`, a restore).
+#: another process changed since (a newer version's migration, `init --force`).
 _STALE_PLAN = "cached plan must not change result type"
 
 #: A statement that selects a table's `*` (or returns it): its result has whatever columns the

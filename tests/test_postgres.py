@@ -343,8 +343,9 @@ def test_a_replay_near_the_epoch_with_short_settings_adds_small_numbers(db_dir: 
 
 def test_a_ledger_replaced_under_a_running_command_stops_its_next_write(db_dir: Any) -> None:
     """`init --force` by another process while a long command runs (a `simulate`, `tick
-    --until`): that command's next write is UNAVAILABLE, on either backend, instead of going
-    on into the new ledger (on PostgreSQL the URL still names a ledger, a new one)."""
+    --until`, `events --follow`): that command's next write or read is UNAVAILABLE, on either
+    backend, instead of going on in the new ledger (on PostgreSQL the URL still names a
+    ledger, a new one)."""
     from better_compute.errors import Unavailable
     from better_compute.storage import repo
     from better_compute.storage.db import open_ledger
@@ -356,8 +357,9 @@ def test_a_ledger_replaced_under_a_running_command_stops_its_next_write(db_dir: 
         with ledger.write() as conn:
             first = repo.db_id(conn)
         assert invoke(["--db", path, "--now", NOW, "init", "--force"]).exit_code == 0
-        with pytest.raises(Unavailable, match="replaced"), ledger.write():
-            pass
+        for kind in (ledger.write, ledger.read):  # nor reads (events --follow read on)
+            with pytest.raises(Unavailable, match="replaced"), kind():
+                pass
     finally:
         ledger.close()
     again = open_ledger(pgtest.ledger(path))

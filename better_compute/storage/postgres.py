@@ -42,6 +42,9 @@ T = TypeVar("T")
 #: when a write transaction commits, which is what PgConn.data_version reads.
 CLOCK_WRITE = "UPDATE meta SET writes = writes + 1 WHERE key = 'last_at' RETURNING writes, tableoid"
 
+#: Which `meta` table a read sees (PgDatabase._same_ledger).
+META_OID = "SELECT tableoid FROM meta WHERE key = 'last_at'"
+
 #: The same lock for `init --force`, which replaces the ledger (whatever its schema version, so
 #: whatever columns the row has).
 CLOCK_LOCK = "SELECT * FROM meta WHERE key = 'last_at' FOR UPDATE"
@@ -355,13 +358,17 @@ class PgDatabase:
 
     @contextmanager
     def read(self) -> Iterator[PgConn]:
-        """One consistent snapshot for everything a command reads."""
+        """One consistent snapshot for everything a command reads, of the ledger this
+        connection opened (_same_ledger: `events --follow` went on reading a rebuilt one from
+        the old one's place in the log)."""
         if self.conn.in_transaction:
             yield self.conn
             return
         with self._mapped():
             self.conn.raw.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
             with self._committed():
+                row = self.conn.raw.execute(META_OID).fetchone()
+                self._same_ledger(None if row is None else int(row[0]))
                 yield self.conn
 
     def _begin_write(self) -> None:
@@ -395,14 +402,15 @@ class PgDatabase:
     def _same_ledger(self, meta_oid: int | None) -> None:
         """UNAVAILABLE when the URL holds another ledger than the one this connection opened:
         `init --force` rebuilt it since, as each write finds when it takes the lock (the clock
-        row's table is another). On SQLite the file's identity says the same. A long
-        `simulate` or `tick --until` stops there instead of carrying on into the new ledger."""
+        row's table is another) and each read as it begins. On SQLite the file's identity says
+        the same. A long `simulate`, `tick --until` or `events --follow` stops there instead of
+        carrying on into the new ledger."""
         if self.meta_oid is None or meta_oid is None:
             self.meta_oid = self.meta_oid or meta_oid
         elif meta_oid != self.meta_oid:
             raise Unavailable(
                 f"database {self.where} was replaced (init --force) since this command opened"
-                " it; nothing of its transaction in progress was written: run it again"
+                " it; nothing of its transaction in progress was written: run the command again"
             )
 
     @contextmanager

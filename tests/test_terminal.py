@@ -210,3 +210,27 @@ def test_a_reader_gone_before_a_short_answer_ends_as_sigpipe_would(
     proc.stdout.close()  # gone before anything is written
     assert proc.wait(timeout=60) == 141
     assert proc.stderr.read() == b""
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_a_closed_standard_output_is_refused_before_anything_is_done(
+    db_dir: Path, json_flag: list[str]
+) -> None:
+    """Started with stdout closed (`>&-`), a command did its work and then failed to print it:
+    INTERNAL after a `reserve` had committed. It is refused first: INVALID_INPUT, one line."""
+    db = init_db(db_dir / "c.db", "--demo")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BETTER_COMPUTE_")}
+    env.update(BETTER_COMPUTE_DB=str(db))
+    ask = ["reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h"]
+    proc = subprocess.run(
+        [*ENTRY, *json_flag, *ask],
+        stderr=subprocess.PIPE,
+        env=env,
+        preexec_fn=lambda: os.close(1),
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count(b"\n") == 1 and b"standard output is closed" in proc.stderr
+    listed = subprocess.run(
+        [*ENTRY, "--json", "list"], capture_output=True, env=env, check=True, text=True
+    )
+    assert listed.stdout.strip() == "[]"  # nothing was reserved

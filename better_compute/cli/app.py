@@ -323,6 +323,18 @@ def _drop_output() -> None:
     os.dup2(devnull, fd)
 
 
+def _nowhere_to_write(as_json: bool) -> None:
+    """A command whose standard output is closed would do its work and then fail to say what
+    it did (INTERNAL, after a `reserve` had committed): refused before anything is done."""
+    if sys.stderr is not None:
+        _report(
+            "INVALID_INPUT",
+            "standard output is closed; give the command somewhere to write (>/dev/null)",
+            as_json,
+        )
+    sys.exit(InvalidInput.exit_code)
+
+
 def _sane_columns() -> None:
     """rich takes COLUMNS as the width, whatever it says: at 0 every table, and Typer's help,
     printed nothing. Below MIN_COLUMNS it is taken as 80, for our consoles and Typer's alike."""
@@ -355,9 +367,11 @@ def main(prepare: Callable[[Any], None] | None = None, word: str | None = None) 
     """Entry point: Typer's own usage errors are reported in our format too (exit 2).
     `prepare` adjusts the built command first (shell completion's value lookups); with `word`,
     only that command or group is built (see `only`)."""
+    argv = sys.argv[1:]
+    if sys.stdout is None:  # started with its standard output closed (`>&-`)
+        _nowhere_to_write("--json" in argv)
     _whole_writes()
     _sane_columns()
-    argv = sys.argv[1:]
     for i, arg in enumerate(argv, 1):
         if not is_utf8(arg):  # bytes the locale could not decode, kept as surrogates by Python
             _report(

@@ -518,7 +518,7 @@ def _check_privacy(w: World) -> None:
     for tenant in ("acme", "globex"):
         others = [rid for rid, t in owners.items() if t != tenant]
         readable = json.dumps(
-            [js.event(e) for e in views.events(w.ctx(), tenant, None, None)]
+            [js.event(e) for page in views.event_pages(w.ctx(), tenant, None, None) for e in page]
             + [js.reservation(r) for r in booking.list_reservations(w.ctx(), tenant, None, [])]
         )
         leaked = [rid for rid in others if rid in readable]

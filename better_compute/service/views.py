@@ -208,10 +208,6 @@ def _one_page(
         pages.close()
 
 
-def events(ctx: Ctx, tenant: str | None, reservation: str | None, since: int | None) -> list[Event]:
-    return [e for page in event_pages(ctx, tenant, reservation, since) for e in page]
-
-
 def event_pages(
     ctx: Ctx,
     tenant: str | None,

@@ -238,6 +238,34 @@ def test_statements_run_often_are_prepared_and_planned_once() -> None:
 
 
 @postgres
+def test_large_reads_come_from_a_server_side_cursor_a_page_at_a_time() -> None:
+    """`list --json`, `timeline` and `migrate` read results too big to hold through plain_rows:
+    inside a transaction the server keeps the cursor and hands over a page at a time (a client
+    cursor took about 300 MB migrating the big benchmark pool out); every row still comes, in
+    order, and other statements may run between pages."""
+    from better_compute.storage import conn as storage_conn
+    from better_compute.storage.postgres import STREAM_PAGE, open_database
+
+    url = _ledger()
+    _json(invoke(["--db", url, "--now", NOW, "--json", "init", "--demo"]))
+    n = 2 * STREAM_PAGE + 7
+    sql = "SELECT g, g * 2 FROM generate_series(1, ?) AS g ORDER BY g"
+    db = open_database(url)
+    try:
+        with db.read() as conn:
+            rows = storage_conn.plain_rows(conn, sql, (n,))
+            first = next(rows)
+            open_cursors = conn.execute("SELECT name FROM pg_cursors").fetchall()
+            assert [str(r[0]) for r in open_cursors] == ["bc_stream_1"]
+            assert first == (1, 2) and type(first) is tuple
+            assert list(rows) == [(g, 2 * g) for g in range(2, n + 1)]
+            assert conn.execute("SELECT name FROM pg_cursors").fetchall() == []  # closed
+        assert list(storage_conn.plain_rows(db.conn, sql, (3,))) == [(1, 2), (2, 4), (3, 6)]
+    finally:
+        db.close()
+
+
+@postgres
 def test_a_column_added_by_another_process_changes_nothing_for_a_running_command() -> None:
     """A newer version's migration adds columns while an older process runs on (a long
     `simulate`, `tick --until`, `events --follow`): its statements keep working."""

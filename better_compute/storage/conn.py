@@ -120,4 +120,5 @@ def plain_rows(conn: Any, sql: str, parameters: Any) -> Iterator[Any]:
         cursor = conn.cursor()
         cursor.row_factory = None
         return iter(cursor.execute(sql, parameters))
-    return (tuple(r) for r in conn.execute(sql, parameters))
+    stream: Iterator[Any] = conn.stream(sql, parameters)  # PgConn: a server-side cursor
+    return stream

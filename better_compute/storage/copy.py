@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from better_compute.errors import Conflict, Unavailable
 from better_compute.storage import ledger
-from better_compute.storage.conn import SQLITE, Conn, Ledger, dialect
+from better_compute.storage.conn import SQLITE, Conn, Ledger, dialect, plain_rows
 from better_compute.storage.create import create_ledger
 from better_compute.storage.db import ledger_exists, principal_at, sqlite_tools
 
@@ -106,13 +106,11 @@ def _rows(conn: Conn, table: str, columns: list[str]) -> Iterator[tuple[Any, ...
     listed = ", ".join(f'"{c}"' for c in columns)
     text = _text_columns(conn, table)
     order = ", ".join(f'"{c}"{_BYTES if c in text else ""} NULLS FIRST' for c in columns)
-    cursor = conn.execute(f"SELECT {listed} FROM {table} ORDER BY {order}")
     own = _OWN_ROWS.get(table)
     at = columns.index(own[0]) if own is not None else -1
-    while page := cursor.fetchmany(PAGE):
-        for row in page:
-            if own is None or row[at] != own[1]:
-                yield tuple(row)
+    for row in plain_rows(conn, f"SELECT {listed} FROM {table} ORDER BY {order}", ()):
+        if own is None or row[at] != own[1]:
+            yield tuple(row)
 
 
 #: Text by bytes on PostgreSQL whatever the database's collation: a ledger made before `init`

@@ -98,18 +98,23 @@ def node_health(conn: Conn, names: Sequence[str]) -> dict[str, tuple[bool, bool,
 
 def placed_on_suspect_nodes(conn: Conn) -> list[Reservation]:
     """The placed reservations BookingRepair could find something wrong with, oldest first: a
-    live allocation on a node that is gone, cordoned or unreachable, that has a GPU not
-    healthy, or that has maintenance overlapping the reservation's window. A superset of
+    live allocation on a node that is cordoned or unreachable, that has a GPU not healthy, or
+    that has maintenance overlapping the reservation's window. A superset of
     lifecycle.tick.bad_nodes's (any sick GPU of the node counts, not only the booking's own),
-    read in SQL: `repair` of a whole fleet built every placed reservation to find none."""
+    read in SQL: `repair` of a whole fleet built every placed reservation to find none. It
+    starts from the few suspect nodes, not from every placed reservation: on the benchmark's
+    big pool (about 70,000 placed) that took about a second to find nothing. (A node is never
+    deleted, and allocations reference it, so none can be on a node that is gone.)"""
     rows = conn.execute(
-        "SELECT r.* FROM reservations r WHERE r.state = 'placed' AND r.state <> 'released'"
-        " AND EXISTS (SELECT 1 FROM allocations a LEFT JOIN nodes n ON n.name = a.node_id"
-        " WHERE a.reservation_id = r.id AND a.released = 0 AND (n.name IS NULL"
-        " OR n.schedulable = 0 OR n.reachable = 0"
-        " OR EXISTS (SELECT 1 FROM atoms t WHERE t.node_id = a.node_id AND t.healthy = 0)"
-        " OR EXISTS (SELECT 1 FROM maintenance m WHERE m.node_id = a.node_id"
-        ' AND m."end" > r.during_start AND m.start < r.during_end)))'
+        "WITH bad(node_id) AS (SELECT name FROM nodes WHERE schedulable = 0 OR reachable = 0"
+        " UNION SELECT node_id FROM atoms WHERE healthy = 0),"
+        " suspect(node_id) AS (SELECT node_id FROM bad UNION SELECT node_id FROM maintenance)"
+        " SELECT r.* FROM reservations r WHERE r.id IN (SELECT a.reservation_id FROM allocations a"
+        " WHERE a.released = 0 AND a.node_id IN (SELECT node_id FROM suspect))"
+        " AND r.state = 'placed' AND EXISTS (SELECT 1 FROM allocations a"
+        " WHERE a.reservation_id = r.id AND a.released = 0"
+        " AND (a.node_id IN (SELECT node_id FROM bad) OR EXISTS (SELECT 1 FROM maintenance m"
+        ' WHERE m.node_id = a.node_id AND m."end" > r.during_start AND m.start < r.during_end)))'
         " ORDER BY r.seq"
     ).fetchall()
     return repo.with_allocations(conn, rows)

@@ -112,10 +112,7 @@ class Node:
         """A label value; `fabric.domain` is derived from the GPUs when all of them agree."""
         if key == FABRIC_DOMAIN:
             return fabric_domain(self.atoms)
-        for k, v in self.labels:
-            if k == key:
-                return v
-        return None
+        return label_value(self.labels, key)
 
     def all_labels(self) -> tuple[tuple[str, str], ...]:
         derived = fabric_domain(self.atoms)
@@ -123,8 +120,21 @@ class Node:
         return tuple(sorted(self.labels + extra))
 
 
+def label_value(labels: tuple[tuple[str, str], ...], key: str) -> str | None:
+    """An operator label's value (Node.label without the derived fabric.domain)."""
+    for k, v in labels:
+        if k == key:
+            return v
+    return None
+
+
 def fabric_domain(atoms: tuple[Atom, ...]) -> str | None:
-    keys = {(a.fabric_cluster, a.fabric_clique) for a in atoms}
+    return fabric_domain_of({(a.fabric_cluster, a.fabric_clique) for a in atoms})
+
+
+def fabric_domain_of(keys: set[tuple[str | None, int | None]]) -> str | None:
+    """The fabric.domain of GPUs with these distinct (fabric cluster, clique) pairs: defined
+    when they all share one, both parts set."""
     if len(keys) != 1:
         return None
     cluster, clique = next(iter(keys))

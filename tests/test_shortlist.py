@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -97,12 +97,14 @@ class BookingSpec:
 
 
 @st.composite
-def nodes(draw: st.DrawFn, i: int) -> NodeSpec:
+def nodes(
+    draw: st.DrawFn, i: int, racks: tuple[str | None, ...] = (None, "r1", "r2"), cliques: int = 2
+) -> NodeSpec:
     gpus = draw(st.sampled_from([0, 1, 2, 4, 8, 8, 8]))
     groups = draw(st.integers(1, 4))
     model = draw(st.sampled_from(["h100", "h100", "a100"]))
     mixed = draw(st.integers(0, 5)) == 0
-    clique = draw(st.integers(1, 2))
+    clique = draw(st.integers(1, cliques))
     atoms = tuple(
         Atom(
             index=j,
@@ -121,7 +123,7 @@ def nodes(draw: st.DrawFn, i: int) -> NodeSpec:
     return NodeSpec(
         f"n{i:02d}",
         atoms,
-        draw(st.sampled_from([None, "r1", "r2"])),
+        draw(st.sampled_from(racks)),
         schedulable=draw(st.integers(0, 7)) > 0,
         reachable=draw(st.integers(0, 7)) > 0,
         maintenance=maintenance,
@@ -433,3 +435,68 @@ def test_preemption_plans_the_same_on_the_nodes_it_could_use(
         assert {p.node_id for _, p in fits} <= {s.node.name for s in some}
         victims = bool(full.victims) if isinstance(full, Plan) else False
         event(f"{'plan' if isinstance(full, Plan) else 'no fit'}, {victims=}")
+
+
+@st.composite
+def gang_worlds(draw: st.DrawFn) -> tuple[list[NodeSpec], list[BookingSpec], Ask]:
+    """Gangs over many topology groups: racks and fabric cliques of one to a dozen nodes."""
+    racks = (None, "r1", "r2", "r3", "r4", "r5")
+    fleet = [draw(nodes(i, racks=racks, cliques=4)) for i in range(draw(st.integers(4, 24)))]
+    # Most nodes whole and healthy, so that several groups can make a gang and rank.
+    fleet = [
+        replace(
+            n,
+            atoms=tuple(replace(a, healthy=True, model="h100") for a in n.atoms),
+            schedulable=True,
+            reachable=True,
+            maintenance=None,
+        )
+        if draw(st.integers(0, 3))
+        else n
+        for n in fleet
+    ]
+    ask = draw(asks(fleet))
+    clean = draw(st.booleans())  # a plain ask: any model, GPUs of one node's share
+    ask = replace(
+        ask,
+        gang=draw(st.integers(2, 4)),
+        key=draw(st.sampled_from([None, "fabric.domain", "rack", "rack"])),
+        topology=None,
+        models=() if clean else ask.models,
+        lease=False if clean else ask.lease,
+        gpus=draw(st.integers(1, 4)) if clean else ask.gpus,
+    )
+    held = draw(bookings(fleet))
+    return fleet, held[: draw(st.integers(0, len(held)))], ask
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(gang_worlds())
+def test_a_gang_plans_only_its_best_groups_and_answers_as_the_full_planner(
+    world: tuple[list[NodeSpec], list[BookingSpec], Ask],
+) -> None:
+    """placing.gang_fits plans groups in order of their best possible gang, each only until its
+    best members are known, and stops once topN gangs rank before the next group's bound; with
+    no gang anywhere it plans enough to name the most nodes any group fits. The outcome and the
+    ranking of the best topN must be the full planner's."""
+    fleet, held, ask = world
+    db, pool_id = ledger()
+    with rolled_back(db):
+        subject = write_world(db, pool_id, fleet, held, ask)
+        ctx = context(db, ask.top_n)
+        request = subject.request(WINDOW)
+        assert placing.plan(ctx, subject, WINDOW, ask.exclude) == placing.full_plan(
+            ctx, subject, WINDOW, ask.exclude
+        )
+        snaps = repo.snapshots(db.conn, pool_id, WINDOW, ignore_reservation=subject.id)
+        all_fits, _ = plan_nodes(request, snaps, exclude=ask.exclude)
+        top_n = max(1, ask.top_n)
+        fits = placing.gang_fits(ctx, pool_id, request, subject.id, ask.exclude, top_n=top_n)
+        best = rank_gangs(request, all_fits)[:top_n]
+        assert rank_gangs(request, fits)[:top_n] == best
+        planned = {plan.node_id for _, plan in fits}
+        event(f"gang {'found' if best else 'none'}: planned {len(planned)} of {len(all_fits)} fits")

@@ -15,11 +15,20 @@ is booked, every taken GPU in one NVLink group), and plans of equal score rank b
 `enough` plans score MAX_SCORE, no node later in name order can rank before any of them, so they
 are the full planner's best `enough`. Packing drives nodes towards full, so such a node is seldom
 far away; when none is near, the bound order above takes over.
+
+A gang (engine/gang.py) offers each topology group's best `size` fitting nodes, ranked by their
+summed score, then group name. A group's best gang can sum no more than its `size` best member
+bounds (`gang_bounds`), and within a group the member bound order above settles its best `size`
+exactly. So groups are planned in order of that bound, each only until its best `size` are
+known, and planning stops once topN gangs found rank before the next group's bound
+(`keys_settled`): exactly the full planner's best topN. When no group makes a gang, the reason
+names the most nodes any group fits: groups are then planned in full, largest first, until no
+group left has more candidates than that.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from better_compute.engine.scorers import TOPOLOGY_MAX, fill
@@ -64,9 +73,15 @@ def could_be_perfect(request: Request, gpus: int, healthy: int, busy: int) -> bo
     return busy + need == gpus and healthy >= need
 
 
+def best_score(request: Request, c: Candidate) -> int:
+    """The best score a plan on this node could have: its packing term is exact from the counts
+    (scorers.fill), its topology term at most TOPOLOGY_MAX."""
+    return fill(c.busy + share(request, c.gpus), c.gpus) + TOPOLOGY_MAX
+
+
 def best_key(request: Request, c: Candidate) -> tuple[int, str]:
     """The best ranking key (-score, node) a plan on this node could have: rank_single's order."""
-    return (-(fill(c.busy + share(request, c.gpus), c.gpus) + TOPOLOGY_MAX), c.name)
+    return (-best_score(request, c), c.name)
 
 
 def ordered(request: Request, candidates: Sequence[Candidate]) -> list[tuple[tuple[int, str], str]]:
@@ -77,7 +92,36 @@ def ordered(request: Request, candidates: Sequence[Candidate]) -> list[tuple[tup
 def settled(plans: Sequence[NodePlan], enough: int, next_best: tuple[int, str] | None) -> bool:
     """Whether the best `enough` of `plans` are the best `enough` overall: no candidate left
     (next_best None), or the `enough`-th best plan ranks before any plan the next could make."""
+    return keys_settled([(-p.score, p.node_id) for p in plans], enough, next_best)
+
+
+def keys_settled(
+    keys: Sequence[tuple[int, str]], enough: int, next_best: tuple[int, str] | None
+) -> bool:
+    """settled, for ranking keys (-score, name) already made: of plans, or of gangs by group."""
     if next_best is None:
         return True
-    keys = sorted((-p.score, p.node_id) for p in plans)
-    return len(keys) >= enough and keys[enough - 1] < next_best
+    ranked = sorted(keys)
+    return len(ranked) >= enough and ranked[enough - 1] < next_best
+
+
+def gang_bounds(
+    request: Request, groups: Mapping[str, Sequence[Candidate]], size: int
+) -> list[tuple[tuple[int, str], str]]:
+    """(best key a gang of the group could have, group) of every group with at least `size`
+    candidates, most promising first: rank_gangs' key (-summed score, group), each member at
+    its best_score."""
+    bounds = []
+    for value, members in groups.items():
+        if len(members) >= size:
+            best = sorted((best_score(request, c) for c in members), reverse=True)[:size]
+            bounds.append(((-sum(best), value), value))
+    return sorted(bounds)
+
+
+def gang_key(plans: Sequence[NodePlan], size: int, group: str) -> tuple[int, str] | None:
+    """rank_gangs' key (-summed score, group) of the gang of a group's best `size` plans, when
+    they are the group's best (None: too few fit)."""
+    if len(plans) < size:
+        return None
+    return (-sum(sorted((p.score for p in plans), reverse=True)[:size]), group)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from better_compute.engine import shortlist
 from better_compute.engine.fit import Fit, plan_nodes
 from better_compute.engine.fleet import PoolIndex
-from better_compute.engine.gang import pick_gang
+from better_compute.engine.gang import gang_size, pick_gang
 from better_compute.engine.place import pick_single, place
 from better_compute.model import (
     Condition,
@@ -43,7 +43,7 @@ def plan(
     request = rsv.request(window)
     seed, top_n = ctx.seed(rsv.id, window.start), ctx.settings.top_n
     if request.gang_size is not None:
-        fits = shortlisted_fits(ctx, rsv.pool_id, request, rsv.id, exclude, enough=None)
+        fits = gang_fits(ctx, rsv.pool_id, request, rsv.id, exclude, top_n=max(1, top_n))
         return pick_gang(request, fits, seed=seed, top_n=top_n)
     fits = shortlisted_fits(ctx, rsv.pool_id, request, rsv.id, exclude, enough=max(1, top_n))
     if fits:
@@ -99,7 +99,6 @@ def shortlisted_fits(
 ) -> list[Fit]:
     """Fitting nodes, planned most promising first (engine/shortlist.py), until the best `enough`
     single-node plans are known (None: every candidate, as gangs need), by node name."""
-    conn = ctx.db.conn
     pool = fleet_pool(ctx, pool_id, request.window)
     # Nodes the name-order reading planned already: their plans count, and are not made twice.
     fits: list[Fit] = []
@@ -115,6 +114,28 @@ def shortlisted_fits(
     else:
         rows = candidates(ctx, pool_id, request, ignore, None if enough is None else FIRST_FETCH)
         order = ((shortlist.best_key(request, shortlist.Candidate(*r)), r[0]) for r in rows)
+    fits = _planned_in_order(
+        ctx, pool, pool_id, request, ignore, exclude, order, enough, fits, planned
+    )
+    return sorted(fits, key=lambda fit: fit[1].node_id)
+
+
+def _planned_in_order(
+    ctx: Ctx,
+    pool: PoolIndex | None,
+    pool_id: str,
+    request: Request,
+    ignore: str | None,
+    exclude: frozenset[str],
+    order: Iterator[tuple[tuple[int, str], str]],
+    enough: int | None,
+    fits: list[Fit] | None = None,
+    planned: frozenset[str] | set[str] = frozenset(),
+) -> list[Fit]:
+    """`fits` and the fits of the candidates of `order` (best key, name), planned in rounds in
+    that order until the best `enough` are known (shortlist.settled; None: all of them).
+    Candidates `planned` already (with `fits` their fits) are not planned again."""
+    fits = list(fits or [])
     # A round from memory costs no query: start with just enough (a bucket of equal nodes
     # settles at once); from SQL, rounds are fewer and larger.
     size = max(1, enough or 0) if pool is not None else max(FIRST_ROUND, 2 * (enough or 0))
@@ -130,7 +151,7 @@ def shortlisted_fits(
             snaps = pool.snapshots(request.window, ignore, names)
         elif names:
             snaps = repo.snapshots(
-                conn, pool_id, request.window, ignore_reservation=ignore, names=names
+                ctx.db.conn, pool_id, request.window, ignore_reservation=ignore, names=names
             )
         else:
             snaps = []
@@ -139,7 +160,76 @@ def shortlisted_fits(
         following = None if head is None else head[0]
         if enough is not None and shortlist.settled([p for _, p in fits], enough, following):
             break
-    return sorted(fits, key=lambda fit: fit[1].node_id)
+    return fits
+
+
+def gang_fits(
+    ctx: Ctx,
+    pool_id: str,
+    request: Request,
+    ignore: str | None,
+    exclude: frozenset[str],
+    *,
+    top_n: int,
+) -> list[Fit]:
+    """Fitting nodes enough for pick_gang to answer as it would on every fitting node of the
+    pool, the same plan or the same reason (engine/shortlist.py says why): a gang of 4 on the
+    big benchmark pool planned every one of its 2,800 nodes with room."""
+    if fleet_pool(ctx, pool_id, request.window) is not None:  # from memory: cheap already
+        return shortlisted_fits(ctx, pool_id, request, ignore, exclude, enough=None)
+    size = gang_size(request)
+    rows = _fit_rows(ctx, pool_id, request, ignore)  # best first: each group's order too
+    groups = _groups(ctx, pool_id, request.topology_key, rows)
+    fits: list[Fit] = []
+    found: list[tuple[int, str]] = []  # rank_gangs' keys of the groups' best gangs
+    planned: dict[str, int] = {}  # group: its nodes that fit, once planned in full
+    for bound, value in shortlist.gang_bounds(request, groups, size):
+        if shortlist.keys_settled(found, top_n, bound):
+            break
+        order = _in_order(request, groups[value])
+        mine = _planned_in_order(ctx, None, pool_id, request, ignore, exclude, order, size)
+        fits.extend(mine)
+        key = shortlist.gang_key([p for _, p in mine], size, value)
+        if key is not None:
+            found.append(key)
+        else:  # too few fit: every candidate of the group was planned
+            planned[value] = len(mine)
+    if found:
+        return fits
+    # No gang: the reason names the most nodes any group fits. A group fits at most its
+    # candidates, so the largest are planned until none left could fit more.
+    most = max(planned.values(), default=0)
+    for value in sorted(groups, key=lambda v: (-len(groups[v]), v)):
+        if len(groups[value]) <= most:
+            break
+        if value not in planned:
+            order = _in_order(request, groups[value])
+            mine = _planned_in_order(ctx, None, pool_id, request, ignore, exclude, order, None)
+            fits.extend(mine)
+            most = max(most, len(mine))
+    return fits
+
+
+def _groups(
+    ctx: Ctx, pool_id: str, key: str | None, rows: list[tuple[str, int, int]]
+) -> dict[str, list[shortlist.Candidate]]:
+    """The candidates by their value of the topology key, each group in the rows' order; nodes
+    without the value never join a gang (engine/gang.group_fits)."""
+    if key is None:
+        return {"": [shortlist.Candidate(*row) for row in rows]} if rows else {}
+    values = fitting.topology_values(ctx.db.conn, pool_id, key)
+    groups: dict[str, list[shortlist.Candidate]] = {}
+    for row in rows:
+        value = values.get(row[0])
+        if value is not None:
+            groups.setdefault(value, []).append(shortlist.Candidate(*row))
+    return groups
+
+
+def _in_order(
+    request: Request, members: list[shortlist.Candidate]
+) -> Iterator[tuple[tuple[int, str], str]]:
+    return iter([(shortlist.best_key(request, c), c.name) for c in members])
 
 
 #: Candidates the first bound-order query returns; planning past them asks again for them all.

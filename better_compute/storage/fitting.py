@@ -10,8 +10,11 @@ update drops them from the top), so a booked GPU below `gpus` is one the node ha
 
 from __future__ import annotations
 
-from better_compute.model import Window
-from better_compute.storage.repo import Conn, window_params
+from collections.abc import Iterable
+from typing import Any
+
+from better_compute.model import FABRIC_DOMAIN, Window, fabric_domain_of, label_value
+from better_compute.storage.repo import Conn, _labels, _opt_int, _opt_str, decoded, window_params
 
 #: The window's bookings of one node, as a correlated subquery on `s.name` (the node's index:
 #: `|| ''` keeps SQLite off the pool's window index). `{healthy}`: only the node's healthy GPUs.
@@ -117,3 +120,36 @@ def usable_after(
     params.update(after=after, limit=limit)
     rows = conn.execute(NAME_ORDER_SQL, params)
     return [(str(n), int(g), int(h), int(b)) for n, g, h, b in rows]
+
+
+def topology_values(conn: Conn, pool_id: str, key: str) -> dict[str, str | None]:
+    """Node.label(key) of every schedulable, reachable node of the pool, without building the
+    nodes: a gang's groups (service/placing.gang_fits). fabric.domain from each node's distinct
+    GPU fabrics; other keys from the labels, each distinct label set parsed once."""
+    sql = "FROM nodes n{} WHERE n.pool_id = ? AND n.schedulable != 0 AND n.reachable != 0"
+    if key == FABRIC_DOMAIN:
+        rows = conn.execute(
+            "SELECT DISTINCT n.name, a.fabric_cluster, a.fabric_clique "
+            + sql.format(" JOIN atoms a ON a.node_id = n.name"),
+            (pool_id,),
+        )
+        return decoded(conn, "a node or GPU row", lambda: _domains(rows))
+    rows = conn.execute("SELECT n.name, n.labels " + sql.format(""), (pool_id,))
+    return decoded(conn, "a node's labels", lambda: _values(rows, key))
+
+
+def _domains(rows: Iterable[Any]) -> dict[str, str | None]:
+    fabrics: dict[str, set[tuple[str | None, int | None]]] = {}
+    for name, cluster, clique in rows:
+        fabrics.setdefault(str(name), set()).add((_opt_str(cluster), _opt_int(clique)))
+    return {name: fabric_domain_of(keys) for name, keys in fabrics.items()}
+
+
+def _values(rows: Iterable[Any], key: str) -> dict[str, str | None]:
+    parsed: dict[str, tuple[tuple[str, str], ...]] = {}
+    values: dict[str, str | None] = {}
+    for name, text in rows:
+        if text not in parsed:
+            parsed[text] = _labels(text)
+        values[str(name)] = label_value(parsed[text], key)
+    return values

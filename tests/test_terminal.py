@@ -5,6 +5,7 @@ CliRunner's streams are never terminals, so only a real pty exercises the bar at
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import subprocess
@@ -234,3 +235,91 @@ def test_a_closed_standard_output_is_refused_before_anything_is_done(
         [*ENTRY, "--json", "list"], capture_output=True, env=env, check=True, text=True
     )
     assert listed.stdout.strip() == "[]"  # nothing was reserved
+
+
+def _env(db: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BETTER_COMPUTE_")}
+    env.update(BETTER_COMPUTE_DB=str(db), **extra)
+    return env
+
+
+def test_output_lost_after_a_committed_write_says_the_changes_stand(db_dir: Path) -> None:
+    """`reserve > /dev/full` committed the reservation and then said only "could not write the
+    output": a CI job that runs it again books twice. The one line now says it committed; a
+    read that fails the same way says nothing of the kind."""
+    db = init_db(db_dir / "w.db", "--demo")
+    ask = ["reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h"]
+    with open("/dev/full", "wb") as full:
+        wrote = subprocess.run([*ENTRY, *ask], stdout=full, stderr=subprocess.PIPE, env=_env(db))
+        read = subprocess.run([*ENTRY, "list"], stdout=full, stderr=subprocess.PIPE, env=_env(db))
+    assert wrote.returncode == read.returncode == 7, (wrote.stderr, read.stderr)
+    assert wrote.stderr.count(b"\n") == 1 and b"were committed" in wrote.stderr
+    assert b"committed" not in read.stderr
+    listed = subprocess.run(
+        [*ENTRY, "--json", "list"], capture_output=True, env=_env(db), check=True, text=True
+    )
+    assert len(json.loads(listed.stdout)) == 1  # it was booked, once
+
+
+@pytest.mark.parametrize(
+    "args", [["inventory", "import", "-"], ["simulate", "--workload", "-", "--format", "jsonl"]]
+)
+def test_a_closed_standard_input_is_bad_input_not_a_bug(db_dir: Path, args: list[str]) -> None:
+    """`inventory import - <&-` was INTERNAL ('NoneType' object has no attribute 'buffer')."""
+    db = init_db(db_dir / "i.db", "--demo")
+    proc = subprocess.run(
+        [*ENTRY, *args], capture_output=True, env=_env(db), preexec_fn=lambda: os.close(0)
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count(b"\n") == 1 and b"standard input is closed" in proc.stderr
+
+
+@pytest.mark.parametrize("how", ["closed", "full"])
+def test_an_error_with_nowhere_to_say_it_still_exits_with_its_code(db_dir: Path, how: str) -> None:
+    """`get rsv_nope 2>&-` exited 1 (INTERNAL: writing the message failed), not 3 (NOT_FOUND)."""
+    db = init_db(db_dir / "e.db", "--demo")
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run(
+            [*ENTRY, "get", "rsv_nope"],
+            stdout=subprocess.PIPE,
+            stderr=full,
+            env=_env(db),
+            preexec_fn=(lambda: os.close(2)) if how == "closed" else None,
+        )
+    assert proc.returncode == 3
+
+
+@pytest.mark.parametrize("encoding", ["latin-1", "ascii"])
+def test_output_in_an_encoding_without_dashes_is_escaped_not_a_crash(
+    db_dir: Path, encoding: str
+) -> None:
+    """PYTHONIOENCODING=latin-1: `list` was INTERNAL on the dash of its window column, and
+    `--help` printed a traceback. What the encoding lacks is written as a JSON escape, so JSON
+    stays valid and loses nothing."""
+    db = init_db(db_dir / "enc.db", "--demo")
+    env = _env(db, PYTHONIOENCODING=encoding)
+    ask = ["reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--name", "café ☕ 😀"]
+    made = subprocess.run([*ENTRY, "--json", *ask], capture_output=True, env=env)
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout.decode(encoding))["name"] == "café ☕ 😀"  # intact
+    for args in (["list"], ["get", "--help"], ["events"]):
+        proc = subprocess.run([*ENTRY, *args], capture_output=True, env=env)
+        assert proc.returncode == 0 and proc.stderr == b"", (args, proc.stderr)
+        assert b"\\u2013" in proc.stdout or args != ["list"]
+
+
+def test_an_in_memory_database_is_refused_and_a_file_of_that_name_works(db_dir: Path) -> None:
+    """`--db :memory:` left a file named ':memory:' that no command could open (each opened
+    SQLite's in-memory database instead: UNAVAILABLE, 'could not switch to WAL mode')."""
+    env = _env(db_dir / "unused.db", BETTER_COMPUTE_NOW=NOW)
+    refused = subprocess.run(
+        [*ENTRY, "--db", ":memory:", "init"], capture_output=True, env=env, cwd=db_dir
+    )
+    assert refused.returncode == 2 and b"in memory" in refused.stderr
+    assert not (db_dir / ":memory:").exists()
+    for args in (["init"], ["list"]):
+        proc = subprocess.run(
+            [*ENTRY, "--db", "./:memory:", *args], capture_output=True, env=env, cwd=db_dir
+        )
+        assert proc.returncode == 0, proc.stderr
+    assert (db_dir / ":memory:").is_file()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import errno
 import functools
 import io
@@ -22,6 +24,7 @@ from better_compute.cli.argv import repeated_option
 from better_compute.errors import BetterComputeError, InvalidInput, Unavailable, is_utf8
 from better_compute.lazy import lazy
 from better_compute.model import JsonValue, Window
+from better_compute.storage.conn import Commits
 from better_compute.timeparse import parse_time
 
 if TYPE_CHECKING:
@@ -97,10 +100,17 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _report(code: str, message: str, as_json: bool) -> None:
+    """The error on stderr. With stderr closed (`2>&-`) or full, the exit code alone tells it:
+    failing to write it would make every error INTERNAL."""
     if as_json:
-        sys.stderr.write(jsonlib.dumps({"error": {"code": code, "message": message}}) + "\n")
+        line = jsonlib.dumps({"error": {"code": code, "message": message}}) + "\n"
     else:
-        sys.stderr.write(f"error: {code}: {message}\n")
+        line = f"error: {code}: {message}\n"
+    if sys.stderr is None:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(line)
+        sys.stderr.flush()
 
 
 def _fail(exc: BetterComputeError, as_json: bool) -> None:
@@ -108,10 +118,11 @@ def _fail(exc: BetterComputeError, as_json: bool) -> None:
     raise typer.Exit(exc.exit_code)
 
 
-def _refused_by_the_system(exc: Exception) -> BetterComputeError | None:
+def _refused_by_the_system(exc: Exception, *, committed: bool) -> BetterComputeError | None:
     """What the system refused that is no bug of ours: a path too long for it, bad input
     wherever it was typed (Path.exists() raises it before anything is opened); a full disk,
-    which a retry may meet again (the output, or a file it writes)."""
+    which a retry may meet again (the output, or a file it writes). `committed`: the command
+    changed the ledger before that, which a blind retry would do twice."""
     if not isinstance(exc, OSError):
         return None
     name = "" if exc.filename is None else str(exc.filename)
@@ -123,6 +134,12 @@ def _refused_by_the_system(exc: Exception) -> BetterComputeError | None:
         )
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         where = f" {shown!r}" if name else " the output"
+        if committed:
+            return Unavailable(
+                f"could not write{where}: {exc.strerror}, after the command's changes to the"
+                " ledger were committed: see them (`better-compute events`) before running it"
+                " again, and free some space"
+            )
         return Unavailable(f"could not write{where}: {exc.strerror}; free some space first")
     return None
 
@@ -133,6 +150,7 @@ def handled(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         as_json = bool(kwargs.get("as_json")) or G.json
+        commits = Commits.made
         try:
             result = fn(*args, **kwargs)
             sys.stdout.flush()  # what is still buffered is written here, where failing is told
@@ -153,7 +171,7 @@ def handled(fn: F) -> F:
         except BrokenPipeError:  # the reader went away (`| head`): not a bug, and no message
             _reader_gone()
         except Exception as exc:  # the one place a bug becomes a message instead of a traceback
-            refused = _refused_by_the_system(exc)
+            refused = _refused_by_the_system(exc, committed=Commits.made > commits)
             if refused is not None:
                 if isinstance(refused, Unavailable):
                     _drop_output()  # what stays buffered can never be written either
@@ -346,6 +364,42 @@ def _sane_columns() -> None:
 MIN_COLUMNS = 20
 
 
+def _any_encoding() -> None:
+    """Output in whatever encoding stdout and stderr have (PYTHONIOENCODING=latin-1, an old
+    locale): what it cannot encode is written as a JSON escape (`\\u2013`), so JSON stays valid
+    and loses nothing, and a dash in a table no longer fails (INTERNAL; `--help`: a traceback)."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and not _utf(stream.encoding):
+            codecs.register_error(_ESCAPE, _json_escape)
+            stream.reconfigure(errors=_ESCAPE)
+
+
+_ESCAPE = "better-compute-json-escape"
+
+
+def _utf(encoding: str) -> bool:
+    try:
+        return codecs.lookup(encoding).name.startswith("utf")
+    except LookupError:
+        return False
+
+
+def _json_escape(exc: UnicodeError) -> tuple[str, int]:
+    """The unencodable characters as JSON writes them with ensure_ascii (a pair of `\\u`
+    escapes beyond the first 65,536 code points)."""
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    escaped = []
+    for char in exc.object[exc.start : exc.end]:
+        code = ord(char)
+        if code > 0xFFFF:
+            code -= 0x10000
+            escaped.append(f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}")
+        else:
+            escaped.append(f"\\u{code:04x}")
+    return "".join(escaped), exc.end
+
+
 def _whole_writes() -> None:
     """Standard output written whole, or not at all. Unbuffered (PYTHONUNBUFFERED, `python -u`),
     its text layer hands each write to the file once and drops what a partial write left: a
@@ -370,6 +424,7 @@ def main(prepare: Callable[[Any], None] | None = None, word: str | None = None) 
     argv = sys.argv[1:]
     if sys.stdout is None:  # started with its standard output closed (`>&-`)
         _nowhere_to_write("--json" in argv)
+    _any_encoding()
     _whole_writes()
     _sane_columns()
     for i, arg in enumerate(argv, 1):

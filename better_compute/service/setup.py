@@ -565,6 +565,8 @@ def read_text(ctx: Ctx, file: str, what: str) -> str:
     FIFO or folder (`/dev/zero` would be read forever), and more than inventory.maxBytes (at most
     that many bytes plus one are ever read)."""
     cap = ctx.settings.inventory_max_bytes
+    if file == "-" and sys.stdin is None:  # started with its standard input closed (`<&-`)
+        raise InvalidInput(f"{what} is '-' but standard input is closed; give a file, or pipe one")
     raw = sys.stdin.buffer.read(cap + 1) if file == "-" else _read_regular(file, cap + 1, what)
     if len(raw) > cap:
         raise InvalidInput(

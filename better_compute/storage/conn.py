@@ -93,6 +93,13 @@ class Ledger(Protocol):
     ) -> None: ...
 
 
+class Commits:
+    """Write transactions this process has committed, on any ledger: a command whose output
+    then fails says that its changes stand (cli/app.handled), so nobody runs it again blindly."""
+
+    made = 0
+
+
 def dialect(conn: object) -> str:
     """'sqlite' or 'postgresql': the one place a connection is asked which it is."""
     return SQLITE if isinstance(conn, sqlite3.Connection) else POSTGRES

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from better_compute import clock
 from better_compute.errors import Damaged, Forbidden, InvalidInput, Unavailable
 from better_compute.storage import files
-from better_compute.storage.conn import SQLITE, Ledger
+from better_compute.storage.conn import SQLITE, Commits, Ledger
 from better_compute.storage.schema import (
     APPLICATION_ID,
     MIGRATIONS,
@@ -115,6 +115,11 @@ def refuse_foreign_url(path: str, flag: str = "--db") -> None:
 def _require_path(path: str) -> None:
     if not path.strip():
         raise InvalidInput("--db (or BETTER_COMPUTE_DB) is empty; name a database file")
+    if path == ":memory:":  # SQLite's name for a database gone when the command ends
+        raise InvalidInput(
+            "--db ':memory:' would be a ledger in memory, gone when the command ends; name a"
+            " file (./:memory: is a file of that name)"
+        )
     refuse_foreign_url(path)
     _refuse_key_value(path)
     if is_postgres_url(path):
@@ -203,8 +208,8 @@ class Database:
             self.conn = sqlite3.connect(uri, uri=True, isolation_level=None)
             self.read_only = True
         else:
-            self.conn = sqlite3.connect(
-                str(path), isolation_level=None, timeout=busy_timeout_ms / 1000
+            self.conn = sqlite3.connect(  # the absolute path: Path('./:memory:') prints ':memory:'
+                str(self._where), isolation_level=None, timeout=busy_timeout_ms / 1000
             )
         self.conn.row_factory = sqlite3.Row
         self._busy_ms = int(busy_timeout_ms)
@@ -509,6 +514,7 @@ class Database:
                     f"database {self.path} stayed locked; nothing was written"
                 ) from None
             raise
+        Commits.made += 1
 
 
 def _configure(db: Database) -> None:

@@ -31,7 +31,7 @@ from psycopg.rows import tuple_row
 from psycopg.types.numeric import Int8Dumper
 
 from better_compute.errors import Conflict, Forbidden, InvalidInput, Unavailable
-from better_compute.storage.conn import POSTGRES
+from better_compute.storage.conn import POSTGRES, Commits
 from better_compute.storage.schema import MIGRATIONS, SCHEMA_VERSION, migration_text
 
 DEFAULT_LOCK_TIMEOUT_MS = 30_000
@@ -463,12 +463,14 @@ class PgDatabase:
             if self.conn.in_transaction and not raw.closed:
                 raw.rollback()  # forgets prepared statements too: see PgConn._run
             raise
+        wrote = self.conn.writing  # a read's snapshot ends here too
         try:
             raw.execute("COMMIT")
         except BaseException:
             self.conn._ended_write(None)
             raise
         self.conn._ended_write(True)
+        Commits.made += wrote
 
     def _mapped(self) -> AbstractContextManager[None]:
         return mapped(self.where)

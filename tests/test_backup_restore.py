@@ -12,10 +12,13 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import sqlite3
 import stat
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -64,6 +67,40 @@ def test_backup_reports_what_it_copied_and_refuses_to_overwrite(run: Cli, db_dir
     assert run.fails(2, "backup", db_dir / "no" / "dir.db")["code"] == "INVALID_INPUT"
     code, out, _ = run("backup", db_dir / "human.db", json=False)
     assert code == 0 and "2 reservations" in out
+    assert leftovers(db_dir) == []
+
+
+def _leave_a_wal(path: Path) -> None:
+    """Commit a row into `path` through its WAL and die without checkpointing, as a process
+    killed with -9 does: the row lives only in `path`-wal."""
+    code = (
+        "import os, sqlite3; c = sqlite3.connect(os.environ['DB'], isolation_level=None);"
+        " c.execute('PRAGMA journal_mode = WAL'); c.execute('PRAGMA wal_autocheckpoint = 0');"
+        " c.execute(\"INSERT INTO tenants(id, seq) VALUES ('stale', 999)\"); os._exit(0)"
+    )
+    subprocess.run([sys.executable, "-c", code], env={**os.environ, "DB": str(path)}, check=True)
+    assert Path(str(path) + "-wal").stat().st_size > 0
+
+
+@pytest.mark.parametrize("how", ["replaced", "deleted"])
+def test_a_backup_never_takes_on_a_wal_left_beside_its_name(
+    run: Cli, db_dir: Path, how: str
+) -> None:
+    """A `-wal` left beside the backup's name (by the ledger there, killed mid-write, or by one
+    deleted without its sidecars) was replayed onto the new copy by the next open: the copy read
+    back as that old ledger, or as damaged, though `backup` had said what it wrote."""
+    dest = db_dir / "copy.db"
+    run.ok("backup", dest)
+    _leave_a_wal(dest)
+    assert "stale" in {t["id"] for t in Cli(dest).ok("tenant", "list")}
+    if how == "deleted":
+        dest.unlink()  # its -wal and -shm stay behind
+        run.ok("backup", dest)
+    else:
+        run.ok("backup", dest, "--force")
+    assert not Path(str(dest) + "-wal").exists()
+    tenants = {t["id"] for t in Cli(dest).ok("tenant", "list")}
+    assert tenants == {t["id"] for t in run.ok("tenant", "list")} and "stale" not in tenants
     assert leftovers(db_dir) == []
 
 

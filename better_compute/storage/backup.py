@@ -83,13 +83,31 @@ def backup_to(db: Ledger, dest: str, *, force: bool, mode: int = 0o600) -> Copy:
         finally:
             out.close()
         files.fsync_file(temp)
-        files.place(temp, target, overwrite=force, shown=dest)
+        _place(temp, target, force=force, shown=dest)
     except (sqlite3.DatabaseError, OSError) as exc:
         raise Unavailable(f"cannot write the backup {dest!r}: {exc}; nothing was written") from None
     finally:
         files.discard(temp)
     version, db_id, reservations, events = summary
     return Copy(str(dest), target.stat().st_size, version, db_id, reservations, events)
+
+
+def _place(temp: Path, target: Path, *, force: bool, shown: str) -> None:
+    """Give the copy its name. SQLite pairs a `-wal` with its database by name only, so one left
+    beside the target (by the ledger that was there, or by one deleted without its sidecars)
+    would be replayed onto the copy: it read back as that old ledger, or as damaged. A ledger of
+    ours there is replaced as `init --force` replaces one (its writers locked out, its WAL
+    emptied into it, its sidecars removed, then the rename); where there is none, stale sidecars
+    are swept under the folder lock; any other file (`--force`) loses its sidecars first."""
+    kind = _header_kind(target)
+    if kind == "ours" and force:
+        replace.swap_in(target, temp, replacing=True)
+    elif kind in ("missing", "empty"):
+        replace.swap_in(target, temp, replacing=False)
+    else:
+        if force:
+            files.remove_sidecars(target)
+        files.place(temp, target, overwrite=force, shown=shown)
 
 
 def _check_source(source: str, ledger: Path) -> Path:

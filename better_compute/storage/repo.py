@@ -1319,9 +1319,13 @@ def append_event(
     actor: str,
     acting_admin: str | None,
 ) -> None:
+    # The next number, not the column's own: a PostgreSQL identity spends its values in
+    # transactions that roll back (a series that did not fit, a killed command), so its log had
+    # gaps SQLite's has not, and `events --json` differed by backend. Writers take the ledger's
+    # write lock first, so no two number an event at once.
     conn.execute(
-        "INSERT INTO events(type, at, tenant_id, reservation_id, data, actor, acting_admin)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO events(seq, type, at, tenant_id, reservation_id, data, actor, acting_admin)"
+        " VALUES ((SELECT COALESCE(MAX(seq), 0) + 1 FROM events), ?, ?, ?, ?, ?, ?, ?)",
         (type_, at, tenant, rsv_id, _sorted_json(data), actor, acting_admin),
     )
     _appended[0] += 1

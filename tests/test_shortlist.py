@@ -15,12 +15,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from better_compute.engine import shortlist
 from better_compute.engine.fit import plan_nodes
-from better_compute.engine.gang import rank_gangs
+from better_compute.engine.gang import group_fits, rank_gangs
 from better_compute.engine.place import rank_single
 from better_compute.engine.preempt import plan_preemption
 from better_compute.model import (
@@ -407,36 +407,6 @@ def test_perfect_fits_in_name_order_are_the_full_planners_best(
         event("whole pool" if whole else "answered" if found is not None else "passed")
 
 
-@settings(
-    max_examples=300,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-@given(worlds())
-def test_preemption_plans_the_same_on_the_nodes_it_could_use(
-    world: tuple[list[NodeSpec], list[BookingSpec], Ask],
-) -> None:
-    """placing.preemption_snapshots reads only the nodes that could take a share were every
-    spot booking freed; preemption's plan on them is its plan on the whole pool."""
-    fleet, held, ask = world
-    db, pool_id = ledger()
-    with rolled_back(db):
-        subject = write_world(db, pool_id, fleet, held, ask)
-        ctx = context(db, ask.top_n)
-        request = subject.request(WINDOW)
-        everything = repo.snapshots(db.conn, pool_id, WINDOW, ignore_reservation=subject.id)
-        some = placing.preemption_snapshots(ctx, pool_id, request, subject.id)
-        full = plan_preemption(request, everything)
-        short = plan_preemption(request, some)
-        assert isinstance(short, Plan) == isinstance(full, Plan)
-        if isinstance(full, Plan):
-            assert short == full
-        fits, _ = plan_nodes(request, everything, free_spot=True)
-        assert {p.node_id for _, p in fits} <= {s.node.name for s in some}
-        victims = bool(full.victims) if isinstance(full, Plan) else False
-        event(f"{'plan' if isinstance(full, Plan) else 'no fit'}, {victims=}")
-
-
 @st.composite
 def gang_worlds(draw: st.DrawFn) -> tuple[list[NodeSpec], list[BookingSpec], Ask]:
     """Gangs over many topology groups: racks and fabric cliques of one to a dozen nodes."""
@@ -468,6 +438,75 @@ def gang_worlds(draw: st.DrawFn) -> tuple[list[NodeSpec], list[BookingSpec], Ask
     )
     held = draw(bookings(fleet))
     return fleet, held[: draw(st.integers(0, len(held)))], ask
+
+
+def _eight(clique: int = 1) -> tuple[Atom, ...]:
+    return tuple(Atom(j, "h100", j // 4, "c1", clique) for j in range(8))
+
+
+#: Two racks wholly held by spot work, r1 with exactly a gang's two nodes: preemption's best gang
+#: (fewest victims, best score, then the group's name) is r1's.
+_TWO_RACKS_OF_SPOT = (
+    [NodeSpec(f"n{i:02d}", _eight(), "r1" if i < 2 else "r2", True, True, None) for i in range(5)],
+    [BookingSpec(i, tuple(range(8)), 99, 40, True, State.ACTIVE, False) for i in range(5)],
+    Ask(8, False, (), None, 2, "rack", frozenset(), 1),
+)
+
+
+@st.composite
+def spot_gang_worlds(draw: st.DrawFn) -> tuple[list[NodeSpec], list[BookingSpec], Ask]:
+    """gang_worlds with every node's GPUs held through the window, mostly by spot work: only
+    preemption can place the gang, in whichever groups have enough spot-held nodes."""
+    fleet, _, ask = draw(gang_worlds())
+    held = [
+        BookingSpec(
+            i,
+            tuple(range(len(n.atoms))),
+            start=draw(st.sampled_from([90, 99, 100])),
+            hours=draw(st.sampled_from([31, 40, 60])),
+            spot=draw(st.integers(0, 4)) > 0,
+            state=draw(st.sampled_from([State.PLACED, State.ACTIVE])),
+            subject=False,
+        )
+        for i, n in enumerate(fleet)
+        if n.atoms
+    ]
+    return fleet, held, ask
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(st.one_of(worlds(), gang_worlds(), spot_gang_worlds()))
+@example(_TWO_RACKS_OF_SPOT)
+def test_preemption_plans_the_same_on_the_nodes_it_could_use(
+    world: tuple[list[NodeSpec], list[BookingSpec], Ask],
+) -> None:
+    """placing.preemption_snapshots reads only the nodes that could take a share were every
+    spot booking freed (a gang's: only in groups with enough of them); preemption's plan on
+    them is its plan on the whole pool."""
+    fleet, held, ask = world
+    db, pool_id = ledger()
+    with rolled_back(db):
+        subject = write_world(db, pool_id, fleet, held, ask)
+        ctx = context(db, ask.top_n)
+        request = subject.request(WINDOW)
+        everything = repo.snapshots(db.conn, pool_id, WINDOW, ignore_reservation=subject.id)
+        some = placing.preemption_snapshots(ctx, pool_id, request, subject.id)
+        full = plan_preemption(request, everything)
+        short = plan_preemption(request, some)
+        assert isinstance(short, Plan) == isinstance(full, Plan)
+        if isinstance(full, Plan):
+            assert short == full
+        fits, _ = plan_nodes(request, everything, free_spot=True)
+        if ask.gang:  # the fits of every group that could offer a gang
+            groups = group_fits(request, fits)[0].values()
+            fits = [fit for members in groups if len(members) >= ask.gang for fit in members]
+        assert {p.node_id for _, p in fits} <= {s.node.name for s in some}
+        victims = bool(full.victims) if isinstance(full, Plan) else False
+        event(f"{'plan' if isinstance(full, Plan) else 'no fit'}, {victims=}")
 
 
 @settings(

@@ -278,8 +278,15 @@ def preemption_snapshots(
     that could take a share were every spot booking in the window freed. The others it would
     refuse whatever it frees, and its answer is the same without them (a no-fit's reason is
     not used): a pool of 4,000 nodes is not built for a request that finds nothing to preempt
-    (a pending gang, at every retry)."""
-    names = sorted(name for name, _, _ in _fit_rows(ctx, pool_id, request, ignore, free_spot=True))
+    (a pending gang, at every retry). A gang's members come only from topology groups with at
+    least `size` such nodes: no other group can offer a gang."""
+    rows = _fit_rows(ctx, pool_id, request, ignore, free_spot=True)
+    if request.gang_size is None:
+        names = sorted(name for name, _, _ in rows)
+    else:
+        groups = _groups(ctx, pool_id, request.topology_key, rows).values()
+        size = request.gang_size
+        names = sorted(c.name for members in groups if len(members) >= size for c in members)
     if not names:
         return []
     return repo.snapshots(

@@ -104,6 +104,36 @@ def test_a_backup_never_takes_on_a_wal_left_beside_its_name(
     assert leftovers(db_dir) == []
 
 
+@pytest.mark.parametrize("old", ["damaged", "newer", "being read"])
+def test_backup_force_replaces_whatever_backup_is_there_at_once(
+    run: Cli, db_dir: Path, old: str
+) -> None:
+    """`--force` replaces a damaged backup, one a newer version wrote, and one a reader has
+    open, at once: a backup is not a ledger to lock writers out of first."""
+    dest = db_dir / "old.db"
+    run.ok("backup", dest)
+    reader = None
+    if old == "damaged":
+        with dest.open("r+b") as f:
+            f.truncate(8192)
+    elif old == "newer":
+        sqlite3.connect(dest, isolation_level=None).execute("PRAGMA user_version = 99")
+    else:
+        reader = sqlite3.connect(dest, isolation_level=None)
+        reader.execute("BEGIN")
+        reader.execute("SELECT COUNT(*) FROM events").fetchone()
+    try:
+        started = time.monotonic()
+        assert run.ok("backup", dest, "--force")["reservations"] == 0
+        assert time.monotonic() - started < 10  # not the busy timeout
+    finally:
+        if reader is not None:
+            reader.close()
+    assert {t["id"] for t in Cli(dest).ok("tenant", "list")} == {
+        t["id"] for t in run.ok("tenant", "list")
+    }
+
+
 def test_backup_while_others_write_holds_every_committed_reservation(
     demo_db: Path, db_dir: Path
 ) -> None:

@@ -323,3 +323,51 @@ def test_an_in_memory_database_is_refused_and_a_file_of_that_name_works(db_dir: 
         )
         assert proc.returncode == 0, proc.stderr
     assert (db_dir / ":memory:").is_file()
+
+
+def test_a_terminal_gone_after_a_committed_write_says_the_changes_stand(db_dir: Path) -> None:
+    """An ssh session dropped as `reserve` printed (EIO on a pty whose other end is closed):
+    INTERNAL, 'Exception ignored', exit 120, though the reservation was committed."""
+    db = init_db(db_dir / "pty.db", "--demo")
+    leader, follower = pty.openpty()
+    ask = ["--json", "reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h"]
+    proc = subprocess.Popen([*ENTRY, *ask], stdout=follower, stderr=subprocess.PIPE, env=_env(db))
+    os.close(follower)
+    os.close(leader)
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 7, err
+    assert err.count(b"\n") == 1 and b"were committed" in err
+    listed = subprocess.run(
+        [*ENTRY, "--json", "list"], capture_output=True, env=_env(db), check=True, text=True
+    )
+    assert len(json.loads(listed.stdout)) == 1
+
+
+def test_a_standard_output_open_for_reading_is_refused_before_anything_is_done(
+    db_dir: Path,
+) -> None:
+    """`reserve 1</dev/null` committed, then failed to print (EBADF): INTERNAL, exit 120."""
+    db = init_db(db_dir / "ro.db", "--demo")
+    ask = ["reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h"]
+    with open(os.devnull, "rb") as readable_only:
+        proc = subprocess.run(
+            [*ENTRY, *ask], stdout=readable_only, stderr=subprocess.PIPE, env=_env(db)
+        )
+    assert proc.returncode == 2 and b"not open for writing" in proc.stderr
+    listed = subprocess.run(
+        [*ENTRY, "--json", "list"], capture_output=True, env=_env(db), check=True, text=True
+    )
+    assert listed.stdout.strip() == "[]"
+
+
+def test_a_standard_input_not_open_for_reading_is_bad_input(db_dir: Path) -> None:
+    db = init_db(db_dir / "wo.db", "--demo")
+    with open(os.devnull, "wb") as writable_only:
+        proc = subprocess.run(
+            [*ENTRY, "inventory", "import", "-"],
+            stdin=writable_only,
+            capture_output=True,
+            env=_env(db),
+        )
+    assert proc.returncode == 2 and b"cannot be read" in proc.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import errno
+import fcntl
 import functools
 import io
 import json as jsonlib
@@ -118,6 +119,11 @@ def _fail(exc: BetterComputeError, as_json: bool) -> None:
     raise typer.Exit(exc.exit_code)
 
 
+#: Output that cannot be written though the disk has room: a terminal gone (an ssh session
+#: dropped: EIO), stdout opened for reading only (`1</dev/null`: EBADF).
+_LOST_OUTPUT = (errno.EIO, errno.EBADF)
+
+
 def _refused_by_the_system(exc: Exception, *, committed: bool) -> BetterComputeError | None:
     """What the system refused that is no bug of ours: a path too long for it, bad input
     wherever it was typed (Path.exists() raises it before anything is opened); a full disk,
@@ -132,16 +138,18 @@ def _refused_by_the_system(exc: Exception, *, committed: bool) -> BetterComputeE
             f"the path {shown!r} is too long for this system (most file systems allow 255"
             " bytes a name); give a shorter one"
         )
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        where = f" {shown!r}" if name else " the output"
-        if committed:
-            return Unavailable(
-                f"could not write{where}: {exc.strerror}, after the command's changes to the"
-                " ledger were committed: see them (`better-compute events`) before running it"
-                " again, and free some space"
-            )
-        return Unavailable(f"could not write{where}: {exc.strerror}; free some space first")
-    return None
+    full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    if not full and (name or exc.errno not in _LOST_OUTPUT):
+        return None
+    where = f" {shown!r}" if name else " the output"
+    then = "free some space" if full else "give it an output it can write to"
+    if committed:
+        return Unavailable(
+            f"could not write{where}: {exc.strerror}, after the command's changes to the ledger"
+            f" were committed: see them (`better-compute events`) before running it again, and"
+            f" {then}"
+        )
+    return Unavailable(f"could not write{where}: {exc.strerror}; {then} first")
 
 
 def handled(fn: F) -> F:
@@ -342,15 +350,25 @@ def _drop_output() -> None:
 
 
 def _nowhere_to_write(as_json: bool) -> None:
-    """A command whose standard output is closed would do its work and then fail to say what
-    it did (INTERNAL, after a `reserve` had committed): refused before anything is done."""
-    if sys.stderr is not None:
-        _report(
-            "INVALID_INPUT",
-            "standard output is closed; give the command somewhere to write (>/dev/null)",
-            as_json,
-        )
+    """A command whose standard output is closed, or open for reading only, would do its work
+    and then fail to say what it did (after a `reserve` had committed): refused before anything
+    is done."""
+    _report(
+        "INVALID_INPUT",
+        "standard output is closed or not open for writing; give the command somewhere to"
+        " write (>/dev/null)",
+        as_json,
+    )
     sys.exit(InvalidInput.exit_code)
+
+
+def _writable(stream: Any) -> bool:
+    """Whether the stream's file is open for writing (what else it is, its writes will tell)."""
+    try:
+        flags = fcntl.fcntl(stream.fileno(), fcntl.F_GETFL)
+    except (AttributeError, OSError, ValueError):  # no file of its own (a test's capture)
+        return True
+    return flags & os.O_ACCMODE != os.O_RDONLY
 
 
 def _sane_columns() -> None:
@@ -422,7 +440,7 @@ def main(prepare: Callable[[Any], None] | None = None, word: str | None = None) 
     `prepare` adjusts the built command first (shell completion's value lookups); with `word`,
     only that command or group is built (see `only`)."""
     argv = sys.argv[1:]
-    if sys.stdout is None:  # started with its standard output closed (`>&-`)
+    if sys.stdout is None or not _writable(sys.stdout):  # `>&-`, or `1</dev/null`
         _nowhere_to_write("--json" in argv)
     _any_encoding()
     _whole_writes()

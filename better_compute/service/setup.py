@@ -560,14 +560,26 @@ def _kept_node(node: InventoryNode, was: InventoryNode | None) -> InventoryNode:
     return node
 
 
+def _read_stdin(limit: int, what: str) -> bytes:
+    """Standard input, up to `limit` bytes: closed (`<&-`) or not readable (`0>/dev/null`), it
+    is bad input, not a bug."""
+    if sys.stdin is None:
+        raise InvalidInput(f"{what} is '-' but standard input is closed; give a file, or pipe one")
+    try:
+        return sys.stdin.buffer.read(limit)
+    except OSError as exc:
+        raise InvalidInput(
+            f"{what} is '-' but standard input cannot be read ({exc.strerror}); give a file,"
+            " or pipe one"
+        ) from None
+
+
 def read_text(ctx: Ctx, file: str, what: str) -> str:
     """Read a UTF-8 text file (or - for stdin), refusing what could never be one: a device,
     FIFO or folder (`/dev/zero` would be read forever), and more than inventory.maxBytes (at most
     that many bytes plus one are ever read)."""
     cap = ctx.settings.inventory_max_bytes
-    if file == "-" and sys.stdin is None:  # started with its standard input closed (`<&-`)
-        raise InvalidInput(f"{what} is '-' but standard input is closed; give a file, or pipe one")
-    raw = sys.stdin.buffer.read(cap + 1) if file == "-" else _read_regular(file, cap + 1, what)
+    raw = _read_stdin(cap + 1, what) if file == "-" else _read_regular(file, cap + 1, what)
     if len(raw) > cap:
         raise InvalidInput(
             f"{what} {file!r} is larger than {cap} bytes (the setting inventory.maxBytes);"

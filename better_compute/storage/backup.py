@@ -95,19 +95,15 @@ def backup_to(db: Ledger, dest: str, *, force: bool, mode: int = 0o600) -> Copy:
 def _place(temp: Path, target: Path, *, force: bool, shown: str) -> None:
     """Give the copy its name. SQLite pairs a `-wal` with its database by name only, so one left
     beside the target (by the ledger that was there, or by one deleted without its sidecars)
-    would be replayed onto the copy: it read back as that old ledger, or as damaged. A ledger of
-    ours there is replaced as `init --force` replaces one (its writers locked out, its WAL
-    emptied into it, its sidecars removed, then the rename); where there is none, stale sidecars
-    are swept under the folder lock; any other file (`--force`) loses its sidecars first."""
-    kind = _header_kind(target)
-    if kind == "ours" and force:
-        replace.swap_in(target, temp, replacing=True)
-    elif kind in ("missing", "empty"):
+    would be replayed onto the copy: it read back as that old ledger, or as damaged. So the
+    sidecars go first: where no file is, under the folder lock, as `init` places a new ledger;
+    over a file `--force` replaces, whatever it is (a damaged or newer backup included, and
+    without waiting for a reader of it)."""
+    if not force:  # no file was there (else CONFLICT already): one placed meanwhile stays
         replace.swap_in(target, temp, replacing=False)
-    else:
-        if force:
-            files.remove_sidecars(target)
-        files.place(temp, target, overwrite=force, shown=shown)
+        return
+    files.remove_sidecars(target)
+    files.place(temp, target, overwrite=True, shown=shown)
 
 
 def _check_source(source: str, ledger: Path) -> Path:

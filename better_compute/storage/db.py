@@ -117,8 +117,8 @@ def _require_path(path: str) -> None:
         raise InvalidInput("--db (or BETTER_COMPUTE_DB) is empty; name a database file")
     if path == ":memory:":  # SQLite's name for a database gone when the command ends
         raise InvalidInput(
-            "--db ':memory:' would be a ledger in memory, gone when the command ends; name a"
-            " file (./:memory: is a file of that name)"
+            "':memory:' would be a ledger in memory, gone when the command ends; name a file"
+            " (./:memory: is a file of that name)"
         )
     refuse_foreign_url(path)
     _refuse_key_value(path)

@@ -538,7 +538,7 @@ def preview(ctx: Ctx, args: ReserveArgs) -> Preview:
         if not args.spot and not args.node_lease:
             deadline = max(args.start or ctx.now, ctx.now + ctx.settings.spot_notice_ms)
             late = Window(deadline, deadline + args.duration_ms)
-            snaps = repo.snapshots(conn, pool["id"], late)
+            snaps = placing.preemption_snapshots(ctx, pool["id"], draft.request(late), None)
             option = plan_preemption(draft.request(late), snaps)
             if isinstance(option, Plan) and option.victims:
                 preemptible = (len(option.victims), deadline)
@@ -561,7 +561,7 @@ def previewed(args: ReserveArgs, p: Preview) -> ReserveArgs:
 def _candidates(ctx: Ctx, draft: Reservation, window: Window) -> tuple[NodePlan, ...]:
     """Gang: the members of the best gang (single nodes are answered in preview itself)."""
     request = draft.request(window)
-    fits = placing.shortlisted_fits(ctx, draft.pool_id, request, None, enough=None)
+    fits = placing.gang_fits(ctx, draft.pool_id, request, None, frozenset(), top_n=1)
     gangs = rank_gangs(request, fits)
     return gangs[0].members if gangs else ()
 

@@ -274,6 +274,18 @@ def context(db: Database, top_n: int) -> Ctx:
 
 
 @contextmanager
+def written(
+    world: tuple[list[NodeSpec], list[BookingSpec], Ask],
+) -> Iterator[tuple[Database, str, Reservation, Ctx]]:
+    """The world in the module's ledger, rolled back after: (db, pool id, subject, context)."""
+    fleet, held, ask = world
+    db, pool_id = ledger()
+    with rolled_back(db):
+        subject = write_world(db, pool_id, fleet, held, ask)
+        yield db, pool_id, subject, context(db, ask.top_n)
+
+
+@contextmanager
 def _perfect_scan(nodes: int) -> Iterator[None]:
     kept = placing.PERFECT_SCAN
     placing.PERFECT_SCAN = nodes
@@ -487,11 +499,8 @@ def test_preemption_plans_the_same_on_the_nodes_it_could_use(
     """placing.preemption_snapshots reads only the nodes that could take a share were every
     spot booking freed (a gang's: only in groups with enough of them); preemption's plan on
     them is its plan on the whole pool."""
-    fleet, held, ask = world
-    db, pool_id = ledger()
-    with rolled_back(db):
-        subject = write_world(db, pool_id, fleet, held, ask)
-        ctx = context(db, ask.top_n)
+    ask = world[2]
+    with written(world) as (db, pool_id, subject, ctx):
         request = subject.request(WINDOW)
         everything = repo.snapshots(db.conn, pool_id, WINDOW, ignore_reservation=subject.id)
         some = placing.preemption_snapshots(ctx, pool_id, request, subject.id)
@@ -522,11 +531,8 @@ def test_a_gang_plans_only_its_best_groups_and_answers_as_the_full_planner(
     best members are known, and stops once topN gangs rank before the next group's bound; with
     no gang anywhere it plans enough to name the most nodes any group fits. The outcome and the
     ranking of the best topN must be the full planner's."""
-    fleet, held, ask = world
-    db, pool_id = ledger()
-    with rolled_back(db):
-        subject = write_world(db, pool_id, fleet, held, ask)
-        ctx = context(db, ask.top_n)
+    ask = world[2]
+    with written(world) as (db, pool_id, subject, ctx):
         request = subject.request(WINDOW)
         assert placing.plan(ctx, subject, WINDOW, ask.exclude) == placing.full_plan(
             ctx, subject, WINDOW, ask.exclude

@@ -159,6 +159,24 @@ def test_a_spot_reservation_being_preempted_warns_with_its_deadline(solo: Cli) -
     assert "NODE_RANK=0" in text
 
 
+def test_a_spot_booking_preempted_before_it_starts_warns_of_both(solo: Cli) -> None:
+    """A placed spot victim said only that it had not started, not that it ends at its
+    deadline (a hostile review); and the tick gave it `reservation.starting` after its
+    `reservation.preempting`, for a window cut to a minute."""
+    spot = solo.ok(
+        "reserve", "--tenant", "globex", "--gpus", "8", "--for", "4h", "--spot", "--start", "+1m"
+    )
+    solo.ok("reserve", "--tenant", "acme", "--gpus", "8", "--for", "1h")
+    victim = solo.ok("get", spot["id"])
+    assert victim["state"] == "placed" and victim["conditions"]
+    code, _, err = solo("launch", spot["id"], json=False)
+    assert code == 0 and err.count("\n") == 1
+    assert "has not started" in err and "is being preempted: it ends at" in err
+    solo.ok("tick", now=at(30_000))
+    types = [e["type"] for e in solo.ok("events", "--reservation", spot["id"])]
+    assert "reservation.preempting" in types and "reservation.starting" not in types
+
+
 def test_a_reservation_whose_end_has_come_does_not_launch(run: Cli) -> None:
     """Until a tick releases it, a reservation past its end still reads as active or placed,
     but its GPUs may be booked by someone else from that end on (a hostile review: launch

@@ -4,7 +4,7 @@
 at that point has passed (the booking it announces is one that will really start).
 `reservation.expiring` comes notice.expiringMs before the end of a running reservation, as the
 big clouds warn before a capacity block ends. A spot reservation under a preemption notice gets
-no expiring notice: it already has `reservation.preempting`. A setting of 0 turns it off.
+neither: it already has `reservation.preempting`. A setting of 0 turns it off.
 """
 
 from __future__ import annotations
@@ -17,8 +17,11 @@ RUNNING = (State.BINDING, State.ACTIVE)
 
 
 def due_starting(rsv: Reservation, now: int, lead_ms: int) -> bool:
-    """A calendar reservation inside its lead window whose lead check has passed."""
+    """A calendar reservation inside its lead window whose lead check has passed, unless it is
+    a spot reservation under a preemption notice: that start is not the one to prepare for."""
     if rsv.state != State.PLACED or rsv.during is None or rsv.start is None:
+        return False
+    if rsv.preempt_deadline is not None:
         return False
     return rsv.lead_checked and rsv.during.start - lead_ms <= now < rsv.during.start
 

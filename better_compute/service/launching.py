@@ -99,11 +99,12 @@ def _members(rsv: Reservation) -> tuple[Member, ...]:
 
 def _warning(rsv: Reservation) -> str | None:
     assert rsv.during is not None  # every live reservation has its window
+    said = []
     if rsv.state == State.PLACED:
-        return (
+        said.append(
             f"{rsv.id} has not started: its GPUs are handed over from {iso(rsv.during.start)}"
             " (tick moves it to binding)"
         )
-    if rsv.preempt_deadline is not None:
-        return f"{rsv.id} is being preempted: it ends at {iso(rsv.preempt_deadline)}"
-    return None
+    if rsv.preempt_deadline is not None:  # a spot victim, started or not yet
+        said.append(f"{rsv.id} is being preempted: it ends at {iso(rsv.preempt_deadline)}")
+    return "; ".join(said) or None

@@ -11,6 +11,7 @@ import io
 import json as jsonlib
 import os
 import sqlite3
+import stat
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -119,11 +120,6 @@ def _fail(exc: BetterComputeError, as_json: bool) -> None:
     raise typer.Exit(exc.exit_code)
 
 
-#: Output that cannot be written though the disk has room: a terminal gone (an ssh session
-#: dropped: EIO), stdout opened for reading only (`1</dev/null`: EBADF).
-_LOST_OUTPUT = (errno.EIO, errno.EBADF)
-
-
 def _refused_by_the_system(exc: Exception, *, committed: bool) -> BetterComputeError | None:
     """What the system refused that is no bug of ours: a path too long for it, bad input
     wherever it was typed (Path.exists() raises it before anything is opened); a full disk,
@@ -139,7 +135,7 @@ def _refused_by_the_system(exc: Exception, *, committed: bool) -> BetterComputeE
             " bytes a name); give a shorter one"
         )
     full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
-    if not full and (name or exc.errno not in _LOST_OUTPUT):
+    if not full and (name or not _terminal_gone(exc)):
         return None
     where = f" {shown!r}" if name else " the output"
     then = "free some space" if full else "give it an output it can write to"
@@ -150,6 +146,18 @@ def _refused_by_the_system(exc: Exception, *, committed: bool) -> BetterComputeE
             f" {then}"
         )
     return Unavailable(f"could not write{where}: {exc.strerror}; {then} first")
+
+
+def _terminal_gone(exc: OSError) -> bool:
+    """Output to a terminal that hung up (an ssh session dropped): EIO on a stdout that is a
+    character device (a hung-up terminal no longer answers isatty). Any other I/O error is no
+    refusal of the system's but a bug of ours."""
+    if exc.errno != errno.EIO:
+        return False
+    try:
+        return stat.S_ISCHR(os.fstat(sys.stdout.fileno()).st_mode)
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 def handled(fn: F) -> F:

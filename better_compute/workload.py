@@ -187,13 +187,16 @@ def _duration(d: dict[str, object]) -> int:
             raise InvalidInput(f"duration must be more than 0 ms, got {value}")
         value = f"{value}ms"
     if not isinstance(value, str):
+        what = "is required" if value is None else "must be whole"
         raise InvalidInput(
-            f"duration is required: milliseconds or a DURATION such as 3h, got {_what(value)}"
+            f"duration {what}: milliseconds or a DURATION such as 3h, got {_what(value)}"
         )
     try:
         return parse_duration(value)
-    except InvalidInput as exc:
-        raise InvalidInput(f"duration: {exc.message}") from None
+    except InvalidInput:
+        raise InvalidInput(
+            f"duration must be milliseconds or a DURATION such as 3h, got {_what(value)}"
+        ) from None
 
 
 def _text(d: dict[str, object], key: str) -> str | None:
@@ -227,7 +230,9 @@ _REQUEST_KEYS_ONCE = keys_once("the request")
 def _request(line: int, raw: str, base: int, compress: Fraction) -> Request:
     try:
         d = json.loads(raw, object_pairs_hook=_REQUEST_KEYS_ONCE)
-    except (ValueError, RecursionError):
+    except (ValueError, RecursionError) as exc:
+        if "digits" in str(exc):  # Python's limit on an integer's digits, not bad JSON
+            raise InvalidInput("a number has too many digits") from None
         raise InvalidInput("not a JSON object (one request per line)") from None
     if not isinstance(d, dict):
         raise InvalidInput(f"must be a JSON object, got {_what(d)}")

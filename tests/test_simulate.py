@@ -355,6 +355,12 @@ OK = '"at": "+1h", "tenant": "acme", "gpus": 1, "duration": "1h"'
             "line 3: that window would end after 9999-12-31T23:59:59.999Z",
         ),
         ("{" + OK + ', "start": "9999-12-31T23:30:00Z"}', "line 3: that window would end after"),
+        # a hostile review: said "duration is required" of a number, and "not a JSON object" of
+        # a number too long for Python; and a new key with a series' mark was demand refused
+        # while replaying, not a bad line
+        ('{"at": "+1h", "tenant": "acme", "gpus": 1, "duration": 1e300}', "line 3: duration must"),
+        ('{"at": ' + "9" * 5000 + ', "tenant": "acme"}', "line 3: a number has too many digits"),
+        ("{" + OK + ', "key": "x#1"}', "line 3: key must not contain '#'"),
     ],
 )
 def test_a_bad_line_is_refused_by_number_before_anything_is_written(
@@ -369,6 +375,21 @@ def test_a_bad_line_is_refused_by_number_before_anything_is_written(
     assert error["message"].startswith(message), error
     assert fleet.ok("events") == events
     assert "newco" not in [t["id"] for t in fleet.ok("tenant", "list")]
+
+
+def test_a_bad_line_after_until_is_refused_all_the_same(fleet: Cli, db_dir: Path) -> None:
+    """The same file was good with `--until` before its bad line and bad without."""
+    path = db_dir / "later.jsonl"
+    path.write_text(
+        '{"at": "+0s", "tenant": "newco", "gpus": 1, "duration": "1h"}\n'
+        '{"at": "+3h", "tenant": "newco", "gpus": 1, "duration": "1h", "topologyKey": "rack"}\n'
+    )
+    events = fleet.ok("events")
+    for until in ([], ["--until", "+1h"]):
+        args = ("simulate", "--workload", path, "--format", "jsonl", *until)
+        error = fleet.fails(2, *args, now=None)
+        assert error["message"].startswith("line 2: "), error
+    assert fleet.ok("events") == events
 
 
 def test_a_pool_only_the_flag_names_is_not_blamed_on_a_line(fleet: Cli, db_dir: Path) -> None:

@@ -31,7 +31,7 @@ from better_compute.errors import (
     NotFound,
     QuotaExceeded,
 )
-from better_compute.model import State, evolve
+from better_compute.model import SERIES_MARK, State, evolve
 from better_compute.service import booking, setup, ticking
 from better_compute.service.authz import require_admin
 from better_compute.service.booking import ReserveArgs
@@ -137,7 +137,12 @@ def simulate(
         raise InvalidInput(f"--until must not be before the ledger's instant ({base})")
     workload = parse_workload(setup.read_text(ctx, file, "workload"), fmt, base, compress)
     notice = ctx.settings.spot_notice_ms
-    plan = [(r, _args(r, pool, notice)) for r in workload.requests if until is None or r.at < until]
+    # Every line is checked, those after --until too: the same file is good or bad whatever
+    # --until says, before anything is written.
+    checked = [(r, _args(r, pool, notice)) for r in workload.requests]
+    _check_pools(ctx, checked, pool)
+    _check_keys(ctx, checked)
+    plan = [(r, args) for r, args in checked if until is None or r.at < until]
     asked_pools = _check_pools(ctx, plan, pool)
     _create_tenants(ctx.at(base), sorted({r.tenant for r, _ in plan}))  # those sent only
     run = _Run(base, first_event, set(), seq_floor=seq_floor)
@@ -197,6 +202,22 @@ def _check_pools(ctx: Ctx, plan: list[tuple[Request, ReserveArgs]], flag: str | 
             if ref in asked:
                 pools.add(str(row["id"]))
     return pools
+
+
+def _check_keys(ctx: Ctx, checked: list[tuple[Request, ReserveArgs]]) -> None:
+    """A key with the mark that numbers a series' occurrences is refused in a new key, as
+    `reserve` refuses it: a line may name one only if the ledger already has it."""
+    marked = [(r, args) for r, args in checked if args.key is not None and SERIES_MARK in args.key]
+    if not marked:
+        return
+    with ctx.db.read() as conn:
+        for r, args in marked:
+            assert args.key is not None
+            if repo.reservation_by_key(conn, args.tenant, args.key) is None:
+                raise InvalidInput(
+                    f"line {r.line}: key must not contain {SERIES_MARK!r}: it numbers the"
+                    " occurrences of a series"
+                )
 
 
 def _create_tenants(ctx: Ctx, tenants: Iterable[str]) -> None:

@@ -177,6 +177,22 @@ def test_a_spot_booking_preempted_before_it_starts_warns_of_both(solo: Cli) -> N
     assert "reservation.preempting" in types and "reservation.starting" not in types
 
 
+def test_launch_warns_of_hardware_that_went_bad_under_a_running_reservation(run: Cli) -> None:
+    """Nothing moves a running reservation, and launch handed out a quarantined GPU and a rank
+    on an unreachable node without a word (a hostile review)."""
+    gang = reserve(run, "--gpus", "8", "--gang", "2", "--for", "4h")
+    run.ok("tick")
+    first, second = sorted(a["nodeId"] for a in gang["allocations"])
+    code, _, err = run("launch", gang["id"], json=False)
+    assert code == 0 and err == ""
+    run.ok("device", "quarantine", f"{first}:2", "--reason", "xid-79")
+    run.ok("node", "mark-unreachable", second)
+    code, text, err = run("launch", gang["id"], json=False)
+    assert code == 0 and err.count("\n") == 1
+    assert f"GPU 2 of {first} not healthy" in err and f"node {second} is unreachable" in err
+    assert "MASTER_ADDR=" in text  # stdout as before: the launcher decides
+
+
 def test_a_reservation_whose_end_has_come_does_not_launch(run: Cli) -> None:
     """Until a tick releases it, a reservation past its end still reads as active or placed,
     but its GPUs may be booked by someone else from that end on (a hostile review: launch

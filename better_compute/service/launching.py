@@ -16,7 +16,8 @@ from better_compute.lifecycle.tick import ended_at
 from better_compute.model import Reservation, State
 from better_compute.service import reading
 from better_compute.service.context import Ctx
-from better_compute.storage import repo
+from better_compute.storage import repo, tickwork
+from better_compute.storage.conn import Conn
 from better_compute.timeparse import iso
 
 FORMATS = ("env", "hostfile", "torchrun", "json")
@@ -81,7 +82,8 @@ def launch(ctx: Ctx, rsv_id: str, node: str | None = None) -> Launch:
                 raise InvalidInput(f"node {node} is not a member of {rsv.id}; its nodes: {names}")
         elif len(members) == 1:
             chosen = members[0]
-        return Launch(rsv.id, members, chosen, _warning(rsv))
+        said = [w for w in (_warning(rsv), _hardware(conn, members)) if w]
+        return Launch(rsv.id, members, chosen, "; ".join(said) or None)
 
 
 def _members(rsv: Reservation) -> tuple[Member, ...]:
@@ -95,6 +97,21 @@ def _members(rsv: Reservation) -> tuple[Member, ...]:
         raise Conflict(f"cannot launch on {rsv.id}: it was released ({reason})")
     ordered = sorted(rsv.allocations, key=lambda a: a.node_id)
     return tuple(Member(a.node_id, i, tuple(sorted(a.atoms))) for i, a in enumerate(ordered))
+
+
+def _hardware(conn: Conn, members: tuple[Member, ...]) -> str | None:
+    """What went wrong with the members' hardware since they were booked: nothing moves a
+    running reservation, so its job would start on a GPU quarantined or a node unreachable."""
+    health = tickwork.node_health(conn, [m.node_id for m in members])
+    said = []
+    for m in members:
+        _, reachable, sick = health.get(m.node_id, (True, True, frozenset()))
+        if not reachable:
+            said.append(f"node {m.node_id} is unreachable")
+        bad = sorted(sick.intersection(m.gpus))
+        if bad:
+            said.append(f"GPU {', '.join(map(str, bad))} of {m.node_id} not healthy")
+    return "; ".join(said) or None
 
 
 def _warning(rsv: Reservation) -> str | None:

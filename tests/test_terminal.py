@@ -371,3 +371,20 @@ def test_a_standard_input_not_open_for_reading_is_bad_input(db_dir: Path) -> Non
             env=_env(db),
         )
     assert proc.returncode == 2 and b"cannot be read" in proc.stderr
+
+
+def test_version_to_a_reader_gone_or_a_full_disk_ends_as_every_command_does(
+    db_dir: Path,
+) -> None:
+    """`--version | (exec 0<&-; …)` ended with status 120 and Python's 'Exception ignored …
+    BrokenPipeError' (its line was written at exit); `> /dev/full` the same with ENOSPC."""
+    env = _env(db_dir / "unused.db")
+    proc = subprocess.Popen(
+        [*ENTRY, "--version"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    assert proc.wait(timeout=60) == 141 and proc.stderr.read() == b""
+    with open("/dev/full", "wb") as full:
+        done = subprocess.run([*ENTRY, "--version"], stdout=full, stderr=subprocess.PIPE, env=env)
+    assert done.returncode == 7 and done.stderr.count(b"\n") == 1, done.stderr

@@ -256,7 +256,17 @@ def _print_version(value: bool) -> None:
             text = version("better-compute")
         except PackageNotFoundError:  # run from a source tree that was never installed
             text = "0+unknown"
-        sys.stdout.write(f"better-compute {text}\n")
+        try:  # written here, not at exit, where failing is only Python's "Exception ignored"
+            sys.stdout.write(f"better-compute {text}\n")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _reader_gone()
+        except OSError as exc:
+            refused = _refused_by_the_system(exc, committed=False)
+            if refused is None:
+                raise
+            _drop_output()
+            _fail(refused, G.json)
         raise typer.Exit(0)
 
 

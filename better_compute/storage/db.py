@@ -610,7 +610,8 @@ def postgres() -> Any:
         import psycopg  # noqa: F401
     except ImportError:
         raise InvalidInput(
-            "a postgresql:// ledger needs psycopg: pip install 'better-compute[postgres]'"
+            "a postgresql:// ledger needs psycopg: pip install 'better-compute[postgres]' (from a"
+            " clone: pip install -e '.[postgres]')"
         ) from None
     from better_compute.storage import postgres as module
 

@@ -185,18 +185,26 @@ def _duration(d: dict[str, object]) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         if value <= 0:
             raise InvalidInput(f"duration must be more than 0 ms, got {value}")
-        value = f"{value}ms"
+        try:
+            return parse_duration(f"{value}ms")
+        except InvalidInput as exc:  # its reason: too long
+            raise InvalidInput(f"duration {value} ms: {_reason(exc.message)}") from None
+    if value is None:
+        raise InvalidInput("duration is required: milliseconds or a DURATION such as 3h")
     if not isinstance(value, str):
-        what = "is required" if value is None else "must be whole"
+        whole = "whole " if isinstance(value, float) else ""
         raise InvalidInput(
-            f"duration {what}: milliseconds or a DURATION such as 3h, got {_what(value)}"
+            f"duration must be {whole}milliseconds or a DURATION such as 3h, got {_what(value)}"
         )
     try:
         return parse_duration(value)
-    except InvalidInput:
-        raise InvalidInput(
-            f"duration must be milliseconds or a DURATION such as 3h, got {_what(value)}"
-        ) from None
+    except InvalidInput as exc:  # its reason (more than 0, too long)
+        raise InvalidInput(f"duration {_what(value)}: {_reason(exc.message)}") from None
+
+
+def _reason(message: str) -> str:
+    """parse_duration's reason, without its echo of the text (`bad DURATION '…': reason`)."""
+    return message.split("': ", 1)[-1]
 
 
 def _text(d: dict[str, object], key: str) -> str | None:

@@ -326,6 +326,7 @@ def test_refused_requests_are_never_placed_and_the_replay_goes_on(fleet: Cli, db
 
 
 OK = '"at": "+1h", "tenant": "acme", "gpus": 1, "duration": "1h"'
+DUR = '{{"at": "+1h", "tenant": "acme", "gpus": 1, "duration": {}}}'
 
 
 @pytest.mark.parametrize(
@@ -359,6 +360,9 @@ OK = '"at": "+1h", "tenant": "acme", "gpus": 1, "duration": "1h"'
         # a number too long for Python; and a new key with a series' mark was demand refused
         # while replaying, not a bad line
         ('{"at": "+1h", "tenant": "acme", "gpus": 1, "duration": 1e300}', "line 3: duration must"),
+        (DUR.format('"0h"'), 'line 3: duration "0h": must be more than 0'),
+        (DUR.format("true"), "line 3: duration must be milliseconds"),
+        (DUR.format("1e17"), "line 3: duration must be whole milliseconds"),
         ('{"at": ' + "9" * 5000 + ', "tenant": "acme"}', "line 3: a number has too many digits"),
         ("{" + OK + ', "key": "x#1"}', "line 3: key must not contain '#'"),
     ],

@@ -388,3 +388,8 @@ def test_version_to_a_reader_gone_or_a_full_disk_ends_as_every_command_does(
     with open("/dev/full", "wb") as full:
         done = subprocess.run([*ENTRY, "--version"], stdout=full, stderr=subprocess.PIPE, env=env)
     assert done.returncode == 7 and done.stderr.count(b"\n") == 1, done.stderr
+    with open("/dev/full", "wb") as full:
+        args = [*ENTRY, "--json", "--version"]
+        done = subprocess.run(args, stdout=full, stderr=subprocess.PIPE, env=env)
+    assert done.returncode == 7
+    assert json.loads(done.stderr)["error"]["code"] == "UNAVAILABLE"  # JSON, as --json asks

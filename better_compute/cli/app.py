@@ -266,7 +266,7 @@ def _print_version(value: bool) -> None:
             if refused is None:
                 raise
             _drop_output()
-            _fail(refused, G.json)
+            _fail(refused, "--json" in sys.argv[1:])  # an eager option: --json not yet read
         raise typer.Exit(0)
 
 

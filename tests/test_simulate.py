@@ -345,7 +345,7 @@ DUR = '{{"at": "+1h", "tenant": "acme", "gpus": 1, "duration": {}}}'
         ('{"at": "+1h", "tenant": "a b", "gpus": 1, "duration": "1h"}', "line 3: tenant"),
         ("{" + OK + ', "spot": 1}', "line 3: spot"),
         ("{" + OK + ', "model": "H 100"}', "line 3: model"),
-        ("{" + OK + ', "topologyKey": "rack"}', "line 3: --topology-key applies only to a gang"),
+        ("{" + OK + ', "topologyKey": "rack"}', "line 3: topologyKey applies only to a gang"),
         ("{" + OK + ', "pool": "nope"}', "line 3: "),
         # each key once: json.loads would keep the last of two
         ("{" + OK + ', "gpus": 2}', 'line 3: the request has the key "gpus" twice'),

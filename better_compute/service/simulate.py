@@ -17,6 +17,7 @@ events, bookings and usage), never from counters kept along the way.
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -175,8 +176,30 @@ def _args(r: Request, pool: str | None, spot_notice_ms: int) -> ReserveArgs:
             r.at, spot_notice_ms, args, "an earlier arrival or start, or a shorter duration"
         )
     except BetterComputeError as exc:
-        raise InvalidInput(f"line {r.line}: {exc.message}") from None
+        raise InvalidInput(f"line {r.line}: {_in_line_terms(exc.message)}") from None
     return args
+
+
+#: reserve's flags as a jsonl line names them.
+_LINE_KEYS = {
+    "topology-key": "topologyKey",
+    "key": "key",
+    "gang": "gang",
+    "gpus": "gpus",
+    "model": "model",
+    "start": "start",
+    "for": "duration",
+    "spot": "spot",
+    "pool": "pool",
+    "tenant": "tenant",
+}
+_FLAG = re.compile(r"--(" + "|".join(sorted(_LINE_KEYS, key=len, reverse=True)) + r")\b(?!-)")
+
+
+def _in_line_terms(message: str) -> str:
+    """reserve's check of its flags, told in the line's keys (`topologyKey`, not
+    `--topology-key`): the line is what its author wrote."""
+    return _FLAG.sub(lambda m: _LINE_KEYS[m.group(1)], message)
 
 
 def _check_pools(ctx: Ctx, plan: list[tuple[Request, ReserveArgs]], flag: str | None) -> set[str]:

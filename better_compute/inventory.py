@@ -12,7 +12,7 @@ import csv
 import io
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from better_compute.errors import InvalidInput, is_utf8
@@ -316,10 +316,25 @@ OPENB_NODE_COLUMNS = ("sn", "gpu", "model")
 
 @dataclass(frozen=True)
 class OpenbNodes:
-    """An openb node list as one pool, and how many rows were skipped (nodes without GPUs)."""
+    """An openb node list as one pool, how many rows were skipped (nodes without GPUs), and the
+    line of each node's row (a refusal names the line, not a JSON path the file never had)."""
 
     inventory: Inventory
     skipped: int
+    lines: Mapping[str, int] = field(default_factory=dict)
+
+    def in_file_terms(self, exc: InvalidInput) -> InvalidInput:
+        """A refusal of the import, naming a node's row by its line: `pools[p].nodes[n1].gpus.
+        count: …` becomes `line 3 (n1): …`."""
+        found = _NODE_PATH.match(exc.message)
+        line = None if found is None else self.lines.get(found.group(1).lower())
+        if found is None or line is None:
+            return exc
+        return InvalidInput(f"line {line} ({found.group(1)}): {found.group(2)}")
+
+
+#: A refusal's JSON path to one node of a pool, and what follows it.
+_NODE_PATH = re.compile(r"pools\[[^\]]*\]\.nodes\[([^\]]+)\][^:]*: (.*)", re.DOTALL)
 
 
 def csv_rows(text: str, needed: tuple[str, ...], what: str) -> list[tuple[int, dict[str, str]]]:
@@ -400,7 +415,10 @@ def parse_openb_nodes(text: str, pool: str = "openb") -> OpenbNodes:
         what = "no nodes" if not skipped else f"no node with GPUs (all {skipped} rows have 0)"
         raise InvalidInput(f"the node list has {what}; nothing was imported")
     nodes.sort(key=lambda n: n.name)
-    return OpenbNodes(Inventory((InventoryPool(pool, (), tuple(nodes), KEEP_POOL),)), skipped)
+    lines = {folded: line for folded, (line, _) in seen.items()}  # names compare without case
+    return OpenbNodes(
+        Inventory((InventoryPool(pool, (), tuple(nodes), KEEP_POOL),)), skipped, lines
+    )
 
 
 # --- export --------------------------------------------------------------------------------------

@@ -170,6 +170,23 @@ def test_a_bad_node_row_names_its_line_and_nothing_is_imported(
     assert empty.ok("node", "list") == []
 
 
+def test_a_node_list_the_ledger_refuses_names_the_row_by_its_line(empty: Cli, db_dir: Path) -> None:
+    """A refusal by the ledger (a node shrunk under its live bookings, a name that differs from
+    a node's only by case) named a JSON path the CSV never had: `pools[p].nodes[n1].gpus…`."""
+    path = db_dir / "nodes.csv"
+    path.write_text(NODE_HEADER + "n9,1,1,4,h100\nn1,1,1,4,h100\n")
+    empty.ok("inventory", "import", "--format", "openb-nodes", path, "--pool", "p")
+    empty.ok("tenant", "create", "acme")
+    for _ in range(2):  # both nodes whole
+        empty.ok("reserve", "--tenant", "acme", "--gpus", "4", "--for", "1h")
+    path.write_text(NODE_HEADER + "n9,1,1,4,h100\nn1,1,1,2,h100\n")
+    error = empty.fails(2, "inventory", "import", "--format", "openb-nodes", path, "--pool", "p")
+    assert error["message"].startswith("line 3 (n1): GPUs [2, 3] of n1 hold live bookings"), error
+    path.write_text(NODE_HEADER + "N1,1,1,4,h100\n")
+    error = empty.fails(2, "inventory", "import", "--format", "openb-nodes", path, "--pool", "p")
+    assert error["message"].startswith("line 2 (N1): node 'n1' exists"), error
+
+
 def test_node_list_format_refusals(empty: Cli, db_dir: Path) -> None:
     path = db_dir / "nodes.csv"
     path.write_text("name,gpus\nx,1\n")

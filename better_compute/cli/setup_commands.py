@@ -126,12 +126,15 @@ def inventory_import(
     c = ctx()
     skipped = None
     if fmt == "json":
-        inv = setup.read_inventory(c, str(file))
+        inv, nodes = setup.read_inventory(c, str(file)), None
     else:
         nodes = setup.read_openb_nodes(c, str(file), pool)
         inv, skipped = nodes.inventory, nodes.skipped
     with progress_bar(as_json, "importing nodes") as advance:
-        counts = setup.inventory_import(c, inv, advance)
+        if nodes is None:
+            counts = setup.inventory_import(c, inv, advance)
+        else:  # a refusal names the row's line
+            counts = setup.import_openb_nodes(c, nodes, advance)
     doc: dict[str, JsonValue] = dict(counts) if skipped is None else {**counts, "skipped": skipped}
     emit(as_json, doc, lambda: human.imported(counts, skipped))
 

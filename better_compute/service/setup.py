@@ -528,6 +528,16 @@ def read_openb_nodes(ctx: Ctx, file: str, pool: str | None) -> OpenbNodes:
     return parse_openb_nodes(text, name)
 
 
+def import_openb_nodes(
+    ctx: Ctx, nodes: OpenbNodes, progress: Callable[[int, int], None] | None = None
+) -> dict[str, int]:
+    """inventory_import of an openb node list: a refusal names the node's row by its line."""
+    try:
+        return inventory_import(ctx, nodes.inventory, progress)
+    except InvalidInput as exc:
+        raise nodes.in_file_terms(exc) from None
+
+
 def _keeping_what_is_omitted(conn: Conn, inv: Inventory) -> Inventory:
     """A file that leaves out a key of a pool or node that exists keeps what the ledger has
     (inventory.KEEP_POOL, KEEP_NODE): a partial file meant to add one node must not wipe the

@@ -64,7 +64,7 @@ def test_an_openb_import_refused_after_its_bulk_inserts_writes_nothing(
     (db_dir / "nodes.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\n" + "\n".join(rows))
     err = run.fails(2, "inventory", "import", "--format", "openb-nodes", db_dir / "nodes.csv")
     assert err["code"] == "INVALID_INPUT"
-    assert err["message"].startswith(f"pools[openb].nodes[{busy}].name"), err["message"]
+    assert err["message"].startswith(f"line {MANY + 2} ({busy}): "), err["message"]  # its row
     assert _state(run) == before
 
 

@@ -256,18 +256,16 @@ def _print_version(value: bool) -> None:
             text = version("better-compute")
         except PackageNotFoundError:  # run from a source tree that was never installed
             text = "0+unknown"
-        try:  # written here, not at exit, where failing is only Python's "Exception ignored"
-            sys.stdout.write(f"better-compute {text}\n")
-            sys.stdout.flush()
-        except BrokenPipeError:
-            _reader_gone()
-        except OSError as exc:
-            refused = _refused_by_the_system(exc, committed=False)
-            if refused is None:
-                raise
-            _drop_output()
-            _fail(refused, "--json" in sys.argv[1:])  # an eager option: --json not yet read
+        # An eager option: --json is not read yet when it runs.
+        _say_version(f"better-compute {text}\n", as_json="--json" in sys.argv[1:])
         raise typer.Exit(0)
+
+
+@handled
+def _say_version(line: str, as_json: bool) -> None:
+    """The line, written and flushed as every command's output is (handled): a reader gone is
+    141 and a full disk UNAVAILABLE, not Python's "Exception ignored" at exit."""
+    sys.stdout.write(line)
 
 
 @app.callback()

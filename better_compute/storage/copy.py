@@ -11,8 +11,8 @@ while the target fills.
 Rows stream in an order both backends agree on (every column in turn, NULLs first, text by its
 bytes), so the copy of a fleet's ledger holds a page of rows in memory, not every table (a review
 measured 2.6 GB for the big benchmark pool when the tables were read whole and sorted in
-Python). A PostgreSQL source is read through psycopg's client-side cursor, which holds a table's
-raw result (about 300 MB for the big pool's events) while its rows are built a page at a time.
+Python). A PostgreSQL source is read from a server-side cursor (conn.plain_rows), a page of rows
+at a time too.
 
 sqlite-utils writes the SQLite side (bulk inserts into the new file); it is imported on first use
 only (storage/db.sqlite_tools), so `get` and `reserve` never pay for it.

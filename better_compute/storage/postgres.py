@@ -185,12 +185,8 @@ class PgConn:
     def execute(self, sql: str, parameters: Any = None, /) -> psycopg.Cursor[Any]:
         cursor = self.raw.cursor()
         prepare = _preparable(sql)
-        if parameters is None or (isinstance(parameters, Sequence) and not parameters):
-            # No parameters: psycopg reads no placeholders either.
-            return self._run(lambda: cursor.execute(sql, prepare=prepare))
-        if not isinstance(parameters, dict):
-            parameters = tuple(parameters)
-        return self._run(lambda: cursor.execute(translate(sql), parameters, prepare=prepare))
+        text, bound = _bound(sql, parameters)
+        return self._run(lambda: cursor.execute(text, bound, prepare=prepare))
 
     def executemany(self, sql: str, parameters: Iterable[Any], /) -> psycopg.Cursor[Any]:
         cursor = self.raw.cursor()
@@ -234,11 +230,7 @@ class PgConn:
         self._cursors += 1
         cursor = self.raw.cursor(name=f"bc_stream_{self._cursors}", row_factory=tuple_row)
         try:
-            if parameters is None or (isinstance(parameters, Sequence) and not parameters):
-                cursor.execute(sql)  # as execute: no parameters, no placeholders read
-            else:
-                parameters = parameters if isinstance(parameters, dict) else tuple(parameters)
-                cursor.execute(translate(sql), parameters)
+            cursor.execute(*_bound(sql, parameters))
             while page := cursor.fetchmany(STREAM_PAGE):
                 yield from page
         finally:
@@ -247,6 +239,14 @@ class PgConn:
     @property
     def in_transaction(self) -> bool:
         return self.raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+
+
+def _bound(sql: str, parameters: Any) -> tuple[str, Any]:
+    """The statement and its parameters as psycopg takes them. Without parameters psycopg reads
+    no placeholders either, so the text goes as it is (a literal `%` stays one)."""
+    if parameters is None or (isinstance(parameters, Sequence) and not parameters):
+        return sql, None
+    return translate(sql), parameters if isinstance(parameters, dict) else tuple(parameters)
 
 
 def _scalar(conn: PgConn, sql: str) -> Any:
@@ -470,7 +470,8 @@ class PgDatabase:
             self.conn._ended_write(None)
             raise
         self.conn._ended_write(True)
-        Commits.made += wrote
+        if wrote:
+            Commits.made += 1
 
     def _mapped(self) -> AbstractContextManager[None]:
         return mapped(self.where)

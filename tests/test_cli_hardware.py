@@ -317,11 +317,26 @@ def test_meter_create_and_list(cli: Cli) -> None:
     assert cli.ok("meter", "list") == [{"name": "gpu.h100.hours"}, {"name": "gpu.h100.spot.hours"}]
     assert last_event(cli, "meter.created")["data"]["by"] == ME
     assert cli.fails(4, "meter", "create", "gpu.h100.hours")["code"] == "CONFLICT"
-    for bad in ("GPU.H100.hours", "gpu h100", "", ".hours", "gpu/h100"):
+    # a meter's name is taken in lower case, as a model's is: the same meter
+    assert cli.fails(4, "meter", "create", "GPU.H100.hours")["code"] == "CONFLICT"
+    for bad in ("gpu h100", "", ".hours", "gpu/h100", "GPU/H100"):
         assert cli.fails(2, "meter", "create", bad)["code"] == "INVALID_INPUT"
     assert len(cli.ok("meter", "list")) == 2
     code, text, _ = cli("meter", "list", json=False)
     assert code == 0 and "gpu.h100.spot.hours" in text
+
+
+def test_a_meter_named_in_upper_case_bills_the_model_it_names(cli: Cli) -> None:
+    """openb writes models in upper case (V100M16) and the inventory keeps them lowercased, so
+    usage bills gpu.v100m16.hours: `meter create gpu.V100M16.hours` creates that meter, which
+    used to be refused as not lowercase."""
+    assert cli.ok("meter", "create", "gpu.H100.Hours") == {"name": "gpu.h100.hours"}
+    assert cli.ok("meter", "list") == [{"name": "gpu.h100.hours"}]
+    cli.ok("reserve", "--tenant", "acme", "--gpus", "2", "--for", "1h", "--key", "m")
+    cli.ok("tick")
+    [row] = cli.ok("usage", now=at(30 * MIN))
+    assert row["meter"] == "gpu.h100.hours"
+    assert cli.ok("usage", "--dead-letter", now=at(30 * MIN)) == []
 
 
 def test_usage_json_rows_have_the_stable_shape(cli: Cli) -> None:

@@ -160,8 +160,8 @@ app.add_typer(meter_app, name="meter")
 @meter_app.command("create")
 @handled
 def meter_create(name: str, as_json: JsonFlag = False) -> None:
-    """Create a meter such as gpu.h100.hours or gpu.h100.spot.hours."""
-    accounting.meter_create(ctx(), name)
+    """Create a meter such as gpu.h100.hours or gpu.h100.spot.hours (taken in lower case)."""
+    name = accounting.meter_create(ctx(), name)
     emit(as_json, {"name": name}, f"created meter {name}")
 
 

@@ -18,18 +18,23 @@ HOUR_MS = 3_600_000
 METER_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
 
 
-def meter_create(ctx: Ctx, name: str) -> None:
+def meter_create(ctx: Ctx, name: str) -> str:
+    """A meter named as usage names them (service/metering.meter_name). Its name is taken in
+    lower case, as a model's is everywhere (inventory.normal_model): `gpu.V100M16.hours` is the
+    meter that openb's V100M16 GPUs bill, gpu.v100m16.hours. Returns the name it was created as."""
     require_admin(ctx.who, "create meters")
-    if not METER_RE.fullmatch(name):
+    if not METER_RE.fullmatch(name.lower()):
         raise InvalidInput(
-            f"meter {name!r} must be lowercase letters, digits, '.', '_' or '-',"
-            " like gpu.h100.hours"
+            f"meter {name!r} must be letters, digits, '.', '_' or '-' (up to 128, taken in"
+            " lower case), like gpu.h100.hours"
         )
+    name = name.lower()
     with ctx.write() as conn:
         if repo.meter_exists(conn, name):
             raise Conflict(f"meter {name!r} already exists")
         repo.insert_meter(conn, name)
         ctx.event("meter.created", None, None, {"meter": name, "by": ctx.principal})
+    return name
 
 
 def meter_list(ctx: Ctx) -> list[str]:

@@ -266,6 +266,61 @@ def test_large_reads_come_from_a_server_side_cursor_a_page_at_a_time() -> None:
 
 
 @postgres
+def test_the_event_log_is_read_from_a_server_side_cursor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`events` of a whole ledger reads its pages through plain_rows: the server keeps the
+    cursor while a page is handed over (it was a client cursor holding the whole log), and
+    every event still comes, in order, as repo.events answers."""
+    from better_compute.storage import repo
+    from better_compute.storage.postgres import open_database
+
+    monkeypatch.setattr(repo, "EVENT_PAGE", 2)
+    url = _ledger()
+    _json(invoke(["--db", url, "--now", NOW, "--json", "init", "--demo"]))
+    for key in ("a", "b"):
+        args = ["--tenant", "acme", "--gpus", "1", "--for", "1h", "--key", key]
+        _json(invoke(["--db", url, "--now", NOW, "--json", "reserve", *args]))
+    db = open_database(url)
+    try:
+        with db.read() as conn:
+            everything = repo.events(conn, tenant=None, reservation=None, since=None)
+            pages = repo.event_pages(conn, None, None, None)
+            first = next(pages)
+            open_cursors = conn.execute("SELECT name FROM pg_cursors").fetchall()
+            assert len(open_cursors) == 1, open_cursors
+            assert [e.seq for e in first + [e for p in pages for e in p]] == [
+                e.seq for e in everything
+            ]
+            assert len(everything) > 2 and len(first) == 2
+            assert conn.execute("SELECT name FROM pg_cursors").fetchall() == []  # closed
+    finally:
+        db.close()
+
+
+@postgres
+def test_a_stream_left_unread_closes_with_its_transaction() -> None:
+    """A caller that stops reading a stream (the first page of `events`) leaves its server-side
+    cursor open: it is closed as the transaction ends, not when the generator is collected,
+    which happened inside a later transaction, where the cursor was gone and CLOSE aborted it."""
+    from better_compute.storage import conn as storage_conn
+    from better_compute.storage.postgres import STREAM_PAGE, open_database
+
+    url = _ledger()
+    _json(invoke(["--db", url, "--now", NOW, "--json", "init", "--demo"]))
+    sql = "SELECT g FROM generate_series(1, ?) AS g ORDER BY g"
+    db = open_database(url)
+    try:
+        with db.read() as conn:
+            left = storage_conn.plain_rows(conn, sql, (STREAM_PAGE + 1,))
+            assert next(left) == (1,)
+        with db.read() as conn:
+            assert conn.execute("SELECT name FROM pg_cursors").fetchall() == []
+            left.close()  # the generator goes, inside another transaction
+            assert conn.execute("SELECT 1").fetchone()[0] == 1  # which is not aborted
+    finally:
+        db.close()
+
+
+@postgres
 def test_a_column_added_by_another_process_changes_nothing_for_a_running_command() -> None:
     """A newer version's migration adds columns while an older process runs on (a long
     `simulate`, `tick --until`, `events --follow`): its statements keep working."""

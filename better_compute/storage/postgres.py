@@ -148,6 +148,7 @@ class PgConn:
         self._known: int | None = None  # meta.writes as this connection last knew it committed
         self._writing: int | None = None  # meta.writes inside this write transaction
         self._cursors = 0  # server-side cursors opened: each stream's own name
+        self._streams: set[psycopg.ServerCursor[Any]] = set()  # those still open
 
     @property
     def writing(self) -> bool:
@@ -229,11 +230,21 @@ class PgConn:
             return
         self._cursors += 1
         cursor = self.raw.cursor(name=f"bc_stream_{self._cursors}", row_factory=tuple_row)
+        self._streams.add(cursor)
         try:
             cursor.execute(*_bound(sql, parameters))
             while page := cursor.fetchmany(STREAM_PAGE):
                 yield from page
         finally:
+            self._streams.discard(cursor)
+            cursor.close()  # nothing to do when end_streams closed it
+
+    def end_streams(self) -> None:
+        """Close the cursors of streams left unread, as their transaction ends (PgDatabase).
+        Such a stream would otherwise close its cursor when it is collected, perhaps inside a
+        later transaction, where the cursor is gone and the CLOSE aborts that transaction."""
+        streams, self._streams = self._streams, set()
+        for cursor in streams:
             cursor.close()
 
     @property
@@ -461,10 +472,13 @@ class PgDatabase:
         except BaseException:
             self.conn._ended_write(False)
             if self.conn.in_transaction and not raw.closed:
+                with contextlib.suppress(psycopg.Error):
+                    self.conn.end_streams()
                 raw.rollback()  # forgets prepared statements too: see PgConn._run
             raise
         wrote = self.conn.writing  # a read's snapshot ends here too
         try:
+            self.conn.end_streams()
             raw.execute("COMMIT")
         except BaseException:
             self.conn._ended_write(None)

@@ -12,6 +12,7 @@ import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
+from itertools import islice
 from typing import Any, TypeVar
 
 from better_compute.errors import InvalidInput, NotFound, Unavailable
@@ -1373,23 +1374,28 @@ def event_pages(
         clauses.append("seq > ?")
         args.append(since)
     limit = f" LIMIT {EVENT_PAGE}" if first_page else ""
-    rows = conn.execute(
-        f"SELECT * FROM events WHERE {' AND '.join(clauses)} ORDER BY seq{limit}", args
-    )
-    while page := rows.fetchmany(EVENT_PAGE):
-        yield [decoded(conn, f"event {r['seq']}", partial(_event, r)) for r in page]
+    sql = f"SELECT {EVENT_COLUMNS} FROM events WHERE {' AND '.join(clauses)} ORDER BY seq{limit}"
+    rows = plain_rows(conn, sql, args)  # PostgreSQL: a server-side cursor, not the whole log
+    while page := list(islice(rows, EVENT_PAGE)):
+        yield [decoded(conn, f"event {r[0]}", partial(_event, r)) for r in page]
 
 
-def _event(r: Row) -> Event:
+#: An event's columns in the order _event reads them.
+EVENT_COLUMNS = "seq, type, at, tenant_id, reservation_id, data, actor, acting_admin"
+
+
+def _event(r: Sequence[Any]) -> Event:
+    """The event of a row of EVENT_COLUMNS (a plain tuple or a row)."""
+    seq, kind, at, tenant, reservation, data, actor, acting = r
     return Event(
-        _int(r["seq"]),
-        _str(r["type"]),
-        _int(r["at"]),
-        _opt_str(r["tenant_id"]),
-        _opt_str(r["reservation_id"]),
-        _json_of(r["data"], dict),
-        _str(r["actor"]),
-        _opt_str(r["acting_admin"]),
+        _int(seq),
+        _str(kind),
+        _int(at),
+        _opt_str(tenant),
+        _opt_str(reservation),
+        _json_of(data, dict),
+        _str(actor),
+        _opt_str(acting),
     )
 
 

@@ -18,6 +18,7 @@ from better_compute.errors import NotFound
 from better_compute.model import Delivery, DeliveryAttempt, Event, Webhook
 from better_compute.storage.conn import Row
 from better_compute.storage.repo import (
+    EVENT_COLUMNS,
     Conn,
     _event,
     _int,
@@ -208,7 +209,7 @@ def progress(conn: Conn, delivery_id: str) -> tuple[int, int]:
 
 def event_of(conn: Conn, seq: int) -> Event:
     """The event a delivery carries, as the log holds it."""
-    row = conn.execute("SELECT * FROM events WHERE seq = ?", (seq,)).fetchone()
+    row = conn.execute(f"SELECT {EVENT_COLUMNS} FROM events WHERE seq = ?", (seq,)).fetchone()
     if row is None:
         raise damaged(conn, f"event {seq}", LookupError("a delivery names an event not in the log"))
     return decoded(conn, f"event {seq}", partial(_event, row))

@@ -237,6 +237,25 @@ def test_a_closed_standard_output_is_refused_before_anything_is_done(
     assert listed.stdout.strip() == "[]"  # nothing was reserved
 
 
+def test_a_table_sent_to_a_pipe_keeps_its_cells_whole(db_dir: Path) -> None:
+    """rich takes 80 columns for output to no terminal: `usage` and `list` cut a long tenant
+    name to `a-very-long-t…` in a file or a pipe, and a long message broke across lines. Without
+    COLUMNS a pipe now gets render.console.PIPED_WIDTH; COLUMNS still decides when given."""
+    db = init_db(db_dir / "p.db", "--demo")
+    tenant = "a-very-long-tenant-name-for-a-team-" + "x" * 20
+    reserve = ["reserve", "--tenant", tenant, "--gpus", "2", "--for", "2h"]
+    for args in (["tenant", "create", tenant], reserve):
+        subprocess.run([*ENTRY, "--now", NOW, *args], capture_output=True, env=_env(db), check=True)
+    piped = subprocess.run([*ENTRY, "--now", NOW, "list"], capture_output=True, env=_env(db))
+    assert piped.returncode == 0, piped.stderr
+    assert tenant in piped.stdout.decode()
+    narrow = subprocess.run(
+        [*ENTRY, "--now", NOW, "list"], capture_output=True, env=_env(db, COLUMNS="80")
+    )
+    assert tenant not in narrow.stdout.decode()
+    assert max(len(line) for line in narrow.stdout.decode().splitlines()) <= 80
+
+
 def _env(db: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BETTER_COMPUTE_")}
     env.update(BETTER_COMPUTE_DB=str(db), **extra)

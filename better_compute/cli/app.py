@@ -81,8 +81,10 @@ class _LazyConsole:
         if self._console is None:
             from rich.console import Console
 
+            from better_compute.render.console import PipeWideConsole
+
             _quiet_when_reader_goes(Console)
-            self._console = Console(**self._options)
+            self._console = PipeWideConsole(**self._options)
         return cast("Console", self._console)
 
     def __getattr__(self, name: str) -> Any:

@@ -257,6 +257,26 @@ def test_repair_one_and_every_reservation(cli: Cli) -> None:
     assert code == 0 and "still good" in text
 
 
+def test_repair_and_tick_by_an_outsider_do_not_say_nothing_happened(cli: Cli) -> None:
+    """Anyone may repair and tick, and is shown only its tenants' changes. A principal that may
+    act for no tenant moved acme's booking and was told "every booking checked is still good"
+    (tick: "nothing to do"); it is now told what is true without naming other tenants."""
+    cli.ok("policy", "set", "--tenant", "acme", "--principal", "alice")
+    later = cli.ok(
+        "reserve", "--tenant", "acme", "--gpus", "4", "--for", "2h", "--start", at(DAY),
+        "--key", "later",
+    )  # fmt: skip
+    cli.ok(
+        "device", "quarantine", f"west-01:{later['allocations'][0]['atoms'][0]}", "--reason", "x"
+    )
+    code, text, _ = cli("--as", "mallory", "repair", json=False)
+    assert code == 0 and text.strip() == "no change to reservations you may see"
+    assert last_event(cli, "reservation.repaired")["reservationId"] == later["id"]
+    assert cli.ok("--as", "mallory", "repair") == {"changes": []}
+    code, text, _ = cli("--as", "mallory", "tick", json=False)
+    assert code == 0 and text.strip() == "no change to reservations you may see"
+
+
 def test_repair_errors(cli: Cli) -> None:
     assert cli.fails(3, "repair", "rsv_doesnotexist")["code"] == "NOT_FOUND"
     active = cli.ok("reserve", "--tenant", "acme", "--gpus", "8", "--for", "1h", "--key", "a")

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from better_compute.render import json as js
     from better_compute.render import webhooks as hooks_view
     from better_compute.service import accounting, delivery, ticking, views
+    from better_compute.service.context import Ctx
 else:
     hooks_view = lazy("better_compute.render.webhooks")
     delivery = lazy("better_compute.service.delivery")
@@ -67,7 +68,7 @@ def tick(
     now = c.now
     sent = delivery.deliver(c, hooks_view.body)  # after the lifecycle committed
     doc: dict[str, JsonValue] = {"now": now, "changes": [js.event(e) for e in changes]}
-    lines = [human.event_line(e) for e in changes] or ["nothing to do"]
+    lines = [human.event_line(e) for e in changes] or [_nothing_seen(c, "nothing to do")]
     if sent is not None:  # only a ledger with webhooks says anything of deliveries
         doc["deliveries"] = hooks_view.report(sent)
         lines.append(hooks_view.report_line(sent))
@@ -83,12 +84,21 @@ def repair(
     as_json: JsonFlag = False,
 ) -> None:
     """Run the BookingRepair check now."""
-    changes = ticking.repair(ctx(), rsv)
+    c = ctx()
+    changes = ticking.repair(c, rsv)
     emit(
         as_json,
         {"changes": [js.event(e) for e in changes]},
-        "\n".join(human.event_line(e) for e in changes) or "every booking checked is still good",
+        "\n".join(human.event_line(e) for e in changes)
+        or _nothing_seen(c, "every booking checked is still good"),
     )
+
+
+def _nothing_seen(c: Ctx, said: str) -> str:
+    """What tick or repair says of no change shown: `said` to an admin, who is shown every
+    change; to anyone else, what is true without telling of other tenants (it may have moved
+    their reservations)."""
+    return said if c.who.admin else "no change to reservations you may see"
 
 
 @app.command()

@@ -112,8 +112,8 @@ def require_tenant(conn: Conn, who: Principal, tenant: str) -> None:
     """For a tenant named on the command line: FORBIDDEN when the principal may not act for it."""
     if not may_act_for(conn, who, tenant):
         raise Forbidden(
-            f"{who.name!r} may not act for tenant {tenant!r}: its policies do not name you"
-            " (an admin can run `policy set`)"
+            f"{who.name!r} may not act for tenant {tenant!r}: no policy of it names you"
+            " without --deny (an admin can run `policy set`)"
         )
 
 

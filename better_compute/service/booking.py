@@ -110,7 +110,7 @@ def validate(args: ReserveArgs) -> None:
         raise InvalidInput("--spot and --node-lease cannot be combined: node leases are never spot")
     if args.duration_ms <= 0:
         raise InvalidInput("--for must be a positive duration such as 90m or 3d")
-    finding.check_name(args.key, "--key", finding.MAX_KEY)  # printed in tables and events
+    finding.check_name(args.key, "--key", finding.MAX_KEY, finding.MAX_KEY_BYTES)  # tables, events
     if args.start_range is not None and args.start is not None:
         raise InvalidInput("give --start or --start-range, not both")
     if args.duration_range is not None and args.start_range is None:

@@ -16,20 +16,33 @@ from better_compute.inventory import label_pairs
 MAX_NAME = 200
 #: Keys are made by scripts from run ids, branches and job names: room for long ones.
 MAX_KEY = 1000
+#: ...in at most this many bytes of UTF-8: a key is in a unique index with its tenant, and
+#: PostgreSQL refuses an index entry over 2,704 bytes (1,000 CJK characters are 3,000). The
+#: same bound on both backends, so a key one takes the other takes too (migrate).
+MAX_KEY_BYTES = 2000
 SORTS = ("created", "start")
 
 Labels = tuple[tuple[str, str], ...]
 
 
-def check_name(name: str | None, flag: str = "--name", most: int = MAX_NAME) -> str | None:
-    """Printable text, 1 to `most` characters: it is shown in tables and matched exactly. The
-    rule of every free text a request or an operator gives: names, keys, reasons."""
+def check_name(
+    name: str | None, flag: str = "--name", most: int = MAX_NAME, most_bytes: int | None = None
+) -> str | None:
+    """Printable text, 1 to `most` characters (and at most `most_bytes` bytes of UTF-8, when
+    given): it is shown in tables and matched exactly. The rule of every free text a request
+    or an operator gives: names, keys, reasons."""
     if name is None:
         return None
     if not name.strip() or len(name) > most or not name.isprintable():
         raise InvalidInput(
             f"{flag} must be 1 to {most} printable characters (no newlines or tabs),"
             f" got {name[:40]!r}"
+        )
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if most_bytes is not None and size > most_bytes:
+        raise InvalidInput(
+            f"{flag} must be at most {most_bytes} bytes in UTF-8 (about {most_bytes // 3}"
+            f" characters of most non-Latin scripts), got {size}"
         )
     return name
 

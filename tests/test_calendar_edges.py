@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from conftest import Cli
+from conftest import DAY, HOUR, NOW_MS, Cli, at
 
 
 def _policy(solo: Cli, *limits: str) -> None:
@@ -75,6 +75,23 @@ def test_a_series_first_occurrence_is_still_a_calendar_request(solo: Cli) -> Non
     error = solo.fails(2, "reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--every",
                        "1d", "--count", "2")  # fmt: skip
     assert "minimum lead time" in error["message"]
+
+
+def test_a_series_asked_with_a_clock_behind_the_ledger_books_from_now(solo: Cli) -> None:
+    """A CI job's --now behind cron's ticks: the ledger acts at its own time (§2), so the
+    series' first occurrence (`--start +1h` of the job's clock) is already past. Under a policy
+    with no lead time it books from now, as on a pool with no policy; it was INTERNAL (an
+    assertion that a start too soon meant a lead time). With a lead time it is refused."""
+    _policy(solo, "--min-duration", "1h")
+    solo.ok("tick", "--until", at(3 * HOUR), "--step", "30m")
+    args = ["--for", "2h", "--start", "+1h", "--every", "1d", "--count", "2"]
+    first, second = solo.ok("reserve", "--tenant", "acme", "--gpus", "1", "--key", "late", *args)
+    assert first["start"] == NOW_MS + HOUR
+    assert first["during"] == {"start": NOW_MS + 3 * HOUR, "end": NOW_MS + 5 * HOUR}
+    assert second["during"]["start"] == NOW_MS + HOUR + DAY
+    _policy(solo, "--min-lead", "30m")
+    error = solo.fails(2, "reserve", "--tenant", "acme", "--gpus", "1", "--key", "lead", *args)
+    assert "minimum lead time 30m" in error["message"]
 
 
 def test_update_start_now_is_a_request_for_now_too(solo: Cli) -> None:

@@ -58,8 +58,10 @@ def refusal(policy: CalendarPolicy, window: Window, total_gpus: int, now: int) -
     if duration is not None:
         return duration
     first = earliest_start(policy, now)
-    if window.start < first:
-        assert policy.min_lead_ms is not None
+    # Without a lead time a start already past is no refusal: it books from now, as it does
+    # where a pool has no policy (a series' first occurrence, asked with a --now the ledger's
+    # time has passed, crashed here).
+    if policy.min_lead_ms and window.start < first:
         return (
             f"start {iso(window.start)} is sooner than the minimum lead time"
             f" {human_duration(policy.min_lead_ms)} (start at {iso(first)} or later)"

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -44,6 +46,31 @@ def test_an_unreachable_server_is_unavailable_and_says_where() -> None:
     result = invoke(["--db", "postgresql://someone@127.0.0.1:1/ledger", "list"])
     assert result.exit_code == 7, result.stderr
     assert "cannot connect to postgresql://someone@127.0.0.1:1/ledger" in result.stderr
+
+
+def test_a_server_that_does_not_answer_is_unavailable_within_the_connect_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server up but frozen accepts the connection and never answers: psycopg waited 130 s
+    for it, and cron ticks piled up behind. libpq's connect_timeout bounds the wait unless the
+    URL (or PGCONNECT_TIMEOUT) sets its own."""
+    pytest.importorskip("psycopg")
+    from better_compute.storage import postgres as pg
+
+    monkeypatch.setattr(pg, "CONNECT_TIMEOUT_S", 2)
+    monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes the handshake; nothing ever answers
+        url = f"postgresql://someone@127.0.0.1:{silent.getsockname()[1]}/ledger"
+        started = time.monotonic()
+        result = invoke(["--db", url, "list"])
+        assert result.exit_code == 7, result.stderr
+        assert f"cannot connect to {url}" in result.stderr and "timeout" in result.stderr
+        assert time.monotonic() - started < 20
+        started = time.monotonic()
+        assert invoke(["--db", url + "?connect_timeout=3", "list"]).exit_code == 7
+        assert time.monotonic() - started >= 2.9  # the URL's own timeout, not ours
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ Transactions mirror SQLite's (docs/postgres.md):
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import re
 import time
@@ -27,6 +28,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import tuple_row
 from psycopg.types.numeric import Int8Dumper
 
@@ -290,6 +292,13 @@ def _scheme_lowered(url: str) -> str:
     return f"{scheme.lower()}{sep}{rest}"
 
 
+#: How long a server may take to accept a connection (libpq's connect_timeout, unless the URL or
+#: PGCONNECT_TIMEOUT says): a server that is up but does not answer (frozen, overloaded) kept
+#: every command, and the cron ticks behind it, waiting psycopg's 130 s. The default
+#: db.busyTimeoutMs, which the ledger's own setting cannot be before it is read.
+CONNECT_TIMEOUT_S = 30
+
+
 def _connect(url: str) -> psycopg.Connection[Any]:
     if _PASSWORD.search(url):
         raise InvalidInput(
@@ -298,7 +307,13 @@ def _connect(url: str) -> psycopg.Connection[Any]:
             " in the environment of cron and CI jobs)"
         )
     try:
-        raw = psycopg.connect(_scheme_lowered(url), autocommit=True, row_factory=_row_factory)
+        target = _scheme_lowered(url)
+        if (
+            "connect_timeout" not in conninfo_to_dict(target)
+            and "PGCONNECT_TIMEOUT" not in os.environ
+        ):
+            target = make_conninfo(target, connect_timeout=CONNECT_TIMEOUT_S)
+        raw = psycopg.connect(target, autocommit=True, row_factory=_row_factory)
         raw.adapters.register_dumper(int, Int8Dumper)  # see PgConn
     except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
         detail = " ".join(str(exc).split())[:300]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DAY, HOUR, MIN, NOW_MS, Cli, at
+from conftest import DAY, HOUR, MIN, NOW_MS, Cli, at, init_db
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_trust import be
@@ -329,6 +329,26 @@ def test_a_node_lease_moves_whole_and_stays_charged_what_it_leases(run: Cli) -> 
     assert placement(moved) == placement(rsv)
     assert moved["quotaCharge"] == 16 and moved["devices"][0]["count"] == 4
     assert all(len(atoms) == 8 for _, atoms in placement(moved).values())
+
+
+def test_a_node_lease_given_more_gpus_moves_onto_a_larger_node(db_dir: Path) -> None:
+    """A 4-GPU lease on the 4-GPU node, updated to --gpus 8, was admitted for 8 and then planned
+    with no node larger than the one it held: CONFLICT "lease admitted for 4", with the 8-GPU
+    node free. It moves there, charged what it leases."""
+    cli = Cli(init_db(db_dir / "lease.db"))
+    cli.ok("pool", "create", "p")
+    for name, gpus in (("small", "4"), ("big", "8")):
+        cli.ok("node", "add", name, "--pool", "p", "--gpus", gpus, "--model", "h100")
+    cli.ok("tenant", "create", "t")
+    rsv = reserve(cli, "--node-lease", "--gpus", "4", "--for", "2h", "--start", "+1d", tenant="t")
+    assert [a["nodeId"] for a in rsv["allocations"]] == ["small"] and rsv["quotaCharge"] == 4
+    grown = cli.ok("update", rsv["id"], "--gpus", "8")
+    assert [a["nodeId"] for a in grown["allocations"]] == ["big"]
+    assert grown["quotaCharge"] == 8 and grown["allocations"][0]["atoms"] == list(range(8))
+    back = cli.ok("update", rsv["id"], "--gpus", "4")
+    assert [a["nodeId"] for a in back["allocations"]] == ["big"]  # it fits where it is
+    later = cli.ok("update", rsv["id"], "--start", "+3d")  # its time alone: kept where it is
+    assert [a["nodeId"] for a in later["allocations"]] == ["big"] and later["quotaCharge"] == 8
 
 
 def test_a_moved_window_gets_its_own_starting_notice(run: Cli) -> None:

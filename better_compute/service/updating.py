@@ -155,6 +155,16 @@ def _admit(ctx: Ctx, old: Reservation, new: Reservation, window: Window) -> None
     budgets.check(conn, new.tenant_id, new.pool_id, new.quota_charge, window, ctx.now, old.id)
 
 
+def _afresh(old: Reservation, new: Reservation) -> Reservation:
+    """The new shape as planned from scratch. A node lease whose --gpus changed was admitted
+    for the pool's largest node (_charge): it may take any node with room for it, not only
+    one as large as those it holds (Reservation.lease_most), which left no lease able to grow
+    onto a larger node. Otherwise it keeps what it holds as its bound (README)."""
+    if new.node_lease and new.gpus != old.gpus:
+        return replace(new, allocations=())
+    return new
+
+
 def _replan(ctx: Ctx, old: Reservation, new: Reservation, window: Window) -> None:
     """Keep the nodes and atoms where they fit, else the best fresh plan for the whole gang;
     CONFLICT (nothing written) when neither fits."""
@@ -175,7 +185,7 @@ def _replan(ctx: Ctx, old: Reservation, new: Reservation, window: Window) -> Non
             )
             placed = replace(new, during=window, allocations=allocations)
         else:
-            fresh = placing.plan(ctx, new, window)
+            fresh = placing.plan(ctx, _afresh(old, new), window)
             if not isinstance(fresh, Plan):
                 raise Conflict(
                     f"cannot update {old.id}: the new shape does not fit ({fresh.reason});"

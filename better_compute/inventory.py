@@ -12,7 +12,7 @@ import csv
 import io
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from better_compute.errors import InvalidInput, is_utf8
@@ -270,15 +270,28 @@ def parse_inventory(doc: object) -> Inventory:
     )
 
 
-def keys_once(what: str) -> Callable[[list[tuple[str, object]]], dict[str, object]]:
+class Twice(dict[str, object]):
+    """An object read with a key given twice (keys_once with `mark`): `key` is the first such."""
+
+    key = ""
+
+
+def keys_once(
+    what: str, *, mark: bool = False
+) -> Callable[[list[tuple[str, object]]], dict[str, object]]:
     """json.loads' object_pairs_hook refusing a key given twice in one object: json.loads would
-    silently keep the last of the two, and a file with both is a mistake (`what` names it)."""
+    silently keep the last of the two, and a file with both is a mistake (`what` names it).
+    With `mark`, such an object is returned as a Twice instead, for the caller to name it by
+    its path in the document (the hook cannot know where it is)."""
 
     def hook(pairs: list[tuple[str, object]]) -> dict[str, object]:
         d: dict[str, object] = {}
+        twice: str | None = None
         for k, v in pairs:
-            if k in d:
-                raise InvalidInput(f"{what} has the key {json.dumps(k)} twice in one object")
+            if k in d and twice is None:
+                if not mark:
+                    raise InvalidInput(f"{what} has the key {json.dumps(k)} twice in one object")
+                twice = k
             texts = v if isinstance(v, list) else [v]
             if not all(is_utf8(t) for t in (k, *texts) if isinstance(t, str)):
                 raise InvalidInput(
@@ -286,15 +299,37 @@ def keys_once(what: str) -> Callable[[list[tuple[str, object]]], dict[str, objec
                     f" the key {json.dumps(k)}"
                 )
             d[k] = v
-        return d
+        if twice is None:
+            return d
+        marked = Twice(d)
+        marked.key = twice
+        return marked
 
     return hook
+
+
+def _twice_in(value: object, path: str) -> tuple[str, str] | None:
+    """The path of the first object, in document order, that has a key twice, and that key."""
+    if isinstance(value, Twice):
+        return path, value.key
+    if isinstance(value, dict):
+        inside: Iterable[tuple[str, object]] = ((_at(path, k), v) for k, v in value.items())
+    elif isinstance(value, list):
+        inside = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for where, v in inside:
+        found = _twice_in(v, where)
+        if found is not None:
+            return found
+    return None
 
 
 def load_inventory_text(text: str) -> Inventory:
     """Parse inventory JSON text; bad JSON names the line and column."""
     try:
-        doc = json.loads(text, object_pairs_hook=keys_once("inventory"))
+        doc = json.loads(text, object_pairs_hook=keys_once("inventory", mark=True))
+        twice = _twice_in(doc, "")
     except json.JSONDecodeError as e:
         raise InvalidInput(
             f"inventory is not valid JSON: line {e.lineno} column {e.colno}: {e.msg}"
@@ -305,6 +340,11 @@ def load_inventory_text(text: str) -> Inventory:
         ) from None
     except RecursionError:
         raise InvalidInput("inventory is not valid JSON: it is nested too deeply") from None
+    if twice is not None:
+        where, key = twice
+        raise InvalidInput(
+            f"{where or 'inventory'}: the key {json.dumps(key)} is given twice in one object"
+        )
     return parse_inventory(doc)
 
 

@@ -92,6 +92,11 @@ def test_a_series_asked_with_a_clock_behind_the_ledger_books_from_now(solo: Cli)
     _policy(solo, "--min-lead", "30m")
     error = solo.fails(2, "reserve", "--tenant", "acme", "--gpus", "1", "--key", "lead", *args)
     assert "minimum lead time 30m" in error["message"]
+    # The horizon judges the window as booked, from now: a past start does not pull its end in.
+    _policy(solo, "--max-horizon", "30m")
+    hourly = ["--for", "1h", "--start", "+1h", "--every", "1h", "--count", "2"]
+    error = solo.fails(2, "reserve", "--tenant", "acme", "--gpus", "1", "--key", "far", *hourly)
+    assert "end 2026-09-28T12:00:00Z is beyond the maximum horizon 30m" in error["message"]
 
 
 def test_update_start_now_is_a_request_for_now_too(solo: Cli) -> None:

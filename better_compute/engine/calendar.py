@@ -66,7 +66,7 @@ def refusal(policy: CalendarPolicy, window: Window, total_gpus: int, now: int) -
             f"start {iso(window.start)} is sooner than the minimum lead time"
             f" {human_duration(policy.min_lead_ms)} (start at {iso(first)} or later)"
         )
-    return horizon_refusal(policy, window.end, now)
+    return horizon_refusal(policy, max(window.start, now) + window.duration, now)  # as booked
 
 
 def horizon_refusal(policy: CalendarPolicy, end: int, now: int) -> str | None:

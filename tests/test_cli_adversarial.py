@@ -933,19 +933,6 @@ def test_key_reuse_with_other_parameters_is_a_conflict(run: Cli, rsv: dict[str, 
     assert rsv["active"] in error["message"]
 
 
-def test_a_key_longer_than_its_index_holds_is_bad_input_on_every_backend(run: Cli) -> None:
-    """A key is indexed with its tenant, and PostgreSQL refuses an index entry over 2,704 bytes:
-    950 CJK characters (2,850 bytes) were booked on SQLite and UNAVAILABLE (7) on PostgreSQL,
-    which a script retries for ever, and such a ledger could not migrate there. Both refuse
-    it now; 666 such characters (1,998 bytes) and 1,000 ASCII ones are keys."""
-    args = ("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--key")
-    error = refused(run, 2, *args, "中" * 950)
-    assert "--key must be at most 2000 bytes in UTF-8" in error["message"]
-    assert "got 2850" in error["message"]
-    for key in ("中" * 666, "k" * 1000):
-        assert run.ok(*args, key)["idempotencyKey"] == key
-
-
 def test_typer_usage_errors_are_json_on_stderr_with_json() -> None:
     """Only the real entry point formats Typer's own usage errors (a float for an int, an unknown
     command, a missing value); the three processes run side by side."""

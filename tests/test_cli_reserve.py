@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from conftest import DAY, HOUR, MIN, NOW_MS, SEC, Cli, at
@@ -616,3 +617,23 @@ def test_a_retry_of_a_relative_start_later_is_the_same_request(run: Any) -> None
         now="2026-09-28T08:01:00Z",
     )
     assert code == 4 and "CONFLICT" in err
+
+
+def test_a_key_longer_than_its_index_holds_is_bad_input_on_every_backend(run: Cli) -> None:
+    """A key is indexed with its tenant, and PostgreSQL refuses an index entry over 2,704 bytes
+    (after compression, so the characters here are random, not one repeated): 950 such CJK
+    characters (2,850 bytes) were booked on SQLite and UNAVAILABLE (7) on PostgreSQL, which a
+    script retries for ever, and such a ledger could not migrate there. Both refuse it now,
+    writing nothing; 666 of them (1,998 bytes) and 1,000 ASCII characters are keys."""
+    draw = random.Random(9)
+
+    def cjk(n: int) -> str:
+        return "".join(chr(draw.randrange(0x4E00, 0x9FFF)) for _ in range(n))
+
+    args = ("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--key")
+    before = run.ok("list")
+    error = run.fails(2, *args, cjk(950))
+    assert "--key must be at most 2000 bytes in UTF-8" in error["message"]
+    assert "got 2850" in error["message"] and run.ok("list") == before
+    for key in (cjk(666), "k" * 1000):
+        assert run.ok(*args, key)["idempotencyKey"] == key

@@ -348,6 +348,39 @@ def test_a_stream_left_unread_closes_with_its_transaction() -> None:
 
 
 @postgres
+def test_a_stream_whose_cursor_is_gone_fails_its_transaction_and_leaves_none_open() -> None:
+    """A stream opened inside a savepoint that rolled back has no cursor left on the server, so
+    its CLOSE fails as the transaction ends: the transaction is rolled back, not left open and
+    aborted for the next command of a long-running process to inherit, and the cursor is not
+    closed a second time later."""
+    import psycopg
+
+    from better_compute.storage import conn as storage_conn
+    from better_compute.storage.postgres import STREAM_PAGE, open_database
+
+    url = _ledger()
+    _json(invoke(["--db", url, "--now", NOW, "--json", "init", "--demo"]))
+    sql = "SELECT g FROM generate_series(1, ?) AS g ORDER BY g"
+    db = open_database(url)
+    try:
+        with (
+            pytest.raises(psycopg.Error),
+            db.write() as conn,
+            contextlib.suppress(LookupError),
+            db.savepoint("s"),
+        ):
+            left = storage_conn.plain_rows(conn, sql, (STREAM_PAGE + 1,))
+            assert next(left) == (1,)
+            raise LookupError("the savepoint rolls back, and the cursor with it")
+        assert not db.conn.in_transaction
+        with db.read() as conn:
+            left.close()  # nothing is sent: it was closed (or tried) as its transaction ended
+            assert conn.execute("SELECT 1").fetchone()[0] == 1
+    finally:
+        db.close()
+
+
+@postgres
 def test_a_column_added_by_another_process_changes_nothing_for_a_running_command() -> None:
     """A newer version's migration adds columns while an older process runs on (a long
     `simulate`, `tick --until`, `events --follow`): its statements keep working."""

@@ -90,15 +90,15 @@ def repair(
         as_json,
         {"changes": [js.event(e) for e in changes]},
         "\n".join(human.event_line(e) for e in changes)
-        or _nothing_seen(c, "every booking checked is still good"),
+        or _nothing_seen(c, "every booking checked is still good", mine=rsv is not None),
     )
 
 
-def _nothing_seen(c: Ctx, said: str) -> str:
-    """What tick or repair says of no change shown: `said` to an admin, who is shown every
-    change; to anyone else, what is true without telling of other tenants (it may have moved
-    their reservations)."""
-    return said if c.who.admin else "no change to reservations you may see"
+def _nothing_seen(c: Ctx, said: str, *, mine: bool = False) -> str:
+    """What tick or repair of the fleet says of no change shown: `said` to an admin, who is
+    shown every change; to anyone else, what is true without telling of other tenants (it may
+    have moved their reservations). `repair RSV` checked one the principal may see."""
+    return said if c.who.admin or mine else "no change to reservations you may see"
 
 
 @app.command()

@@ -149,7 +149,7 @@ def run_tour(console: Console, keep: Path | None) -> None:
         _run(console, db, DEMO_NOW, "init --demo --force")
         for title, clock_time, line in TOUR:
             console.print()
-            console.print(Rule(style="dim"), width=min(console.width, 80))
+            console.print(Rule(style="dim"), width=None if console.is_terminal else 80)
             console.print(Text(title, style="bold"))  # wraps at any width, unlike a rule title
             _run(console, db, f"2026-09-28T{clock_time}:00Z", line)
         console.print()

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 
 from better_compute.errors import Conflict, InvalidInput, NotFound
-from better_compute.inventory import MAX_INT
+from better_compute.inventory import MAX_INT, normal_model
 from better_compute.model import Policy
 from better_compute.service import authz
 from better_compute.service.authz import require_admin
@@ -23,12 +23,12 @@ def meter_create(ctx: Ctx, name: str) -> str:
     lower case, as a model's is everywhere (inventory.normal_model): `gpu.V100M16.hours` is the
     meter that openb's V100M16 GPUs bill, gpu.v100m16.hours. Returns the name it was created as."""
     require_admin(ctx.who, "create meters")
-    if not METER_RE.fullmatch(name.lower()):
+    if not name.isascii() or not METER_RE.fullmatch(normal_model(name)):
         raise InvalidInput(
             f"meter {name!r} must be letters, digits, '.', '_' or '-' (up to 128, taken in"
             " lower case), like gpu.h100.hours"
         )
-    name = name.lower()
+    name = normal_model(name)
     with ctx.write() as conn:
         if repo.meter_exists(conn, name):
             raise Conflict(f"meter {name!r} already exists")

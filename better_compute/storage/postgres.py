@@ -238,16 +238,25 @@ class PgConn:
             while page := cursor.fetchmany(STREAM_PAGE):
                 yield from page
         finally:
-            self._streams.discard(cursor)
-            cursor.close()  # nothing to do when end_streams closed it
+            if cursor in self._streams:  # else end_streams has closed it, or tried to
+                self._streams.discard(cursor)
+                cursor.close()
 
     def end_streams(self) -> None:
         """Close the cursors of streams left unread, as their transaction ends (PgDatabase).
         Such a stream would otherwise close its cursor when it is collected, perhaps inside a
-        later transaction, where the cursor is gone and the CLOSE aborts that transaction."""
+        later transaction, where the cursor is gone and the CLOSE aborts that transaction. Each
+        is closed at most once, here, whatever another's CLOSE raises; the first error is
+        raised after all were tried (the transaction is then rolled back)."""
         streams, self._streams = self._streams, set()
+        failed: BaseException | None = None
         for cursor in streams:
-            cursor.close()
+            try:
+                cursor.close()
+            except psycopg.Error as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
 
     @property
     def in_transaction(self) -> bool:
@@ -292,11 +301,11 @@ def _scheme_lowered(url: str) -> str:
     return f"{scheme.lower()}{sep}{rest}"
 
 
-#: How long a server may take to accept a connection (libpq's connect_timeout, unless the URL or
-#: PGCONNECT_TIMEOUT says): a server that is up but does not answer (frozen, overloaded) kept
-#: every command, and the cron ticks behind it, waiting psycopg's 130 s. The default
-#: db.busyTimeoutMs, which the ledger's own setting cannot be before it is read.
-CONNECT_TIMEOUT_S = 30
+#: How long a server may take to accept a connection: libpq's connect_timeout, unless the URL,
+#: a pg_service.conf entry (the URL's or PGSERVICE's) or PGCONNECT_TIMEOUT says. A server that
+#: is up but does not answer (frozen, overloaded) kept every command, and the cron ticks behind
+#: it, waiting psycopg's 130 s. The default db.busyTimeoutMs: the ledger's own is not read yet.
+CONNECT_TIMEOUT_S = DEFAULT_LOCK_TIMEOUT_MS // 1000
 
 
 def _connect(url: str) -> psycopg.Connection[Any]:
@@ -308,10 +317,8 @@ def _connect(url: str) -> psycopg.Connection[Any]:
         )
     try:
         target = _scheme_lowered(url)
-        if (
-            "connect_timeout" not in conninfo_to_dict(target)
-            and "PGCONNECT_TIMEOUT" not in os.environ
-        ):
+        said = {"connect_timeout", "service"} & conninfo_to_dict(target).keys()
+        if not said and not {"PGCONNECT_TIMEOUT", "PGSERVICE"} & os.environ.keys():
             target = make_conninfo(target, connect_timeout=CONNECT_TIMEOUT_S)
         raw = psycopg.connect(target, autocommit=True, row_factory=_row_factory)
         raw.adapters.register_dumper(int, Int8Dumper)  # see PgConn
@@ -484,6 +491,7 @@ class PgDatabase:
         raw = self.conn.raw
         try:
             yield
+            self.conn.end_streams()  # before COMMIT; a failure rolls back as the body's would
         except BaseException:
             self.conn._ended_write(False)
             if self.conn.in_transaction and not raw.closed:
@@ -493,7 +501,6 @@ class PgDatabase:
             raise
         wrote = self.conn.writing  # a read's snapshot ends here too
         try:
-            self.conn.end_streams()
             raw.execute("COMMIT")
         except BaseException:
             self.conn._ended_write(None)

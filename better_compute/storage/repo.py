@@ -1340,8 +1340,11 @@ def events(
     since: int | None,
     tenants: Sequence[str] | None = None,
 ) -> list[Event]:
-    """Events in seq order; `tenants` (when given) limits them to those tenants' and the fleet's."""
-    return [e for page in event_pages(conn, tenant, reservation, since, tenants) for e in page]
+    """Events in seq order; `tenants` (when given) limits them to those tenants' and the fleet's.
+    All of them at once, from one statement: for answers of a tick or a page (event_pages
+    streams a whole log)."""
+    sql, args = _events_sql(tenant, reservation, since, tenants)
+    return _decoded_events(conn, conn.execute(sql, args).fetchall())
 
 
 #: Events decoded at a time by event_pages.
@@ -1357,9 +1360,21 @@ def event_pages(
     *,
     first_page: bool = False,
 ) -> Iterator[list[Event]]:
-    """`events`, EVENT_PAGE at a time from one cursor: the whole log of a fleet (a million
-    events) is never held as objects at once. Read inside the caller's transaction. With
-    `first_page`, only the first page is read (the database returns no more)."""
+    """`events`, EVENT_PAGE at a time: the whole log of a fleet (a million events) is never held
+    at once, as rows (PostgreSQL: a server-side cursor) or as objects. Read inside the caller's
+    transaction. With `first_page`, only the first page is read (the database returns no more)."""
+    sql, args = _events_sql(tenant, reservation, since, tenants)
+    if first_page:
+        yield _decoded_events(conn, conn.execute(f"{sql} LIMIT {EVENT_PAGE}", args).fetchall())
+        return
+    rows = plain_rows(conn, sql, args)
+    while page := list(islice(rows, EVENT_PAGE)):
+        yield _decoded_events(conn, page)
+
+
+def _events_sql(
+    tenant: str | None, reservation: str | None, since: int | None, tenants: Sequence[str] | None
+) -> tuple[str, list[object]]:
     clauses, args = ["1 = 1"], []  # type: tuple[list[str], list[object]]
     if tenants is not None:
         clauses.append(f"(tenant_id IS NULL OR {among('tenant_id', len(tenants))})")
@@ -1373,11 +1388,12 @@ def event_pages(
     if since is not None:
         clauses.append("seq > ?")
         args.append(since)
-    limit = f" LIMIT {EVENT_PAGE}" if first_page else ""
-    sql = f"SELECT {EVENT_COLUMNS} FROM events WHERE {' AND '.join(clauses)} ORDER BY seq{limit}"
-    rows = plain_rows(conn, sql, args)  # PostgreSQL: a server-side cursor, not the whole log
-    while page := list(islice(rows, EVENT_PAGE)):
-        yield [decoded(conn, f"event {r[0]}", partial(_event, r)) for r in page]
+    where = " AND ".join(clauses)
+    return f"SELECT {EVENT_COLUMNS} FROM events WHERE {where} ORDER BY seq", args
+
+
+def _decoded_events(conn: Conn, rows: Sequence[Sequence[Any]]) -> list[Event]:
+    return [decoded(conn, f"event {r[0]}", partial(_event, r)) for r in rows]
 
 
 #: An event's columns in the order _event reads them.

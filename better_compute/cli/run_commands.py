@@ -151,12 +151,13 @@ def events(
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends a watch, it is not an error
             views.follow_events(c, tenant, reservation, since, show)
         return
-    # Page by page (a fleet's log is a million events), written once every page is read.
+    # Page by page (a fleet's log is a million events): JSON, one document, is written once
+    # every page is read; lines for people as each page is.
     pages = views.event_pages(c, tenant, reservation, since)
     if as_json or G.json:
         sys.stdout.writelines([*js.pieces(map(js.event, page) for page in pages), "\n"])
         return
-    emit(False, None, human.events(pages))
+    sys.stdout.writelines(human.events(pages))
 
 
 # ---------------------------------------------------------------- usage, meters, policies

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Group, RenderableType
@@ -269,9 +269,17 @@ def desired(rows: Sequence[Assignment]) -> RenderableType:
     return table
 
 
-def events(pages: Iterable[Sequence[Event]]) -> str:
-    """One event a line, like a log: legible at any width (pages: storage reads them so)."""
-    return "\n".join(event_line(e) for page in pages for e in page) or "no events"
+def events(pages: Iterable[Sequence[Event]]) -> Iterator[str]:
+    """One event a line, like a log: legible at any width. A page's lines at a time, as storage
+    reads them, so that the first are out before the last are read: `events | head` of a
+    fleet's log waited 25 s and 440 MB for its first line."""
+    shown = False
+    for page in pages:
+        if page:
+            shown = True
+            yield "".join(f"{event_line(e)}\n" for e in page)
+    if not shown:
+        yield "no events\n"
 
 
 #: Event data keys that hold instants: shown as UTC times to people (JSON keeps epoch ms).

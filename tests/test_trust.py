@@ -272,6 +272,8 @@ def test_a_principal_acts_only_for_tenants_it_may(
     run.ok("policy", "set", "--tenant", "acme", "--principal", "alice", "--deny")
     be(monkeypatch, "alice")
     assert run.fails(3, "get", mine["id"])["code"] == "NOT_FOUND"
+    refusal = run.fails(6, "list", "--tenant", "acme")["message"]  # said as it is: it is named
+    assert "no policy of it names you without --deny" in refusal, refusal
 
 
 def test_admins_are_managed_by_admins(run: Cli, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -141,10 +141,10 @@ def simulate(
     # Every line is checked, those after --until too: the same file is good or bad whatever
     # --until says, before anything is written.
     checked = [(r, _args(r, pool, notice)) for r in workload.requests]
-    _check_pools(ctx, checked, pool)
+    pool_ids = _check_pools(ctx, checked, pool)
     _check_keys(ctx, checked)
     plan = [(r, args) for r, args in checked if until is None or r.at < until]
-    asked_pools = _check_pools(ctx, plan, pool)
+    asked_pools = {pool_ids[args.pool] for _, args in plan}
     _create_tenants(ctx.at(base), sorted({r.tenant for r, _ in plan}))  # those sent only
     run = _Run(base, first_event, set(), seq_floor=seq_floor)
     with ctx.db.replaying():  # a what-if ledger: thousands of commits, none a person waits on
@@ -202,16 +202,19 @@ def _in_line_terms(message: str) -> str:
     return _FLAG.sub(lambda m: _LINE_KEYS[m.group(1)], message)
 
 
-def _check_pools(ctx: Ctx, plan: list[tuple[Request, ReserveArgs]], flag: str | None) -> set[str]:
+def _check_pools(
+    ctx: Ctx, plan: list[tuple[Request, ReserveArgs]], flag: str | None
+) -> dict[str | None, str]:
     """Every pool the requests name exists (and a request naming none has one pool to go to),
     and so does --pool's (`flag`) even when every line names its own, before anything is
     written. A line is blamed only for a pool it names itself: the pool of the others is
-    --pool's (or the ledger's only one). Returns the ids of the pools the requests go to."""
+    --pool's (or the ledger's only one). Returns the id of the pool each request's pool (as
+    its args name it, None for none) is."""
     refs = {args.pool: r.line if r.pool is not None else 0 for r, args in reversed(plan)}
     asked = set(refs)
     if flag is not None:
         refs[flag] = 0
-    pools: set[str] = set()
+    pools: dict[str | None, str] = {}
     with ctx.db.read() as conn:
         for ref, line in sorted(refs.items(), key=lambda kv: kv[1]):
             try:
@@ -223,7 +226,7 @@ def _check_pools(ctx: Ctx, plan: list[tuple[Request, ReserveArgs]], flag: str | 
                 bad = InvalidInput if isinstance(exc, NotFound) else type(exc)
                 raise bad(f"line {line}: {exc.message}") from None
             if ref in asked:
-                pools.add(str(row["id"]))
+                pools[ref] = str(row["id"])
     return pools
 
 

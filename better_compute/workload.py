@@ -185,21 +185,20 @@ def _duration(d: dict[str, object]) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         if value <= 0:
             raise InvalidInput(f"duration must be more than 0 ms, got {value}")
-        try:
-            return parse_duration(f"{value}ms")
-        except InvalidInput as exc:  # its reason: too long
-            raise InvalidInput(f"duration {value} ms: {_reason(exc.message)}") from None
-    if value is None:
+        text, shown = f"{value}ms", f"{value} ms"
+    elif value is None:
         raise InvalidInput("duration is required: milliseconds or a DURATION such as 3h")
-    if not isinstance(value, str):
+    elif not isinstance(value, str):
         whole = "whole " if isinstance(value, float) else ""
         raise InvalidInput(
             f"duration must be {whole}milliseconds or a DURATION such as 3h, got {_what(value)}"
         )
+    else:
+        text, shown = value, _what(value)
     try:
-        return parse_duration(value)
+        return parse_duration(text)
     except InvalidInput as exc:  # its reason (more than 0, too long)
-        raise InvalidInput(f"duration {_what(value)}: {_reason(exc.message)}") from None
+        raise InvalidInput(f"duration {shown}: {_reason(exc.message)}") from None
 
 
 def _reason(message: str) -> str:

@@ -82,7 +82,7 @@ def launch(ctx: Ctx, rsv_id: str, node: str | None = None) -> Launch:
                 raise InvalidInput(f"node {node} is not a member of {rsv.id}; its nodes: {names}")
         elif len(members) == 1:
             chosen = members[0]
-        said = [w for w in (_warning(rsv), _hardware(conn, members)) if w]
+        said = _warnings(rsv) + _hardware(conn, members)
         return Launch(rsv.id, members, chosen, "; ".join(said) or None)
 
 
@@ -99,7 +99,7 @@ def _members(rsv: Reservation) -> tuple[Member, ...]:
     return tuple(Member(a.node_id, i, tuple(sorted(a.atoms))) for i, a in enumerate(ordered))
 
 
-def _hardware(conn: Conn, members: tuple[Member, ...]) -> str | None:
+def _hardware(conn: Conn, members: tuple[Member, ...]) -> list[str]:
     """What went wrong with the members' hardware since they were booked: nothing moves a
     running reservation, so its job would start on a GPU quarantined or a node unreachable."""
     health = tickwork.node_health(conn, [m.node_id for m in members])
@@ -111,10 +111,10 @@ def _hardware(conn: Conn, members: tuple[Member, ...]) -> str | None:
         bad = sorted(sick.intersection(m.gpus))
         if bad:
             said.append(f"GPU {', '.join(map(str, bad))} of {m.node_id} not healthy")
-    return "; ".join(said) or None
+    return said
 
 
-def _warning(rsv: Reservation) -> str | None:
+def _warnings(rsv: Reservation) -> list[str]:
     assert rsv.during is not None  # every live reservation has its window
     said = []
     if rsv.state == State.PLACED:
@@ -124,4 +124,4 @@ def _warning(rsv: Reservation) -> str | None:
         )
     if rsv.preempt_deadline is not None:  # a spot victim, started or not yet
         said.append(f"{rsv.id} is being preempted: it ends at {iso(rsv.preempt_deadline)}")
-    return "; ".join(said) or None
+    return said

@@ -271,25 +271,25 @@ def parse_inventory(doc: object) -> Inventory:
 
 
 class Twice(dict[str, object]):
-    """An object read with a key given twice (keys_once with `mark`): `key` is the first such."""
+    """An object read with a key given twice (keys_once with `marked`): `key` is the first."""
 
     key = ""
 
 
 def keys_once(
-    what: str, *, mark: bool = False
+    what: str, *, marked: list[Twice] | None = None
 ) -> Callable[[list[tuple[str, object]]], dict[str, object]]:
     """json.loads' object_pairs_hook refusing a key given twice in one object: json.loads would
     silently keep the last of the two, and a file with both is a mistake (`what` names it).
-    With `mark`, such an object is returned as a Twice instead, for the caller to name it by
-    its path in the document (the hook cannot know where it is)."""
+    With `marked`, such an object is returned as a Twice instead, and added to it, for the
+    caller to name it by its path in the document (the hook cannot know where it is)."""
 
     def hook(pairs: list[tuple[str, object]]) -> dict[str, object]:
         d: dict[str, object] = {}
         twice: str | None = None
         for k, v in pairs:
             if k in d and twice is None:
-                if not mark:
+                if marked is None:
                     raise InvalidInput(f"{what} has the key {json.dumps(k)} twice in one object")
                 twice = k
             texts = v if isinstance(v, list) else [v]
@@ -299,11 +299,12 @@ def keys_once(
                     f" the key {json.dumps(k)}"
                 )
             d[k] = v
-        if twice is None:
+        if twice is None or marked is None:  # (`twice` is set only with `marked`)
             return d
-        marked = Twice(d)
-        marked.key = twice
-        return marked
+        found = Twice(d)
+        found.key = twice
+        marked.append(found)
+        return found
 
     return hook
 
@@ -328,8 +329,9 @@ def _twice_in(value: object, path: str) -> tuple[str, str] | None:
 def load_inventory_text(text: str) -> Inventory:
     """Parse inventory JSON text; bad JSON names the line and column."""
     try:
-        doc = json.loads(text, object_pairs_hook=keys_once("inventory", mark=True))
-        twice = _twice_in(doc, "")
+        marked: list[Twice] = []
+        doc = json.loads(text, object_pairs_hook=keys_once("inventory", marked=marked))
+        twice = _twice_in(doc, "") if marked else None  # the walk only for a file that has one
     except json.JSONDecodeError as e:
         raise InvalidInput(
             f"inventory is not valid JSON: line {e.lineno} column {e.colno}: {e.msg}"

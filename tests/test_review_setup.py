@@ -371,3 +371,38 @@ def test_a_failed_repair_never_takes_a_lease_over_its_tenants_quota(run: Cli) ->
     assert waiting["state"] == "pending" and waiting["quotaCharge"] == 4
     [line] = run.ok("quota", "show", "--tenant", "acme")["quotas"]
     assert line["held"] == 8
+
+
+def test_a_change_to_what_already_is_so_writes_no_event(run: Cli) -> None:
+    """A second quarantine, a restore of a healthy GPU, an uncordon of a schedulable node, the
+    same labels or setting again: nothing changes, so no event is logged (a webhook would tell
+    receivers of a restore that never happened) and people are told it already was so."""
+    changes = [
+        ("device", "quarantine", "west-01:0", "--reason", "xid-79"),
+        ("node", "cordon", "west-02", "--reason", "bios"),
+        ("node", "mark-unreachable", "west-03"),
+        ("node", "label", "west-04", "rack=r9"),
+        ("config", "set", "placement.topN", "2"),
+    ]
+    for change in changes:
+        run.ok(*change)
+    seq = run.ok("events")[-1]["seq"]
+    again = [
+        *changes,
+        ("device", "restore", "west-05:1"),
+        ("node", "uncordon", "west-05"),
+        ("node", "mark-reachable", "west-05"),
+        ("config", "set", "placement.topN", "02"),
+    ]
+    for change in again:
+        assert run.ok(*change) is not None
+    assert run.ok("events", "--since", seq) == []
+    said = run("device", "restore", "west-05:1", json=False)[1]
+    assert said == "west-05:1 was already healthy; nothing changed\n"
+    said = run("node", "cordon", "west-02", "--reason", "bios", json=False)[1]
+    assert said == "west-02 was already cordoned (bios); nothing changed\n"
+    # a new reason is a change: the GPU's reason and the log say so
+    run.ok("device", "quarantine", "west-01:0", "--reason", "xid-48")
+    assert [e["type"] for e in run.ok("events", "--since", seq)] == ["device.quarantined"]
+    node = run.ok("node", "show", "west-01")
+    assert "xid-48" in json.dumps(node)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from better_compute.render import human
     from better_compute.render import json as js
     from better_compute.service import setup
+    from better_compute.service.setup import Changed
 else:
     human = lazy("better_compute.render.human")
     js = lazy("better_compute.render.json")
@@ -65,12 +66,16 @@ def node_cordon(
             f" {human.repaired(added.moved, added.waiting, added.kept, added.running)}",
         )
         return
-    n = setup.node_flag(c, node, "node.cordoned", reason, schedulable=0, cordon_reason=reason)
+    done = setup.node_flag(c, node, "node.cordoned", reason, schedulable=0, cordon_reason=reason)
     emit(
         as_json,
-        js.node(n),
-        f"{node} cordoned: nothing new is placed there; run `repair` to move its future"
-        " bookings now (tick checks each one before it starts)",
+        js.node(done.node),
+        _said(
+            done,
+            f"{node} cordoned: nothing new is placed there; run `repair` to move its future"
+            " bookings now (tick checks each one before it starts)",
+            f"{node} was already cordoned" + (f" ({reason})" if reason else ""),
+        ),
     )
 
 
@@ -78,8 +83,12 @@ def node_cordon(
 @handled
 def node_uncordon(node: str, as_json: JsonFlag = False) -> None:
     """Place on a node again (also lifts its maintenance windows)."""
-    n = setup.node_uncordon(ctx(), node)
-    emit(as_json, js.node(n), f"{node} uncordoned")
+    done = setup.node_uncordon(ctx(), node)
+    emit(
+        as_json,
+        js.node(done.node),
+        _said(done, f"{node} uncordoned", f"{node} was not cordoned and has no maintenance window"),
+    )
 
 
 @node_app.command("mark-unreachable")
@@ -90,16 +99,24 @@ def node_mark_unreachable(
     as_json: JsonFlag = False,
 ) -> None:
     """Record that a node stopped answering: no placement, no binding there."""
-    n = setup.node_flag(ctx(), node, "node.unreachable", reason, reachable=0)
-    emit(as_json, js.node(n), f"{node} marked unreachable")
+    done = setup.node_flag(ctx(), node, "node.unreachable", reason, reachable=0)
+    emit(
+        as_json,
+        js.node(done.node),
+        _said(done, f"{node} marked unreachable", f"{node} was already marked unreachable"),
+    )
 
 
 @node_app.command("mark-reachable")
 @handled
 def node_mark_reachable(node: str, as_json: JsonFlag = False) -> None:
     """Record that a node answers again."""
-    n = setup.node_flag(ctx(), node, "node.reachable", None, reachable=1)
-    emit(as_json, js.node(n), f"{node} marked reachable")
+    done = setup.node_flag(ctx(), node, "node.reachable", None, reachable=1)
+    emit(
+        as_json,
+        js.node(done.node),
+        _said(done, f"{node} marked reachable", f"{node} was already reachable"),
+    )
 
 
 device_app = typer.Typer(no_args_is_help=False, help="GPU health: quarantine and restore.")
@@ -114,8 +131,14 @@ def device_quarantine(
     as_json: JsonFlag = False,
 ) -> None:
     """Take a GPU out of service; `repair` moves future bookings off it."""
-    n = setup.device_health(ctx(), device, False, reason)
-    emit(as_json, js.node(n), f"{device} quarantined ({reason})")
+    done = setup.device_health(ctx(), device, False, reason)
+    emit(
+        as_json,
+        js.node(done.node),
+        _said(
+            done, f"{device} quarantined ({reason})", f"{device} was already quarantined ({reason})"
+        ),
+    )
 
 
 @device_app.command("restore")
@@ -124,5 +147,14 @@ def device_restore(
     device: Annotated[str, typer.Argument(help="NODE:INDEX")], as_json: JsonFlag = False
 ) -> None:
     """Put a quarantined GPU back in service."""
-    n = setup.device_health(ctx(), device, True, None)
-    emit(as_json, js.node(n), f"{device} restored")
+    done = setup.device_health(ctx(), device, True, None)
+    emit(
+        as_json,
+        js.node(done.node),
+        _said(done, f"{device} restored", f"{device} was already healthy"),
+    )
+
+
+def _said(done: Changed, changed: str, unchanged: str) -> str:
+    """What a change to a node or GPU tells people: what it did, or that it was already so."""
+    return changed if done.changed else f"{unchanged}; nothing changed"

@@ -268,8 +268,8 @@ def node_label(
     as_json: JsonFlag = False,
 ) -> None:
     """Set or remove operator labels (rack, zone, …)."""
-    n = setup.node_label(ctx(), node, labels)
-    emit(as_json, js.node(n), lambda: human.nodes([n]))
+    done = setup.node_label(ctx(), node, labels)
+    emit(as_json, js.node(done.node), lambda: human.nodes([done.node]))
 
 
 @node_app.command("report-bound")

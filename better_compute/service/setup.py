@@ -254,7 +254,7 @@ def node_show(ctx: Ctx, name: str) -> NodeDetail:
         )
 
 
-def node_label(ctx: Ctx, name: str, pairs: Sequence[str]) -> Node:
+def node_label(ctx: Ctx, name: str, pairs: Sequence[str]) -> Changed:
     """Set labels (k=v) or remove them (k-), as kubectl label does."""
     require_admin(ctx.who, "change nodes")
     with ctx.write() as conn:
@@ -271,6 +271,8 @@ def node_label(ctx: Ctx, name: str, pairs: Sequence[str]) -> Node:
         for key in removed:
             labels.pop(key, None)
         labels.update(added)
+        if sorted(labels.items()) == sorted(node.labels):
+            return Changed(node, False)
         split = gang_split(conn, node, labels)
         if split is not None:
             raise Conflict(
@@ -281,21 +283,34 @@ def node_label(ctx: Ctx, name: str, pairs: Sequence[str]) -> Node:
         ctx.event(
             "node.labelled", None, None, {"nodeId": name, "labels": dict(sorted(labels.items()))}
         )
-        return repo.get_node(conn, name)
+        return Changed(repo.get_node(conn, name), True)
 
 
-def node_flag(ctx: Ctx, name: str, event: str, reason: str | None, **columns: object) -> Node:
-    """Cordon, uncordon, mark (un)reachable: one column change and an event with who and why."""
+@dataclass(frozen=True)
+class Changed:
+    """A node after a change asked of it. `changed` False: it already was so, and nothing was
+    written; no event either, so no log line or webhook tells of a change that did not happen
+    (as `kubectl cordon` of a cordoned node says so and changes nothing)."""
+
+    node: Node
+    changed: bool
+
+
+def node_flag(ctx: Ctx, name: str, event: str, reason: str | None, **columns: object) -> Changed:
+    """Cordon, mark (un)reachable: one column change and an event with who and why. `columns`
+    name Node's fields (schedulable, reachable, cordon_reason)."""
     check_name(reason, "--reason")
     require_admin(ctx.who, "change nodes")
     with ctx.write() as conn:
-        repo.get_node(conn, name)
+        node = repo.get_node(conn, name)
+        if all(getattr(node, column) == value for column, value in columns.items()):
+            return Changed(node, False)
         repo.update_node(conn, name, **columns)
         data: dict[str, JsonValue] = {"nodeId": name, "by": ctx.principal}
         if reason is not None:
             data["reason"] = reason
         ctx.event(event, None, None, data)
-        return repo.get_node(conn, name)
+        return Changed(repo.get_node(conn, name), True)
 
 
 @dataclass(frozen=True)
@@ -354,23 +369,25 @@ def node_maintenance(ctx: Ctx, name: str, window: Window, reason: str | None) ->
         )
 
 
-def node_uncordon(ctx: Ctx, name: str) -> Node:
+def node_uncordon(ctx: Ctx, name: str) -> Changed:
     """Uncordon lifts the cordon and every maintenance window of the node."""
     require_admin(ctx.who, "change nodes")
     with ctx.write() as conn:
-        repo.get_node(conn, name)
-        repo.update_node(conn, name, schedulable=1, cordon_reason=None)
+        node = repo.get_node(conn, name)
         removed = repo.delete_maintenance(conn, name)
+        if node.schedulable and node.cordon_reason is None and not removed:
+            return Changed(node, False)
+        repo.update_node(conn, name, schedulable=1, cordon_reason=None)
         ctx.event(
             "node.uncordoned",
             None,
             None,
             {"nodeId": name, "by": ctx.principal, "maintenanceRemoved": removed},
         )
-        return repo.get_node(conn, name)
+        return Changed(repo.get_node(conn, name), True)
 
 
-def device_health(ctx: Ctx, ref: str, healthy: bool, reason: str | None) -> Node:
+def device_health(ctx: Ctx, ref: str, healthy: bool, reason: str | None) -> Changed:
     node_name, sep, index_text = ref.rpartition(":")
     if not sep or not _digits(index_text):
         raise InvalidInput(f"device {ref!r} must look like NODE:INDEX, such as node-01:3")
@@ -381,14 +398,17 @@ def device_health(ctx: Ctx, ref: str, healthy: bool, reason: str | None) -> Node
     require_admin(ctx.who, "change device health")
     with ctx.write() as conn:
         node = repo.get_node(conn, node_name)
-        if index >= len(node.atoms):
+        atom = next((a for a in node.atoms if a.index == index), None)
+        if atom is None:
             raise NotFound(f"node {node_name} has GPUs 0 to {len(node.atoms) - 1}, not {index}")
+        if atom.healthy == healthy and atom.health_reason == reason:
+            return Changed(node, False)
         repo.set_atom_health(conn, node_name, index, healthy, reason)
         data: dict[str, JsonValue] = {"nodeId": node_name, "index": index, "by": ctx.principal}
         if reason is not None:
             data["reason"] = reason
         ctx.event("device.quarantined" if not healthy else "device.restored", None, None, data)
-        return repo.get_node(conn, node_name)
+        return Changed(repo.get_node(conn, node_name), True)
 
 
 # ---------------------------------------------------------------- tenants and quotas
@@ -497,9 +517,11 @@ def config_set(ctx: Ctx, key: str, value: str) -> dict[str, JsonValue]:
             least <= int(value) <= most
         ):
             raise InvalidInput(f"{key} must be an integer from {least} to {most}, got {value!r}")
+    stored = value if key in BOOL_KEYS else str(int(value))
     with ctx.write() as conn:
-        repo.set_config(conn, key, value if key in BOOL_KEYS else str(int(value)))
-        ctx.event("config.set", None, None, {"key": key, "value": value, "by": ctx.principal})
+        if repo.config_value(conn, key) != stored:  # the same value again: no change, no event
+            repo.set_config(conn, key, stored)
+            ctx.event("config.set", None, None, {"key": key, "value": value, "by": ctx.principal})
     return config_get(ctx_fresh(ctx), key)
 
 

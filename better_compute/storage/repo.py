@@ -191,6 +191,12 @@ def load_settings(conn: Conn) -> Settings:
     return Settings(**values)  # type: ignore[arg-type]
 
 
+def config_value(conn: Conn, key: str) -> str | None:
+    """A setting's stored text; None while it has its default (never set)."""
+    row = conn.execute("SELECT value FROM config WHERE key = ?", (key,)).fetchone()
+    return None if row is None else str(row[0])
+
+
 def set_config(conn: Conn, key: str, value: str) -> None:
     conn.execute(
         "INSERT INTO config(key, value) VALUES (?, ?)"

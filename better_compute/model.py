@@ -489,3 +489,6 @@ class Delivery:
     next_at: int
     event_type: str
     history: tuple[DeliveryAttempt, ...] = ()
+    #: Queued behind the head of its webhook's queue: the head's event seq (only the head is
+    #: ever sent, docs/webhooks.md "Order"); None for the head and for what is not queued.
+    behind: int | None = None

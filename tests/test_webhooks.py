@@ -799,3 +799,23 @@ def test_tenants_take_turns_and_first_tries_go_before_retries() -> None:
     # another tenant's retry still gets its turn in the first round, ahead of acme's fresh heads
     order = sending_order([*hanging, head("whk_r", "globex", attempts=3)])
     assert [h.webhook_id for h in order[:2]] == ["whk_a00", "whk_r"]
+
+
+def test_deliveries_behind_a_failing_head_say_they_wait_for_it(
+    run: Cli, receiver: Receiver
+) -> None:
+    """Only a webhook's head is sent: the deliveries queued behind it name it, instead of a
+    next attempt that has long passed (a reviewer read `queued, next 00:01` an hour later)."""
+    hook(run, receiver, "/a", "acme", SECRET_A, "--events", "reservation.created")
+    receiver.plan = lambda path, n: 500
+    for key in ("a1", "a2", "a3"):
+        reserve(run, "acme", key)
+    tick(run, 0)
+    tick(run, HOUR)
+    queued = run.ok("webhook", "deliveries")
+    head = queued[0]["eventSeq"]
+    assert [d["state"] for d in queued] == ["queued"] * 3
+    assert [d["behindEventSeq"] for d in queued] == [None, head, head]
+    assert len(queued[0]["attempts"]) == 2 and queued[1]["attempts"] == []
+    table = run("webhook", "deliveries", json=False, now=at(HOUR))[1]
+    assert table.count(f"queued behind #{head}") == 2 and table.count("queued, next") == 1

@@ -81,6 +81,7 @@ def delivery(d: Delivery) -> dict[str, JsonValue]:
         ],
         "queuedAt": d.queued_at,
         "nextAttemptAt": d.next_at if d.state == "queued" else None,
+        "behindEventSeq": d.behind,
     }
 
 
@@ -97,7 +98,9 @@ def deliveries(rows: Sequence[Delivery]) -> RenderableType:
         answer = "—"
         if last is not None:
             answer = f"{short(last.at)} " + (last.error or f"HTTP {last.status}")
-        state = d.state if d.state != "queued" else f"queued, next {short(d.next_at)}"
+        state = d.state
+        if d.state == "queued":  # only a webhook's head is sent; the rest wait for it to end
+            state += f", next {short(d.next_at)}" if d.behind is None else f" behind #{d.behind}"
         table.add_row(
             d.id, d.webhook_id, f"#{d.event_seq} {d.event_type}", state, str(len(d.history)), answer
         )

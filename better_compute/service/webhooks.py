@@ -260,6 +260,5 @@ def redeliver(
                 raise Conflict(f"delivery {delivery_id} is already queued; `tick` sends it")
         for d in targets:
             webhooks.requeue(conn, d.id, ctx.now)
-        return [
-            replace(d, state=webhooks.QUEUED, queued_at=ctx.now, next_at=ctx.now) for d in targets
-        ]
+        # read back: one requeued behind an earlier queued event waits for it (Delivery.behind)
+        return [webhooks.deliveries(conn, ids, delivery_id=d.id)[0] for d in targets]

@@ -241,6 +241,7 @@ def _delivery(r: Row, history: tuple[DeliveryAttempt, ...]) -> Delivery:
         next_at=_int(r["next_at"]),
         event_type=_str(r["type"]),
         history=history,
+        behind=_opt_int(r["behind"]),
     )
 
 
@@ -267,7 +268,10 @@ def deliveries(
         clauses.append("d.id = ?")
         args.append(delivery_id)
     rows = conn.execute(
-        "SELECT d.*, e.type FROM deliveries d JOIN events e ON e.seq = d.event_seq"
+        "SELECT d.*, e.type, CASE WHEN d.state = 'queued' THEN"
+        " (SELECT MIN(h.event_seq) FROM deliveries h WHERE h.webhook_id = d.webhook_id"
+        "  AND h.state = 'queued' AND h.event_seq < d.event_seq) END AS behind"
+        " FROM deliveries d JOIN events e ON e.seq = d.event_seq"
         f" WHERE {' AND '.join(clauses)} ORDER BY d.webhook_id, d.event_seq",
         args,
     ).fetchall()

@@ -396,9 +396,14 @@ def csv_rows(text: str, needed: tuple[str, ...], what: str) -> list[tuple[int, d
             )
         missing = [c for c in needed if c not in header]
         if missing:
+            looks = (
+                "; the file starts with '{': is it JSON? check --format"
+                if text.lstrip("\ufeff \t\r\n").startswith("{")
+                else ""
+            )
             raise InvalidInput(
                 f"line 1: {what} has no column {', '.join(missing)} (a CSV header with"
-                f" {','.join(needed)}, … is expected)"
+                f" {','.join(needed)}, … is expected){looks}"
             )
         rows: list[tuple[int, dict[str, str]]] = []
         for fields in reader:

@@ -615,3 +615,80 @@ def test_a_replay_run_again_skips_its_keyed_calendar_requests(fleet: Cli, db_dir
     again = fleet.ok(*args, "--until", "+20m", now=None)
     assert (again["requests"], again["neverPlaced"], again["skipped"]) == (0, 0, 2)
     assert len(fleet.ok("list")) == 2
+
+
+def _waiting_then_quiet(db_dir: Path) -> Path:
+    """Every GPU taken for 2 h, three requests waiting behind them (a retry every 30 s), and
+    the next arrival 3 hours later: hundreds of ticks due between two arrivals."""
+    lines: list[dict[str, Any]] = [
+        {"at": NOW_MS, "tenant": "acme", "gpus": 4, "duration": "2h"} for _ in range(4)
+    ]
+    lines += [{"at": NOW_MS + SEC, "tenant": "globex", "gpus": 4, "duration": "1h"}] * 3
+    lines.append({"at": NOW_MS + 3 * 60 * MIN, "tenant": "acme", "gpus": 1, "duration": "1h"})
+    return write_jsonl(db_dir / "quiet.jsonl", lines)
+
+
+def test_the_ticks_of_a_quiet_stretch_commit_a_share_at_a_time(
+    fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reviewer's cron `tick` failed UNAVAILABLE after the whole busy timeout: the ticks due
+    between two arrivals (days of retries of waiting requests) all ran inside the next
+    request's one transaction. They now commit every TRAILING_HOLD_S, as the ticks after the
+    last arrival do. With a hold of 0, a transaction holds one tick, or the last one and the
+    request's own; the ledger and the report are those of the default hold."""
+    from better_compute.service import simulate, ticking
+    from better_compute.storage.conn import Commits
+
+    workload = _waiting_then_quiet(db_dir)
+    copy = small_fleet(db_dir / "copy.db")  # the same ledger, made the same way
+    args = ("simulate", "--workload", workload, "--format", "jsonl")
+    expected = without_machine(copy.ok(*args))
+    ticks_by_commit: dict[int, int] = {}
+    real_tick_in = ticking.tick_in
+
+    def counted(ctx: Any) -> None:
+        ticks_by_commit[Commits.made] = ticks_by_commit.get(Commits.made, 0) + 1
+        real_tick_in(ctx)
+
+    monkeypatch.setattr(ticking, "tick_in", counted)
+    monkeypatch.setattr(simulate, "TRAILING_HOLD_S", 0.0)
+    assert without_machine(fleet.ok(*args)) == expected
+    assert sum(ticks_by_commit.values()) > 200 and max(ticks_by_commit.values()) <= 2
+    assert outcome(fleet) == outcome(copy)
+    assert fleet.ok("events") == copy.ok("events")
+
+
+def test_a_key_another_writer_used_during_the_replay_is_not_counted_as_the_runs(
+    fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer books with a key between two of the replay's requests; the replay's
+    later line with that key gets that reservation back. It is a retry (skipped), and its hours
+    are not the run's: the report counted it as placed (a reviewer ran two replays at once)."""
+    from better_compute.service import simulate
+
+    lines = [
+        {"at": NOW_MS, "tenant": "acme", "gpus": 1, "duration": "1h"},
+        {"at": NOW_MS + MIN, "tenant": "acme", "gpus": 2, "duration": "1h", "key": "k"},
+    ]
+    workload = write_jsonl(db_dir / "keys.jsonl", lines)
+    real = simulate._reserve
+    made: list[str] = []
+
+    def after_the_first_request(ctx: Any, args: Any, run: Any, fleet_: Any) -> bool:
+        if not made:  # the first request: a user books between its commit and the next one
+            original = ctx.db.let_writers_in
+
+            def then_a_user(*a: Any, **k: Any) -> None:
+                original(*a, **k)
+                if not made:
+                    made.append(fleet.ok("reserve", "--tenant", "acme", "--gpus", "2", "--for",
+                                         "1h", "--key", "k", now="+1m")["id"])  # fmt: skip
+
+            monkeypatch.setattr(ctx.db, "let_writers_in", then_a_user)
+        return bool(real(ctx, args, run, fleet_))
+
+    monkeypatch.setattr(simulate, "_reserve", after_the_first_request)
+    report = fleet.ok("simulate", "--workload", workload, "--format", "jsonl", now=None)
+    assert (report["requests"], report["placedAtOnce"], report["skipped"]) == (1, 1, 1)
+    assert report["gpuHoursBooked"] == 1.0
+    assert len(fleet.ok("list")) == 2 and made

@@ -409,7 +409,8 @@ def simulation(r: Report) -> RenderableType:
         ("never placed", str(r.never_placed)),
         ("preemptions", f"{r.cut_back} cut back, {r.requeued} requeued"),
         ("wait", f"mean {human_duration(r.wait_mean_ms)}, p95 {human_duration(r.wait_p95_ms)}"),
-        ("GPU-hours", f"{r.gpu_hours_booked:g} booked, {r.gpu_hours_used:g} used"),
+        # as --json gives them (3 decimals), never in exponent form
+        ("GPU-hours", f"{r.gpu_hours_booked:,.3f} booked, {r.gpu_hours_used:,.3f} used"),
         ("wall time", f"{r.wall_seconds:g} s ({r.requests_per_second:g} requests/s)"),
     ]
     for name, value in rows:

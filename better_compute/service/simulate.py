@@ -40,7 +40,7 @@ from better_compute.service.context import Ctx
 from better_compute.service.fleet import Fleet
 from better_compute.storage import ledger, repo
 from better_compute.storage import simulation as store
-from better_compute.timeparse import parse_time
+from better_compute.timeparse import iso, parse_time
 from better_compute.workload import Request, Workload, parse_workload
 
 HOUR_MS = 3_600_000
@@ -101,10 +101,9 @@ class _Run:
     hi_seq: int | None = None
     refused: int = 0
     #: Requests whose idempotency key returned a reservation that already existed (made earlier
-    #: in this run or before it): a retry, not new demand, so counted as skipped, not as requests.
+    #: in this run, before it, or by another writer meanwhile): a retry, not new demand, so
+    #: counted as skipped, not as requests.
     retried: int = 0
-    #: The newest reservation's seq when the run began: anything at or below is not the run's.
-    seq_floor: int = 0
 
     def made(self, seq: int, rsv_id: str) -> None:
         self.ids.add(rsv_id)
@@ -132,10 +131,11 @@ def simulate(
             raise InvalidInput(REAL_CLOCK)
         base = max(ctx.now, state.last_at)
         first_event = repo.last_event_seq(conn)
-        seq_floor = store.last_reservation_seq(conn)
     until = None if until_text is None else parse_time(until_text, base)
     if until is not None and until < base:
-        raise InvalidInput(f"--until must not be before the ledger's instant ({base})")
+        raise InvalidInput(
+            f"--until {iso(until)} is before the ledger's time {iso(base)}: time only moves forward"
+        )
     workload = parse_workload(setup.read_text(ctx, file, "workload"), fmt, base, compress)
     notice = ctx.settings.spot_notice_ms
     # Every line is checked, those after --until too: the same file is good or bad whatever
@@ -146,7 +146,7 @@ def simulate(
     plan = [(r, args) for r, args in checked if until is None or r.at < until]
     asked_pools = {pool_ids[args.pool] for _, args in plan}
     _create_tenants(ctx.at(base), sorted({r.tenant for r, _ in plan}))  # those sent only
-    run = _Run(base, first_event, set(), seq_floor=seq_floor)
+    run = _Run(base, first_event, set())
     with ctx.db.replaying():  # a what-if ledger: thousands of commits, none a person waits on
         end = _replay(ctx, plan, run, until, progress)
     with ctx.db.read():
@@ -282,9 +282,11 @@ def _replay(
     instant (a start now) runs after it: each tick acts on the ledger exactly as a cron tick at
     that instant would (ticking.tick_in), so the ledger written is the same, event for event;
     what is saved is a commit (some thirty pages of WAL) per tick. A refused request rolls back
-    only its own savepoint. The ticks after the last arrival share transactions that
-    commit every TRAILING_HOLD_S: a commit costs as much as a tick, and another writer waits no
-    longer than that."""
+    only its own savepoint. Ticks share a transaction for at most TRAILING_HOLD_S: a commit
+    costs as much as a tick, and another writer waits no longer than that. So a long quiet
+    stretch between two arrivals (days of retries of waiting requests) commits its ticks a
+    share at a time before the request's own transaction, as the ticks after the last arrival
+    do."""
     fleet = Fleet()  # the pools in memory between requests, checked in each transaction
     due = _Due(ctx, fleet, run.start - 1, until)  # what is due at or after the start is ahead
     i = 0
@@ -295,14 +297,19 @@ def _replay(
         at_arrival = [args for _, args in plan[i:j]]
         starts_now = False  # a request of this instant was placed to start at it
         for k, args in enumerate(at_arrival):
-            with ctx.db.write():  # this request's transaction
-                if k == 0:  # what fell due since the previous request
-                    due.tick_through(arrival, first=True)
-                starts_now = _reserve(_at(ctx, arrival), args, run, fleet) or starts_now
-                if k == len(at_arrival) - 1:
-                    due.after = arrival - 1  # the arrivals may have made something due now
-                    due.tick_through(arrival, first=False, due_now=starts_now)
-            ctx.db.let_writers_in()
+            caught_up = k > 0
+            while True:
+                with ctx.db.write():  # this request's transaction
+                    if not caught_up:  # what fell due since the previous request
+                        caught_up = due.tick_through(arrival, first=True, within=TRAILING_HOLD_S)
+                    if caught_up:
+                        starts_now = _reserve(_at(ctx, arrival), args, run, fleet) or starts_now
+                        if k == len(at_arrival) - 1:
+                            due.after = arrival - 1  # the arrivals may have made something due
+                            due.tick_through(arrival, first=False, due_now=starts_now)
+                ctx.db.let_writers_in()
+                if caught_up:
+                    break
             i += 1
             if progress is not None:
                 progress(i, len(plan))
@@ -364,17 +371,25 @@ class _Due:
         self.known = (version, self.after, due)
         return None if due is None or (self.until is not None and due > self.until) else due
 
-    def tick_through(self, instant: int, *, first: bool, due_now: bool = False) -> None:
-        """Every tick due by `instant`, inside the open transaction. `first`:
-        as the transaction's first step, before it has written anything. `due_now`: a start
-        at `instant` is known to be due (after = instant - 1), which is what the lookup would
-        answer, since nothing can be due before it."""
+    def tick_through(
+        self, instant: int, *, first: bool, due_now: bool = False, within: float | None = None
+    ) -> bool:
+        """Every tick due by `instant`, inside the open transaction; True once none is left.
+        `first`: as the transaction's first step, before it has written anything. `due_now`: a
+        start at `instant` is known to be due (after = instant - 1), which is what the lookup
+        would answer, since nothing can be due before it. `within`: stop (False) once that many
+        seconds have passed with ticks still due by `instant`, for the caller to commit."""
         self._catch_up()
+        stop = None if within is None else time.perf_counter() + within
         due = instant if due_now else self.next(reuse=first)
         while due is not None and due <= instant:
             self._tick(due)
             due = self.next()
+            late = stop is not None and time.perf_counter() >= stop
+            if late and due is not None and due <= instant:
+                return False
         self.last = max(self.last, instant)
+        return True
 
     def tick_for(self, seconds: float) -> bool:
         """The due ticks in order, inside the open transaction, until `seconds` have
@@ -400,6 +415,10 @@ def _reserve(ctx: Ctx, args: ReserveArgs, run: _Run, fleet: Fleet) -> bool:
     """One request; True when it was placed to start at the instant it asked to act at (a
     clock moved ahead by another process acts later, and the due lookup finds when)."""
     ctx.fleet = fleet
+    # Inside the write transaction: a reservation not newer than this was there before the call
+    # (its key's, whoever made it: another writer may use a key between two requests). Without
+    # a key, reserve only ever makes a new one.
+    newest = None if args.key is None else store.last_reservation_seq(ctx.db.conn)
     try:
         rsv = booking.reserve(ctx, args, read_back=False)
     except REFUSALS:
@@ -407,7 +426,7 @@ def _reserve(ctx: Ctx, args: ReserveArgs, run: _Run, fleet: Fleet) -> bool:
             fleet.after_rollback(conn)
         run.refused += 1
         return False
-    if rsv.id in run.ids or rsv.seq <= run.seq_floor:  # a key that was used already
+    if newest is not None and rsv.seq <= newest:  # a key that was used already
         run.retried += 1
         return False
     run.made(rsv.seq, rsv.id)

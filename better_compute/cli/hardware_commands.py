@@ -100,10 +100,15 @@ def node_mark_unreachable(
 ) -> None:
     """Record that a node stopped answering: no placement, no binding there."""
     done = setup.node_flag(ctx(), node, "node.unreachable", reason, reachable=0)
+    unrecorded = " (the reason is not recorded)" if reason is not None else ""
     emit(
         as_json,
         js.node(done.node),
-        _said(done, f"{node} marked unreachable", f"{node} was already marked unreachable"),
+        _said(
+            done,
+            f"{node} marked unreachable",
+            f"{node} was already marked unreachable{unrecorded}",
+        ),
     )
 
 

@@ -61,6 +61,10 @@ def test_moving_a_calendar_booking_keeps_its_nodes_atoms_and_allocations(run: Cl
         },
         "nodeIds": sorted(placement(rsv)),
     }
+    # people read the nested windows as UTC times, as every other event's (epoch ms before)
+    line = run("events", "--reservation", rsv["id"], json=False)[1].splitlines()[-1]
+    assert '"from": {"durationMs": 7200000, "end": "2026-09-29T10:00:00Z"' in line
+    assert str(NOW_MS + 2 * DAY) not in line
     # the old window is free again: a full-pool gang fits there now
     run.ok("quota", "set", "--tenant", "globex", "--gpus", "56")
     full = ("--gpus", "8", "--gang", "7", "--for", "2h", "--start", "+1d")

@@ -9,7 +9,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from better_compute.model import Binding, Event, LedgerCopy, Node, Policy, Reservation
+from better_compute.model import Binding, Event, JsonValue, LedgerCopy, Node, Policy, Reservation
 from better_compute.render.json import dumps
 from better_compute.service.accounting import UsageWindow
 from better_compute.service.booking import Preview
@@ -286,12 +286,21 @@ def events(pages: Iterable[Sequence[Event]]) -> Iterator[str]:
 TIME_KEYS = frozenset({"at", "start", "end", "from", "to", "until", "nextAttemptAt"})
 
 
+def _times_shown(value: JsonValue, key: str = "") -> JsonValue:
+    """Event data with its instants as UTC times, at any depth (`reservation.updated` nests
+    the window it had and the one it has: {"from": {"start": …}, "to": {…}})."""
+    if isinstance(value, dict):
+        return {k: _times_shown(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_times_shown(v, key) for v in value]
+    if key in TIME_KEYS and isinstance(value, int) and not isinstance(value, bool):
+        return iso(value)
+    return value
+
+
 def event_line(e: Event) -> str:
     who = f" {e.reservation_id}" if e.reservation_id else ""
-    data = {
-        k: iso(v) if k in TIME_KEYS and isinstance(v, int) and not isinstance(v, bool) else v
-        for k, v in e.data.items()
-    }
+    data = _times_shown(dict(e.data))
     actor = e.actor if e.acting_admin is None else f"{e.actor} (admin {e.acting_admin})"
     return f"{iso(e.at)}  #{e.seq} {e.type}{who} by {actor} {dumps(data)}"
 

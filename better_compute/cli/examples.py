@@ -76,7 +76,8 @@ EXAMPLES: dict[str, str] = {
     "simulate": "better-compute simulate --workload openb.csv --format openb --compress 100",
     "tenant create": "better-compute tenant create acme",
     "tenant list": "better-compute tenant list",
-    "tick": "better-compute tick --until +6h --step 5m",
+    # what cron runs; `tick --until` moves a real clock ahead for good, so it is not the example
+    "tick": "better-compute tick  # every minute, from cron",
     "timeline": "better-compute timeline --pool west --from now --to +1d --step 60",
     "update": "better-compute update rsv_0123456789ab --start +2d --for 12h --gpus 4",
     "webhook add": (

@@ -429,7 +429,9 @@ def quota_show(tenant: TenantOpt, as_json: JsonFlag = False) -> None:
     ]
     text += [
         f"{b.pool_name or 'all pools'}: {b.used:g} of {b.gpu_hours:g} GPU-hours used in the last"
-        f" {human_duration(b.period_ms)}, {b.remaining:g} remaining ({b.ahead:g} booked ahead)"
+        f" {human_duration(b.period_ms)} ({b.remaining:g} not used), {b.ahead:g} booked in the"
+        f" next {human_duration(b.period_ms)}; a request is refused if any rolling"
+        f" {human_duration(b.period_ms)} period it reaches would pass {b.gpu_hours:g}"
         for b in spend
     ]
     emit(

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
+import pgtest
 import pytest
 from conftest import Cli
 
@@ -197,3 +200,37 @@ def test_a_path_too_long_for_the_system_is_bad_input(
     assert json.loads(err)["error"]["message"].endswith(
         "is too long for this system (most file systems allow 255 bytes a name); give a shorter one"
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["list", "--db", "other.db"], "--db"),
+        (["tick", "--now", "+1h"], "--now"),
+        (["reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--as", "bob"], "--as"),
+    ],
+)
+def test_a_global_option_after_the_command_says_where_it_goes(
+    run: Cli, args: list[str], option: str
+) -> None:
+    """A newcomer's `list --db other.db` was told `No such option: --db (Possible options:
+    --ids)`; it now says the option goes before the command, or in its environment variable.
+    (The entry point words the parser's errors: a real process, not the test runner's app.)"""
+    entry = [sys.executable, "-c", "from better_compute.cli import main; main()"]
+    done = subprocess.run(
+        [*entry, "--db", pgtest.ledger(str(run.db)), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith(
+        f"error: INVALID_INPUT: {option} is a global option: give it before the command"
+    )
+    assert "BETTER_COMPUTE_" in done.stderr and done.stderr.count("\n") == 1
+    assert run.ok("list") == []  # nothing was booked
+
+
+def test_fabric_domain_as_a_label_names_the_commands_that_set_it(run: Cli) -> None:
+    message = run.fails(2, "node", "label", "west-01", "fabric.domain=x")["message"]
+    assert "node add --fabric" in message and "inventory import" in message

@@ -453,6 +453,15 @@ def _whole_writes() -> None:
         )
 
 
+#: The global options that take a value, and their environment variables (PRODUCT.md §3): they
+#: come before the command, and a newcomer often writes them after it.
+GLOBAL_OPTIONS = {
+    "--db": "BETTER_COMPUTE_DB",
+    "--now": "BETTER_COMPUTE_NOW",
+    "--as": "BETTER_COMPUTE_PRINCIPAL",
+}
+
+
 def main(prepare: Callable[[Any], None] | None = None, word: str | None = None) -> None:
     """Entry point: Typer's own usage errors are reported in our format too (exit 2).
     `prepare` adjusts the built command first (shell completion's value lookups); with `word`,
@@ -495,6 +504,12 @@ def main(prepare: Callable[[Any], None] | None = None, word: str | None = None) 
         if message is None or not hasattr(exc, "exit_code"):
             raise
         text = str(message()).strip()
+        option = getattr(exc, "option_name", None)
+        if option in GLOBAL_OPTIONS:  # `list --db x.db`: a global option after the command
+            text = (
+                f"{option} is a global option: give it before the command"
+                f" (better-compute {option} VALUE COMMAND …), or as {GLOBAL_OPTIONS[option]}"
+            )
         if text:  # empty when a bare group printed its help (no_args_is_help)
             where = getattr(getattr(exc, "ctx", None), "command_path", None) or "better-compute"
             _report("INVALID_INPUT", f"{text} (see `{where} --help`)", "--json" in argv)

@@ -112,7 +112,10 @@ def _group_id(name: str) -> int:
 def parse_labels(pairs: Sequence[str], flag: str = "--label") -> Labels:
     """A pool's or node's `k=v` labels (inventory.label_pairs); fabric.domain is not one to set."""
     if any(pair.partition("=")[0] == FABRIC_DOMAIN for pair in pairs):
-        raise InvalidInput("fabric.domain is derived from the GPUs' fabric; set --fabric instead")
+        raise InvalidInput(
+            "fabric.domain is derived from the GPUs' fabric: set it with `node add --fabric` or"
+            " a GPU's fabric in `inventory import`"
+        )
     return label_pairs(pairs, flag, "rack=r1")
 
 

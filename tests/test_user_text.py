@@ -234,3 +234,18 @@ def test_a_global_option_after_the_command_says_where_it_goes(
 def test_fabric_domain_as_a_label_names_the_commands_that_set_it(run: Cli) -> None:
     message = run.fails(2, "node", "label", "west-01", "fabric.domain=x")["message"]
     assert "node add --fabric" in message and "inventory import" in message
+
+
+def test_a_number_flag_given_words_says_what_it_expects(run: Cli) -> None:
+    """`timeline --step 1h` answered in the parser's jargon ("Input should be a valid integer,
+    unable to parse string as an integer")."""
+    entry = [sys.executable, "-c", "from better_compute.cli import main; main()"]
+    done = subprocess.run(
+        [*entry, "--db", pgtest.ledger(str(run.db)), "timeline", "--step", "1h"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "'--step': expected a whole number (digits only)" in done.stderr
+    assert "Input should" not in done.stderr

@@ -453,6 +453,21 @@ def _whole_writes() -> None:
         )
 
 
+#: The coercion's words for a value of the wrong form, in the words the rest of the CLI uses.
+_PLAIN = {
+    "Input should be a valid integer, unable to parse string as an integer": (
+        "expected a whole number (digits only)"
+    ),
+    "Input should be a valid number, unable to parse string as a number": "expected a number",
+}
+
+
+def _plain_words(text: str) -> str:
+    for jargon, plain in _PLAIN.items():
+        text = text.replace(jargon, plain)
+    return text
+
+
 #: The global options that take a value, and their environment variables (PRODUCT.md §3): they
 #: come before the command, and a newcomer often writes them after it.
 GLOBAL_OPTIONS = {
@@ -503,7 +518,7 @@ def main(prepare: Callable[[Any], None] | None = None, word: str | None = None) 
         message = getattr(exc, "format_message", None)
         if message is None or not hasattr(exc, "exit_code"):
             raise
-        text = str(message()).strip()
+        text = _plain_words(str(message()).strip())
         option = getattr(exc, "option_name", None)
         if option in GLOBAL_OPTIONS:  # `list --db x.db`: a global option after the command
             text = (

@@ -64,7 +64,7 @@ TOUR: list[tuple[str, str, str]] = [
         " --key finetune",
     ),
     (
-        "The spot job keeps running until the deadline; globex is not told who preempted it",
+        "The spot job keeps its GPUs until the deadline; globex is not told who preempted it",
         "08:00",
         "events --tenant globex",
     ),

@@ -249,3 +249,11 @@ def test_a_number_flag_given_words_says_what_it_expects(run: Cli) -> None:
     assert done.returncode == 2
     assert "'--step': expected a whole number (digits only)" in done.stderr
     assert "Input should" not in done.stderr
+
+
+def test_a_node_named_in_other_case_is_not_found_naming_the_node_meant(run: Cli) -> None:
+    """Node names are taken exactly; a node agent's `--node "$(hostname)"` in capitals was told
+    only `no node 'WEST-01'`, with west-01 right there."""
+    message = run.fails(3, "node", "show", "WEST-01")["message"]
+    assert "did you mean 'west-01'" in message
+    assert "did you mean" not in run.fails(3, "node", "show", "nowhere-01")["message"]

@@ -369,8 +369,19 @@ def load_nodes(conn: Conn, pool_id: str | None = None) -> list[Node]:
 def get_node(conn: Conn, name: str) -> Node:
     row = conn.execute("SELECT * FROM nodes WHERE name = ?", (name,)).fetchone()
     if row is None:
-        raise NotFound(f"no node {name!r}; `node list` shows the nodes")
+        raise NotFound(
+            f"no node {name!r}{_spelt_otherwise(conn, name)}; `node list` shows the nodes"
+        )
     return _nodes_from_rows(conn, [row])[0]
+
+
+def _spelt_otherwise(conn: Conn, name: str) -> str:
+    """A node whose name differs only in case (a node agent's `$(hostname)` in capitals): named
+    exactly is how every command takes it, so say which. Read only on the way to NOT_FOUND."""
+    row = conn.execute(
+        "SELECT name FROM nodes WHERE lower(name) = lower(?) ORDER BY name LIMIT 1", (name,)
+    ).fetchone()
+    return "" if row is None else f" (names match exactly: did you mean {str(row[0])!r}?)"
 
 
 def update_node(conn: Conn, name: str, **columns: object) -> None:

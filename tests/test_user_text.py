@@ -257,3 +257,12 @@ def test_a_node_named_in_other_case_is_not_found_naming_the_node_meant(run: Cli)
     message = run.fails(3, "node", "show", "WEST-01")["message"]
     assert "did you mean 'west-01'" in message
     assert "did you mean" not in run.fails(3, "node", "show", "nowhere-01")["message"]
+
+
+def test_a_placements_gpus_are_shown_as_indexes_not_a_count(run: Cli) -> None:
+    """A 1-GPU request read `gpus 4` under `on` and in preview's `gpus` column, like a count
+    (node list's `gpus` is one)."""
+    shown = run("preview", "--tenant", "acme", "--gpus", "1", "--for", "1h", json=False)[1]
+    assert "GPU indexes" in shown.splitlines()[1]
+    shown = run("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", json=False)[1]
+    assert re.search(r"on +west-\d+ GPU indexes \d\b", shown), shown

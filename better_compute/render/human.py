@@ -127,7 +127,7 @@ def reservation(rsv: Reservation) -> RenderableType:
     grid.add_row("window", _window(rsv))
     for alloc in rsv.allocations:
         bound = " (bound)" if alloc.bound else ""
-        grid.add_row("on", f"{alloc.node_id} gpus {','.join(map(str, alloc.atoms))}{bound}")
+        grid.add_row("on", f"{alloc.node_id} GPU indexes {','.join(map(str, alloc.atoms))}{bound}")
     for cond in rsv.conditions:
         grid.add_row(cond.type, Text(f"{cond.reason}: {cond.message}", style="yellow"))
     if rsv.next_attempt_at is not None:
@@ -194,7 +194,7 @@ def preview(p: Preview) -> RenderableType:
         lines.append(Text(f"earliest window with a start from {iso(a.first)} to {iso(a.last)}:"))
     if p.fits:
         lines.append(Text(f"fits for {window}", style="green"))
-        table = table_of("node", "score", "gpus")
+        table = table_of("node", "score", "GPU indexes")
         for c in p.candidates:
             table.add_row(c.node_id, str(c.score), ",".join(map(str, c.atoms)))
         lines.append(table)
@@ -255,7 +255,7 @@ def _node_row(n: Node) -> tuple[str, str, str, str, str]:
 def desired(rows: Sequence[Assignment]) -> RenderableType:
     window, year = window_column(t for a in rows for t in (a.start, a.end))
     table = table_of(
-        "reservation", "tenant", "gpus", "state", window, "bound", title="desired state"
+        "reservation", "tenant", "GPU indexes", "state", window, "bound", title="desired state"
     )
     for a in rows:
         table.add_row(

@@ -266,3 +266,18 @@ def test_a_placements_gpus_are_shown_as_indexes_not_a_count(run: Cli) -> None:
     assert "GPU indexes" in shown.splitlines()[1]
     shown = run("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", json=False)[1]
     assert re.search(r"on +west-\d+ GPU indexes \d\b", shown), shown
+
+
+def test_a_narrow_terminal_folds_names_in_a_listing_and_cuts_none(run: Cli) -> None:
+    """At 80 columns a long tenant read `rese…` and every node `west-…`, so nodes could not be
+    told apart; now names fold onto more lines."""
+    tenant = "research-computer-vision-long-team-name"
+    run.ok("tenant", "create", tenant)
+    name = "a fairly long reservation name for the vision team"
+    run.ok("reserve", "--tenant", tenant, "--gpus", "8", "--gang", "3", "--for", "3d",
+           "--start", "+1d", "--name", name)  # fmt: skip
+    shown = run("list", json=False, env={"COLUMNS": "80"})[1]
+    assert "…" not in shown
+    assert max(len(line) for line in shown.splitlines()) <= 80
+    folded = "".join(shown.split())
+    assert all(f"west-0{i}" in folded for i in (1, 2, 3))

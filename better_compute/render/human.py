@@ -176,8 +176,8 @@ def reservations(rows: Iterable[Reservation | ListedReservation]) -> RenderableT
     if len(cells) > PLAIN_ROWS:
         return plain_table(title, columns, cells)
     table = table_of(title=title)
-    for col in columns:
-        table.add_column(col, no_wrap=col in ("id", "state", window))
+    for col in columns:  # a narrow terminal folds a tenant or node name, never cuts it to `…`
+        table.add_column(col, no_wrap=col in ("id", "state"), overflow="fold")
     state = columns.index("state")
     for row in cells:  # plain strings are shown as written: the console reads no markup
         table.add_row(

@@ -257,6 +257,16 @@ def node_show(ctx: Ctx, name: str) -> NodeDetail:
         )
 
 
+@dataclass(frozen=True)
+class Changed:
+    """A node after a change asked of it. `changed` False: it already was so, and nothing was
+    written; no event either, so no log line or webhook tells of a change that did not happen
+    (as `kubectl cordon` of a cordoned node says so and changes nothing)."""
+
+    node: Node
+    changed: bool
+
+
 def node_label(ctx: Ctx, name: str, pairs: Sequence[str]) -> Changed:
     """Set labels (k=v) or remove them (k-), as kubectl label does."""
     require_admin(ctx.who, "change nodes")
@@ -287,16 +297,6 @@ def node_label(ctx: Ctx, name: str, pairs: Sequence[str]) -> Changed:
             "node.labelled", None, None, {"nodeId": name, "labels": dict(sorted(labels.items()))}
         )
         return Changed(repo.get_node(conn, name), True)
-
-
-@dataclass(frozen=True)
-class Changed:
-    """A node after a change asked of it. `changed` False: it already was so, and nothing was
-    written; no event either, so no log line or webhook tells of a change that did not happen
-    (as `kubectl cordon` of a cordoned node says so and changes nothing)."""
-
-    node: Node
-    changed: bool
 
 
 def node_flag(ctx: Ctx, name: str, event: str, reason: str | None, **columns: object) -> Changed:

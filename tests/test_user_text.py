@@ -202,6 +202,18 @@ def test_a_path_too_long_for_the_system_is_bad_input(
     )
 
 
+def _process(run: Cli, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI as a real process through its entry point (cli.main, which words the parser's
+    own errors), on `run`'s ledger."""
+    entry = [sys.executable, "-c", "from better_compute.cli import main; main()"]
+    return subprocess.run(
+        [*entry, "--db", pgtest.ledger(str(run.db)), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "option"),
     [
@@ -216,13 +228,7 @@ def test_a_global_option_after_the_command_says_where_it_goes(
     """A newcomer's `list --db other.db` was told `No such option: --db (Possible options:
     --ids)`; it now says the option goes before the command, or in its environment variable.
     (The entry point words the parser's errors: a real process, not the test runner's app.)"""
-    entry = [sys.executable, "-c", "from better_compute.cli import main; main()"]
-    done = subprocess.run(
-        [*entry, "--db", pgtest.ledger(str(run.db)), *args],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    done = _process(run, *args)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith(
         f"error: INVALID_INPUT: {option} is a global option: give it before the command"
@@ -239,13 +245,7 @@ def test_fabric_domain_as_a_label_names_the_commands_that_set_it(run: Cli) -> No
 def test_a_number_flag_given_words_says_what_it_expects(run: Cli) -> None:
     """`timeline --step 1h` answered in the parser's jargon ("Input should be a valid integer,
     unable to parse string as an integer")."""
-    entry = [sys.executable, "-c", "from better_compute.cli import main; main()"]
-    done = subprocess.run(
-        [*entry, "--db", pgtest.ledger(str(run.db)), "timeline", "--step", "1h"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    done = _process(run, "timeline", "--step", "1h")
     assert done.returncode == 2
     assert "'--step': expected a whole number (digits only)" in done.stderr
     assert "Input should" not in done.stderr

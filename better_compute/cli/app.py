@@ -468,13 +468,14 @@ def _plain_words(text: str) -> str:
     return text
 
 
-#: The global options that take a value, and their environment variables (PRODUCT.md §3): they
-#: come before the command, and a newcomer often writes them after it.
-GLOBAL_OPTIONS = {
-    "--db": "BETTER_COMPUTE_DB",
-    "--now": "BETTER_COMPUTE_NOW",
-    "--as": "BETTER_COMPUTE_PRINCIPAL",
-}
+def _global_envvar(command: Any, option: str | None) -> str | None:
+    """The environment variable of `option` when it is a global option that has one (--db,
+    --now, --as: the app's callback declares both), else None. Global options come before the
+    command (PRODUCT.md §3), and a newcomer often writes them after it."""
+    for param in command.params:
+        if option in getattr(param, "opts", ()) and isinstance(param.envvar, str):
+            return param.envvar
+    return None
 
 
 def main(prepare: Callable[[Any], None] | None = None, word: str | None = None) -> None:
@@ -520,10 +521,11 @@ def main(prepare: Callable[[Any], None] | None = None, word: str | None = None) 
             raise
         text = _plain_words(str(message()).strip())
         option = getattr(exc, "option_name", None)
-        if option in GLOBAL_OPTIONS:  # `list --db x.db`: a global option after the command
+        envvar = _global_envvar(command, option)
+        if envvar is not None:  # `list --db x.db`: a global option after the command
             text = (
                 f"{option} is a global option: give it before the command"
-                f" (better-compute {option} VALUE COMMAND …), or as {GLOBAL_OPTIONS[option]}"
+                f" (better-compute {option} VALUE COMMAND …), or as {envvar}"
             )
         if text:  # empty when a bare group printed its help (no_args_is_help)
             where = getattr(getattr(exc, "ctx", None), "command_path", None) or "better-compute"

@@ -20,6 +20,7 @@ from better_compute.model import Principal
 from better_compute.service import setup, simulate
 from better_compute.service.context import Ctx
 from better_compute.storage import simulation as store
+from better_compute.storage.db import Database
 
 FULL_SCAN = re.compile(r"\bSCAN (?!CONSTANT)")
 #: The report, read once after the replay, and the set-up before it.
@@ -27,7 +28,9 @@ ONCE = ("seq BETWEEN", "FROM events WHERE seq > ? AND reservation_id IS NOT NULL
 WHOLE_TABLE_OK = ("FROM config", "FROM meta", "FROM pools", "FROM tenants", "FROM admins")
 
 
-def test_every_statement_of_a_replay_searches_an_index(db_dir: Path) -> None:
+def _replayed(db_dir: Path) -> tuple[Database, list[str]]:
+    """A contended replay of twelve requests (some wait, some preempt spot work, some start
+    later), with every statement it ran."""
     path = db_dir / "q.db"
     db = setup.init(str(path), T0, force=True, manual=True, admin=ME, group=None)[0]
     doc = {"pools": [{"name": "p", "nodes": [_node(f"n{i}") for i in range(3)]}]}
@@ -47,7 +50,11 @@ def test_every_statement_of_a_replay_searches_an_index(db_dir: Path) -> None:
     report = simulate.simulate(ctx, str(db_dir / "w.jsonl"), "jsonl", Fraction(1))
     db.conn.set_trace_callback(None)
     assert report.placed_after_waiting and report.cut_back + report.requeued  # every path ran
+    return db, statements
 
+
+def test_every_statement_of_a_replay_searches_an_index(db_dir: Path) -> None:
+    db, statements = _replayed(db_dir)
     plans = {}
     for sql in sorted({s for s in statements if s.lstrip().upper().startswith(("SELECT", "WITH"))}):
         if any(marker in sql for marker in ONCE + WHOLE_TABLE_OK):
@@ -56,6 +63,15 @@ def test_every_statement_of_a_replay_searches_an_index(db_dir: Path) -> None:
     assert len(plans) > 30
     scans = {sql: p for sql, p in plans.items() if any(FULL_SCAN.search(x) for x in p)}
     assert scans == {}, json.dumps(scans, indent=1)
+    db.close()
+
+
+def test_a_replay_reads_the_ledgers_id_once(db_dir: Path) -> None:
+    """Every request seeds its pick with the ledger's id (Ctx.seed), which never changes: the
+    replay reads it once, not once per request."""
+    db, statements = _replayed(db_dir)
+    reads = [s for s in statements if s == "SELECT value FROM meta WHERE key = 'db_id'"]
+    assert len(reads) == 1, len(reads)
     db.close()
 
 

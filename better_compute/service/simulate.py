@@ -256,9 +256,10 @@ def _create_tenants(ctx: Ctx, tenants: Iterable[str]) -> None:
 
 
 def _at(ctx: Ctx, instant: int, *, system: bool = False) -> Ctx:
-    """What ctx.at gives, with the settings read once for the whole replay (evolve copies the
-    cached settings with the other attributes; ctx.at reads them again)."""
+    """What ctx.at gives, with the settings and the ledger's id read once for the whole replay
+    (evolve copies the cached values with the other attributes; ctx.at reads them again)."""
     ctx.settings  # noqa: B018 - read once, here, before the copy
+    ctx.db_id  # noqa: B018 - the same: each request's placement seeds its pick with it
     return evolve(ctx, now=instant, asked=instant, asked_by_flag=False, system=system)
 
 

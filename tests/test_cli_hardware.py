@@ -286,8 +286,9 @@ def test_repair_errors(cli: Cli) -> None:
     cli.ok("tick")
     err = cli.fails(4, "repair", active["id"])
     assert err["code"] == "CONFLICT" and "active" in err["message"]
+    cli.ok("node", "cordon", "west-01")  # c1.1 keeps three of its four nodes
     pending = cli.ok(
-        "reserve", "--tenant", "acme", "--gpus", "8", "--gang", "5", "--topology-key",
+        "reserve", "--tenant", "acme", "--gpus", "8", "--gang", "4", "--topology-key",
         "fabric.domain", "--for", "1h", "--key", "p",
     )  # fmt: skip
     assert pending["state"] == "pending"

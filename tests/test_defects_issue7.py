@@ -163,6 +163,23 @@ def test_requests_no_node_could_ever_hold_are_refused(run: Cli) -> None:
         (("--gpus", "8", "--gang", "64"), "--gang 64: pool west has 7 nodes"),
         (("--gpus", "1", "--gang", "8"), "--gang 8: pool west has 7 nodes"),
         (("--gpus", "1", "--model", "a100"), "largest node of pool west has 0 a100 GPUs"),
+        (
+            ("--gpus", "5", "--topology", "nvlink-all"),
+            "--gpus 5 --topology nvlink-all: the largest NVLink group of pool west's nodes has"
+            " 4 GPUs",
+        ),
+        # a gang on one value of a key: a key no node has (a typo) never places, nor a group
+        # larger than any value's nodes (the cordoned and quarantined ones count)
+        (
+            ("--gpus", "8", "--gang", "2", "--topology-key", "fabric.domian"),
+            "--topology-key fabric.domian: no node of pool west with 8 or more GPUs has that"
+            " label (their labels: fabric.domain, rack); did you mean fabric.domain?",
+        ),
+        (
+            ("--gpus", "8", "--gang", "5", "--topology-key", "rack"),
+            "--gang 5 --topology-key rack: at most 4 of pool west's nodes with 8 or more GPUs"
+            " share one rack, so a gang on one rack is at most 4 nodes",
+        ),
     ]
     for flags, message in cases:
         for verb in ("reserve", "preview"):
@@ -175,6 +192,10 @@ def test_requests_no_node_could_ever_hold_are_refused(run: Cli) -> None:
     reserve(run, "busy", "--gpus", "8", "--for", "1h", tenant="globex")
     gang = reserve(run, "g", "--gpus", "8", "--gang", "7", "--for", "1h")
     assert gang["state"] == "pending"
+    on_one = reserve(
+        run, "r", "--gpus", "8", "--gang", "4", "--topology-key", "rack", "--for", "1h"
+    )
+    assert on_one["state"] == "pending"  # rack r1's four nodes, west-01 cordoned among them
 
 
 def test_a_pending_reservation_times_out_after_max_wait(solo: Cli) -> None:

@@ -47,7 +47,8 @@ from better_compute.service import booking, placing, setup, simulate, ticking
 from better_compute.service.booking import ReserveArgs
 from better_compute.service.context import Ctx
 from better_compute.service.fleet import Fleet
-from better_compute.storage import repo
+from better_compute.storage import fitting, repo
+from better_compute.storage import fleet as fleet_store
 from better_compute.storage import simulation as store
 from better_compute.storage.conn import Ledger
 from better_compute.storage.db import open_ledger
@@ -108,6 +109,13 @@ def test_the_fleet_in_memory_answers_as_sql(
         assert pool.capacity(subject.models, share) == repo.node_capacity(
             conn, pool_id, subject.models, share
         )
+        assert pool.largest_nvlink_group(subject.models) == fleet_store.largest_nvlink_group(
+            conn, pool_id, subject.models
+        )
+        for key in ("fabric.domain", "rack", "zone"):  # what a gang's admission counts
+            assert pool.topology_values(key, subject.models, share) == fitting.topology_values(
+                conn, pool_id, key, holding=(subject.models, share)
+            )
 
         # And so placement plans the same from either.
         ctx = context(db, ask.top_n)

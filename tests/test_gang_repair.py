@@ -137,17 +137,18 @@ def label(node: str, key: str) -> str | None:
 # ---------------------------------------------------------------- gang placement
 
 
-def test_gang_of_four_on_fabric_with_only_three_fitting_is_pending_with_the_exact_reason(
+def test_gang_of_three_on_fabric_with_only_two_fitting_is_pending_with_the_exact_reason(
     world: World,
 ) -> None:
-    rsv = world.reserve(gang=4, topology_key="fabric.domain")
+    world.cordon("a1")  # c1.1 keeps a2 and a3, c1.2 has b1 and b2
+    rsv = world.reserve(gang=3, topology_key="fabric.domain")
     assert rsv.state == State.PENDING
     assert rsv.allocations == () and rsv.during is None
     assert [(c.type, c.reason, c.message) for c in rsv.conditions] == [
         (
             "Unschedulable",
             "NoCapacity",
-            "no gang of 4 nodes fits in one fabric.domain (at most 3 nodes fit together)",
+            "no gang of 3 nodes fits in one fabric.domain (at most 2 nodes fit together)",
         )
     ]
     assert world.bookings(rsv.id) == []
@@ -253,11 +254,30 @@ def test_preview_of_a_gang_lists_the_members_of_the_best_gang(world: World) -> N
     )
     assert p.fits
     assert sorted(c.node_id for c in p.candidates) == ["a1", "a2"]
+    world.cordon("a1")
     p = booking.preview(
-        world.ctx(), ReserveArgs("acme", None, 4, HOUR, gang=4, topology_key="fabric.domain")
+        world.ctx(), ReserveArgs("acme", None, 4, HOUR, gang=3, topology_key="fabric.domain")
     )
     assert not p.fits and p.candidates == ()
-    assert p.reason == "no gang of 4 nodes fits in one fabric.domain (at most 3 nodes fit together)"
+    assert p.reason == "no gang of 3 nodes fits in one fabric.domain (at most 2 nodes fit together)"
+
+
+def test_a_gang_larger_than_every_value_of_its_key_is_refused(world: World) -> None:
+    """Whatever the nodes' state: a1 cordoned still counts for c1.1, which has three nodes."""
+    world.cordon("a1")
+    for gang, key, message in [
+        (4, "fabric.domain", "at most 3 of pool p's nodes with 4 or more GPUs share one"),
+        (4, "rack", "so a gang on one rack is at most 3 nodes"),
+        (2, "zone", "--topology-key zone: no node of pool p with 4 or more GPUs has that label"),
+    ]:
+        args = ReserveArgs("acme", None, 4, HOUR, gang=gang, topology_key=key)
+        for call in (booking.reserve, booking.preview):
+            with pytest.raises(InvalidInput, match=message):
+                call(world.ctx(), args)
+    assert (
+        world.held() == 0
+        and repo.events(world.db.conn, tenant="acme", reservation=None, since=None) == []
+    )
 
 
 # ---------------------------------------------------------------- gang lifecycle
@@ -525,7 +545,8 @@ def test_repair_command_checks_now_whatever_the_start(world: World) -> None:
     assert ticking.repair(world.ctx(), None) == []  # nothing else is wrong
     with pytest.raises(NotFound):
         ticking.repair(world.ctx(), "rsv_nope")
-    pending = world.reserve(4, gang=5, topology_key="rack")
+    pending = world.reserve(4, gang=3, topology_key="fabric.domain")  # a1 is cordoned
+    assert pending.state == State.PENDING
     with pytest.raises(Conflict):
         ticking.repair(world.ctx(), pending.id)
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, insort
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
@@ -122,6 +122,10 @@ class PoolIndex:
     #: (start, node) of bookings that begin after the horizon: when the node changes bucket.
     starts: list[tuple[int, str]] = field(default_factory=list)
     _capacity: dict[tuple[tuple[str, ...], int], tuple[int, int]] = field(default_factory=dict)
+    _values: dict[tuple[str, tuple[str, ...], int], dict[str, str | None]] = field(
+        default_factory=dict
+    )
+    _nvlink: dict[tuple[str, ...], int] = field(default_factory=dict)
     #: Bumped whenever a booking is added, removed or changed (not when one merely ends):
     #: for the whole pool, and per node. Remembered answers compare them.
     generation: int = 0
@@ -524,6 +528,41 @@ class PoolIndex:
             ]
             self._capacity[key] = (max(counts, default=0), sum(1 for c in counts if c >= share))
         return self._capacity[key]
+
+    def largest_nvlink_group(self, models: Sequence[str]) -> int:
+        """storage/fleet.largest_nvlink_group: the most GPUs of the accepted models in one
+        NVLink group of one node, whatever its state."""
+        asked = tuple(models)
+        if asked not in self._nvlink:
+            accepted = set(models)
+            self._nvlink[asked] = max(
+                (
+                    max(
+                        Counter(
+                            a.nvlink_group
+                            for a in s.node.atoms
+                            if a.model in accepted or not accepted
+                        ).values(),
+                        default=0,
+                    )
+                    for s in self.nodes.values()
+                ),
+                default=0,
+            )
+        return self._nvlink[asked]
+
+    def topology_values(self, key: str, models: Sequence[str], share: int) -> dict[str, str | None]:
+        """storage/fitting.topology_values(holding=(models, share)): each node's value of `key`,
+        of every node with at least `share` GPUs of the accepted models, whatever its state."""
+        asked = (key, tuple(models), share)
+        if asked not in self._values:
+            accepted = set(models)
+            self._values[asked] = {
+                name: s.node.label(key)
+                for name, s in self.nodes.items()
+                if sum(1 for a in s.node.atoms if not accepted or a.model in accepted) >= share
+            }
+        return self._values[asked]
 
 
 def _keyed(key: int, names: Sequence[str], skip: set[str]) -> Iterator[Keyed]:

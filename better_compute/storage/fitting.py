@@ -10,7 +10,7 @@ update drops them from the top), so a booked GPU below `gpus` is one the node ha
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from better_compute.model import FABRIC_DOMAIN, Window, fabric_domain_of, label_value
@@ -122,20 +122,50 @@ def usable_after(
     return [(str(n), int(g), int(h), int(b)) for n, g, h, b in rows]
 
 
-def topology_values(conn: Conn, pool_id: str, key: str) -> dict[str, str | None]:
+def topology_values(
+    conn: Conn, pool_id: str, key: str, *, holding: tuple[Sequence[str], int] | None = None
+) -> dict[str, str | None]:
     """Node.label(key) of every schedulable, reachable node of the pool, without building the
     nodes: a gang's groups (service/placing.gang_fits). fabric.domain from each node's distinct
-    GPU fabrics; other keys from the labels, each distinct label set parsed once."""
-    sql = "FROM nodes n{} WHERE n.pool_id = ? AND n.schedulable != 0 AND n.reachable != 0"
+    GPU fabrics; other keys from the labels, each distinct label set parsed once.
+
+    With `holding` (models, share): of every node, whatever its state, with at least `share`
+    GPUs of those models (of any model when none is named): the groups a gang could ever be
+    made of (service/booking._require_possible)."""
+    where, args = "n.schedulable != 0 AND n.reachable != 0", list[object]()
+    if holding is not None:
+        models, share = holding
+        where, args = "n.gpus >= ?", [share]
+        if models:
+            marks = ",".join("?" * len(models))
+            where = "(SELECT COUNT(*) FROM atoms h WHERE h.node_id = n.name"
+            where += f" AND h.model IN ({marks})) >= ?"
+            args = [*models, share]
+    sql = "FROM nodes n{} WHERE n.pool_id = ? AND " + where
     if key == FABRIC_DOMAIN:
         rows = conn.execute(
             "SELECT DISTINCT n.name, a.fabric_cluster, a.fabric_clique "
             + sql.format(" JOIN atoms a ON a.node_id = n.name"),
-            (pool_id,),
+            (pool_id, *args),
         )
         return decoded(conn, "a node or GPU row", lambda: _domains(rows))
-    rows = conn.execute("SELECT n.name, n.labels " + sql.format(""), (pool_id,))
+    rows = conn.execute("SELECT n.name, n.labels " + sql.format(""), (pool_id, *args))
     return decoded(conn, "a node's labels", lambda: _values(rows, key))
+
+
+def label_keys(conn: Conn, pool_id: str) -> list[str]:
+    """Every label key some node of the pool has, fabric.domain included when some node's GPUs
+    share a fabric, sorted: what --topology-key can name there."""
+    texts = [
+        str(t)
+        for (t,) in conn.execute("SELECT DISTINCT labels FROM nodes WHERE pool_id = ?", (pool_id,))
+    ]
+    labels = decoded(conn, "a node's labels", lambda: [_labels(text) for text in texts])
+    keys = {key for pairs in labels for key, _ in pairs}
+    fabrics = topology_values(conn, pool_id, FABRIC_DOMAIN, holding=((), 0))
+    if any(value is not None for value in fabrics.values()):
+        keys.add(FABRIC_DOMAIN)
+    return sorted(keys)
 
 
 def _domains(rows: Iterable[Any]) -> dict[str, str | None]:

@@ -53,6 +53,20 @@ def nodes_holding(conn: Conn, pool_id: str, models: Sequence[str], share: int, e
     return int(row[0])
 
 
+def largest_nvlink_group(conn: Conn, pool_id: str, models: Sequence[str]) -> int:
+    """The most GPUs of the accepted models (of any model when none is given) in one NVLink
+    group of one of the pool's nodes, whatever their state: the largest share `--topology
+    nvlink-all` could ever take on a node. 0 for a pool without such GPUs."""
+    match = f" AND a.model IN ({','.join('?' * len(models))})" if models else ""
+    row = conn.execute(
+        "SELECT COALESCE(MAX(c), 0) FROM (SELECT COUNT(*) AS c FROM nodes n"
+        f" JOIN atoms a ON a.node_id = n.name{match} WHERE n.pool_id = ?"
+        " GROUP BY a.node_id, a.nvlink_group) AS per_group",
+        [*models, pool_id],
+    ).fetchone()
+    return int(row[0])
+
+
 def held_charge(conn: Conn, tenant: str, pool_id: str) -> int:
     """repo.held_charge from `held_charges` (migration 4): GPUs a tenant holds now, in one pool
     or, with pool_id '', in every pool. One row per pool, however many reservations it holds."""

@@ -393,6 +393,28 @@ def test_simulate_notices_a_commit_by_another_process_between_requests(db_dir: P
     db.close()
 
 
+def test_simulate_reads_the_settings_another_process_changed_between_requests(
+    db_dir: Path,
+) -> None:
+    """The replay keeps the settings it read (storage/settled.py) only while no other process
+    commits: a quota another process sets between two requests binds the next ones, and
+    raising it again lets the last one through."""
+    path, db, workload = _two_nodes_and_requests(db_dir, "settled.db", 4, 60_000, gpus=2)
+
+    def between(done: int, total: int) -> None:
+        if done in (1, 3):  # after the first request and after the third
+            gpus = "2" if done == 1 else "100"
+            argv = ["--db", path, "quota", "set", "--tenant", "acme", "--gpus", gpus]
+            done_ = subprocess.run([*ENTRY, *argv], capture_output=True, text=True)
+            assert done_.returncode == 0, done_.stderr
+
+    ctx = Ctx(db, T0, who=Principal(ME, admin=True))
+    report = simulate.simulate(ctx, str(workload), "jsonl", Fraction(1), progress=between)
+    # 1: placed; 2 and 3: over the quota of 2 GPUs that the first holds; 4: placed.
+    assert (report.placed_at_once, report.never_placed) == (2, 2)
+    db.close()
+
+
 def _story(db: Ledger, fleet: Fleet | None) -> list[tuple[object, ...]]:
     """Blockers on both nodes, a request that waits behind them (regular, so each retry also
     looks for spot work to preempt), a spot one that waits too, then ticks every 30 s for four

@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -38,7 +39,7 @@ from better_compute.service.authz import require_admin
 from better_compute.service.booking import ReserveArgs
 from better_compute.service.context import Ctx
 from better_compute.service.fleet import Fleet
-from better_compute.storage import ledger, repo
+from better_compute.storage import ledger, repo, settled
 from better_compute.storage import simulation as store
 from better_compute.timeparse import iso, parse_time
 from better_compute.workload import Request, Workload, parse_workload
@@ -290,6 +291,34 @@ def _replay(
     do."""
     fleet = Fleet()  # the pools in memory between requests, checked in each transaction
     due = _Due(ctx, fleet, run.start - 1, until)  # what is due at or after the start is ahead
+    with settled.holding(ctx.db.conn):
+        _arrivals_and_ticks(ctx, plan, run, due, fleet, progress)
+    if until is not None and due.last < until:
+        ticking.tick(_with(_at(ctx, until, system=True), fleet), shown=False)
+        due.last = until
+    return due.last
+
+
+@contextmanager
+def _transaction(ctx: Ctx) -> Iterator[None]:
+    """One write transaction of the replay. The settings its requests and ticks read are those
+    its previous transaction read, unless another process has committed since (storage/settled
+    .py: the replay itself writes none of them)."""
+    with ctx.db.write():
+        settled.seen(ctx.db.conn, store.data_version_of(ctx.db))
+        yield
+
+
+def _arrivals_and_ticks(
+    ctx: Ctx,
+    plan: list[tuple[Request, ReserveArgs]],
+    run: _Run,
+    due: _Due,
+    fleet: Fleet,
+    progress: Callable[[int, int], None] | None,
+) -> None:
+    """_replay's transactions: each request with the ticks due before it, then the ticks due
+    after the last one, a few to a transaction."""
     i = 0
     while i < len(plan):
         arrival, j = plan[i][0].at, i
@@ -300,7 +329,7 @@ def _replay(
         for k, args in enumerate(at_arrival):
             caught_up = k > 0
             while True:
-                with ctx.db.write():  # this request's transaction
+                with _transaction(ctx):  # this request's transaction
                     if not caught_up:  # what fell due since the previous request
                         caught_up = due.tick_through(arrival, first=True, within=TRAILING_HOLD_S)
                     if caught_up:
@@ -316,13 +345,9 @@ def _replay(
                 progress(i, len(plan))
     more = True
     while more:  # after the last arrival: the ticks left, a few to a transaction
-        with ctx.db.write():
+        with _transaction(ctx):
             more = due.tick_for(TRAILING_HOLD_S)
         ctx.db.let_writers_in()
-    if until is not None and due.last < until:
-        ticking.tick(_with(_at(ctx, until, system=True), fleet), shown=False)
-        due.last = until
-    return due.last
 
 
 @dataclass

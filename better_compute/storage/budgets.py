@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from better_compute.model import Window
+from better_compute.storage import settled
 from better_compute.storage.repo import Conn
 
 
@@ -30,13 +31,17 @@ def set_budget(conn: Conn, tenant: str, pool_id: str, gpu_ms: int, period_ms: in
 def budgets(conn: Conn, tenant: str, pool_id: str | None = None) -> list[Budget]:
     """A tenant's budgets by pool id ('' first); with `pool_id`, those binding a request there:
     that pool's and the tenant-wide one."""
-    sql = "SELECT pool_id, gpu_ms, period_ms FROM budgets WHERE tenant_id = ?"
-    args: list[object] = [tenant]
-    if pool_id is not None:
-        sql += " AND pool_id IN ('', ?)"
-        args.append(pool_id)
-    rows = conn.execute(sql + " ORDER BY pool_id", args)
-    return [Budget(str(p), int(g), int(w)) for p, g, w in rows]
+
+    def read() -> list[Budget]:
+        sql = "SELECT pool_id, gpu_ms, period_ms FROM budgets WHERE tenant_id = ?"
+        args: list[object] = [tenant]
+        if pool_id is not None:
+            sql += " AND pool_id IN ('', ?)"
+            args.append(pool_id)
+        rows = conn.execute(sql + " ORDER BY pool_id", args)
+        return [Budget(str(p), int(g), int(w)) for p, g, w in rows]
+
+    return settled.kept(conn, ("budgets", tenant, pool_id), read)
 
 
 def booked_gpu_ms(conn: Conn, tenant: str, pool_id: str, window: Window, ignore: str | None) -> int:

@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 from better_compute.model import CalendarPolicy, Reservation, Window
-from better_compute.storage import repo
+from better_compute.storage import repo, settled
 from better_compute.storage.conn import Row
 from better_compute.storage.repo import Conn
 
@@ -19,6 +19,10 @@ from better_compute.storage.repo import Conn
 
 
 def policy(conn: Conn, pool_id: str) -> CalendarPolicy | None:
+    return settled.kept(conn, ("policy", pool_id), lambda: _policy(conn, pool_id))
+
+
+def _policy(conn: Conn, pool_id: str) -> CalendarPolicy | None:
     row = conn.execute(
         "SELECT pool_id, min_duration_ms, max_duration_ms, min_lead_ms, max_horizon_ms, sizes,"
         " no_changes FROM calendar_policies WHERE pool_id = ?",

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from better_compute.storage import settled
 from better_compute.storage.conn import Conn
 from better_compute.storage.repo import decoded
 from better_compute.timeparse import MAX_MS
@@ -75,7 +76,10 @@ def start_ledger(conn: Conn, mode: str, at: int, admin: str) -> None:
 
 
 def admins(conn: Conn) -> list[str]:
-    return [r[0] for r in conn.execute("SELECT principal FROM admins ORDER BY principal")]
+    def read() -> list[str]:
+        return [r[0] for r in conn.execute("SELECT principal FROM admins ORDER BY principal")]
+
+    return settled.kept(conn, "admins", read)
 
 
 def add_admin(conn: Conn, principal: str, at: int, by: str) -> bool:

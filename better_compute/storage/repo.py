@@ -35,6 +35,7 @@ from better_compute.model import (
     State,
     Window,
 )
+from better_compute.storage import settled
 from better_compute.storage.conn import Conn as Conn  # re-exported: use cases type with it
 from better_compute.storage.conn import Row, json_text, plain_rows, where
 
@@ -227,7 +228,9 @@ def insert_pool(conn: Conn, name: str, labels: Sequence[tuple[str, str]]) -> str
 
 
 def pool_rows(conn: Conn) -> list[Row]:
-    return list(conn.execute("SELECT * FROM pools ORDER BY name"))
+    return settled.kept(
+        conn, "pools", lambda: list(conn.execute("SELECT * FROM pools ORDER BY name"))
+    )
 
 
 def find_pool(conn: Conn, ref: str | None) -> Row:
@@ -269,8 +272,12 @@ def set_pool_labels(conn: Conn, pool_id: str, labels: Sequence[tuple[str, str]])
 
 def pool_auto_bind(conn: Conn, pool_id: str) -> bool | None:
     """The pool's own binding.autoBind; None means the ledger-wide setting applies."""
-    row = conn.execute("SELECT auto_bind FROM pools WHERE id = ?", (pool_id,)).fetchone()
-    return None if row["auto_bind"] is None else bool(row["auto_bind"])
+
+    def read() -> bool | None:
+        row = conn.execute("SELECT auto_bind FROM pools WHERE id = ?", (pool_id,)).fetchone()
+        return None if row["auto_bind"] is None else bool(row["auto_bind"])
+
+    return settled.kept(conn, ("auto_bind", pool_id), read)
 
 
 def set_pool_auto_bind(conn: Conn, pool_id: str, auto_bind: bool | None) -> None:
@@ -437,10 +444,14 @@ def largest_node_size(conn: Conn, pool_id: str) -> int:
 
 def first_model(conn: Conn, node: str) -> str:
     """The model of a node's lowest GPU: it names the meter its usage is counted on."""
-    row = conn.execute(
-        "SELECT model FROM atoms WHERE node_id = ? ORDER BY idx LIMIT 1", (node,)
-    ).fetchone()
-    return str(row[0])
+
+    def read() -> str:
+        row = conn.execute(
+            "SELECT model FROM atoms WHERE node_id = ? ORDER BY idx LIMIT 1", (node,)
+        ).fetchone()
+        return str(row[0])
+
+    return settled.kept(conn, ("first_model", node), read)
 
 
 def set_node_labels(conn: Conn, name: str, labels: Sequence[tuple[str, str]]) -> None:
@@ -710,7 +721,10 @@ def snapshots(
 
 
 def tenant_exists(conn: Conn, tenant: str) -> bool:
-    return conn.execute("SELECT 1 FROM tenants WHERE id = ?", (tenant,)).fetchone() is not None
+    def read() -> bool:
+        return conn.execute("SELECT 1 FROM tenants WHERE id = ?", (tenant,)).fetchone() is not None
+
+    return settled.kept(conn, ("tenant", tenant), read)
 
 
 def require_tenant(conn: Conn, tenant: str) -> None:
@@ -746,12 +760,16 @@ def quotas(conn: Conn, tenant: str) -> list[tuple[str, int]]:
 
 def quota_caps(conn: Conn, tenant: str, pool_id: str) -> list[tuple[str, int]]:
     """The caps that bind a request in one pool: that pool's and the tenant-wide one ('')."""
-    rows = conn.execute(
-        "SELECT pool_id, gpus FROM quotas WHERE tenant_id = ? AND pool_id IN ('', ?)"
-        " ORDER BY pool_id",
-        (tenant, pool_id),
-    )
-    return [(str(p), int(g)) for p, g in rows]
+
+    def read() -> list[tuple[str, int]]:
+        rows = conn.execute(
+            "SELECT pool_id, gpus FROM quotas WHERE tenant_id = ? AND pool_id IN ('', ?)"
+            " ORDER BY pool_id",
+            (tenant, pool_id),
+        )
+        return [(str(p), int(g)) for p, g in rows]
+
+    return settled.kept(conn, ("quota_caps", tenant, pool_id), read)
 
 
 def held_charge(conn: Conn, tenant: str, pool_id: str) -> int:

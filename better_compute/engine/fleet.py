@@ -122,7 +122,7 @@ class PoolIndex:
     #: (start, node) of bookings that begin after the horizon: when the node changes bucket.
     starts: list[tuple[int, str]] = field(default_factory=list)
     _capacity: dict[tuple[tuple[str, ...], int], tuple[int, int]] = field(default_factory=dict)
-    _values: dict[tuple[str, tuple[str, ...], int], dict[str, str | None]] = field(
+    _topology: dict[tuple[str, tuple[str, ...], int], dict[str, str | None]] = field(
         default_factory=dict
     )
     _nvlink: dict[tuple[str, ...], int] = field(default_factory=dict)
@@ -555,14 +555,14 @@ class PoolIndex:
         """storage/fitting.topology_values(holding=(models, share)): each node's value of `key`,
         of every node with at least `share` GPUs of the accepted models, whatever its state."""
         asked = (key, tuple(models), share)
-        if asked not in self._values:
+        if asked not in self._topology:
             accepted = set(models)
-            self._values[asked] = {
+            self._topology[asked] = {
                 name: s.node.label(key)
                 for name, s in self.nodes.items()
                 if sum(1 for a in s.node.atoms if not accepted or a.model in accepted) >= share
             }
-        return self._values[asked]
+        return self._topology[asked]
 
 
 def _keyed(key: int, names: Sequence[str], skip: set[str]) -> Iterator[Keyed]:

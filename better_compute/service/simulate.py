@@ -302,8 +302,8 @@ def _replay(
 @contextmanager
 def _transaction(ctx: Ctx) -> Iterator[None]:
     """One write transaction of the replay. The settings its requests and ticks read are those
-    its previous transaction read, unless another process has committed since (storage/settled
-    .py: the replay itself writes none of them)."""
+    its previous transaction read, unless another process has committed since: the replay
+    itself writes none of them (storage/settled.py)."""
     with ctx.db.write():
         settled.seen(ctx.db.conn, store.data_version_of(ctx.db))
         yield

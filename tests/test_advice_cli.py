@@ -620,10 +620,21 @@ def test_advice_model_and_nvlink_flags(run: Cli) -> None:
                   "--start-range", "now..+1d", "--duration", "1h")  # fmt: skip
     assert recs[0]["location"] == "east"
     assert recs[0]["otherLocations"]["west"]["status"] == "NOT_SUPPORTED"
-    # 5 GPUs in one NVLink group of 4 never fit: the near miss is 4 GPUs.
-    near = advise(run, "--gpus", "5", "--pool", "east", "--topology", "nvlink-all", "--model",
-                  "a100", "--start-range", "now..+1d", "--duration", "1h")  # fmt: skip
-    assert [(r["nearMiss"]["kind"], r["gpus"]) for r in near] == [("fewer-gpus", 4)]
+    # 5 GPUs in one NVLink group of 4 never fit: refused as reserve and preview refuse it.
+    err = run.fails(INVALID, "advice", "--gpus", "5", "--pool", "east", "--topology",
+                    "nvlink-all", "--model", "a100", "--start-range", "now..+1d", "--duration",
+                    "1h")  # fmt: skip
+    assert err["message"] == "the largest NVLink group of pool east's nodes has 4 a100 GPUs"
+    # A gang on a key no node has (a typo), or larger than any value's nodes, is refused too.
+    for gang, key, said in [
+        ("2", "fabric.domian", "has the label fabric.domian (their labels: fabric.domain, rack);"
+                               " did you mean fabric.domain?"),
+        ("5", "fabric.domain", "at most 4 of pool west's nodes with 8 or more GPUs share one"),
+    ]:  # fmt: skip
+        err = run.fails(INVALID, "advice", "--pool", "west", "--gpus", "8", "--gang", gang,
+                        "--topology-key", key, "--start-range", "now..+1d",
+                        "--duration", "2h")  # fmt: skip
+        assert said in err["message"], err
     err = run.fails(INVALID, "advice", "--gpus", "1", "--topology", "ring", "--start-range",
                     "now..+1d", "--duration", "1h")  # fmt: skip
     assert "--topology" in err["message"]

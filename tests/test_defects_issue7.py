@@ -172,8 +172,9 @@ def test_requests_no_node_could_ever_hold_are_refused(run: Cli) -> None:
         # larger than any value's nodes (the cordoned and quarantined ones count)
         (
             ("--gpus", "8", "--gang", "2", "--topology-key", "fabric.domian"),
-            "--topology-key fabric.domian: no node of pool west with 8 or more GPUs has that"
-            " label (their labels: fabric.domain, rack); did you mean fabric.domain?",
+            "--gang 2 --topology-key fabric.domian: no node of pool west with 8 or more GPUs"
+            " has the label fabric.domian (their labels: fabric.domain, rack); did you mean"
+            " fabric.domain?",
         ),
         (
             ("--gpus", "8", "--gang", "5", "--topology-key", "rack"),

@@ -268,7 +268,7 @@ def test_a_gang_larger_than_every_value_of_its_key_is_refused(world: World) -> N
     for gang, key, message in [
         (4, "fabric.domain", "at most 3 of pool p's nodes with 4 or more GPUs share one"),
         (4, "rack", "so a gang on one rack is at most 3 nodes"),
-        (2, "zone", "--topology-key zone: no node of pool p with 4 or more GPUs has that label"),
+        (2, "zone", "--topology-key zone: no node of pool p with 4 or more GPUs has the label"),
     ]:
         args = ReserveArgs("acme", None, 4, HOUR, gang=gang, topology_key=key)
         for call in (booking.reserve, booking.preview):

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import difflib
 import json
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from better_compute.engine.explain import explain as explain_plan
-from better_compute.engine.fleet import PoolIndex
 from better_compute.engine.gang import rank_gangs
 from better_compute.engine.preempt import plan_preemption
 from better_compute.engine.search import Ask
@@ -41,12 +38,13 @@ from better_compute.service import (
     metering,
     placing,
     reading,
+    windows,
 )
 from better_compute.service.admission import Draft, check_policy, check_quota, draft_of
 from better_compute.service.context import Ctx
 from better_compute.service.preemption import may_preempt, try_preempt
 from better_compute.storage import finding as finding_store
-from better_compute.storage import fitting, fleet, repo, simulation
+from better_compute.storage import fleet, repo, simulation
 from better_compute.storage.conn import Conn, Row
 from better_compute.timeparse import MAX_MS, iso
 
@@ -366,56 +364,16 @@ def _require_possible(ctx: Ctx, args: ReserveArgs, pool: Row) -> None:
             f"--gang {args.gang}: pool {pool['name']} has {fitting_nodes} nodes with {share} or"
             f" more {gpus}, so a gang is at most {fitting_nodes} nodes"
         )
+    pool_id, name = pool["id"], pool["name"]
     if args.topology == NVLINK_ALL:
-        _require_nvlink_group(ctx, index, pool, args.models, share, gpus)
+        why = windows.beyond_nvlink(ctx, pool_id, name, args.models, share, index)
+        if why is not None:
+            raise InvalidInput(f"--gpus {share} --topology {NVLINK_ALL}: {why}")
     if args.gang is not None and args.topology_key is not None:
-        _require_together(ctx, index, pool, args, share, gpus)
-
-
-def _require_nvlink_group(
-    ctx: Ctx, index: PoolIndex | None, pool: Row, models: tuple[str, ...], share: int, gpus: str
-) -> None:
-    """`--topology nvlink-all` takes each node's share from one NVLink group: a share larger
-    than every group of the pool could never be placed."""
-    if index is not None:
-        most = index.largest_nvlink_group(models)
-    else:
-        most = fleet.largest_nvlink_group(ctx.db.conn, pool["id"], models)
-    if share > most:
-        raise InvalidInput(
-            f"--gpus {share} --topology {NVLINK_ALL}: the largest NVLink group of pool"
-            f" {pool['name']}'s nodes has {most} {gpus}"
-        )
-
-
-def _require_together(
-    ctx: Ctx, index: PoolIndex | None, pool: Row, args: ReserveArgs, share: int, gpus: str
-) -> None:
-    """A gang on one value of `--topology-key` needs that many nodes holding the share to share
-    a value. A key no such node has is most likely a typo: it would wait, holding its quota,
-    until pending.maxWaitMs, so it is refused with the labels there are."""
-    key, size = str(args.topology_key), args.gang or 1
-    if index is not None:
-        values = index.topology_values(key, args.models, share)
-    else:
-        values = fitting.topology_values(ctx.db.conn, pool["id"], key, holding=(args.models, share))
-    sizes = Counter(value for value in values.values() if value is not None)
-    most = max(sizes.values(), default=0)
-    if most >= size:
-        return
-    if most:
-        raise InvalidInput(
-            f"--gang {size} --topology-key {key}: at most {most} of pool {pool['name']}'s"
-            f" nodes with {share} or more {gpus} share one {key}, so a gang on one {key} is at"
-            f" most {most} nodes"
-        )
-    keys = fitting.label_keys(ctx.db.conn, pool["id"])
-    close = difflib.get_close_matches(key, keys, n=1)
-    known = f"their labels: {', '.join(keys)}" if keys else "its nodes have no labels"
-    raise InvalidInput(
-        f"--topology-key {key}: no node of pool {pool['name']} with {share} or more {gpus} has"
-        f" that label ({known})" + (f"; did you mean {close[0]}?" if close else "")
-    )
+        key = args.topology_key
+        why = windows.beyond_groups(ctx, pool_id, name, args.models, share, key, args.gang, index)
+        if why is not None:
+            raise InvalidInput(f"--gang {args.gang} --topology-key {key}: {why}")
 
 
 def replayed(ctx: Ctx, args: ReserveArgs) -> Reservation | None:

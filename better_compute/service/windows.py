@@ -7,20 +7,30 @@ runs, gang planner included) as its fit test, so a window found here is a window
 
 from __future__ import annotations
 
+import difflib
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import replace
 
 from better_compute.engine import calendar as policy_rules
 from better_compute.engine import freetime, search
+from better_compute.engine.fleet import PoolIndex
 from better_compute.engine.place import place
 from better_compute.errors import InvalidInput
-from better_compute.model import FABRIC_DOMAIN, CalendarPolicy, Plan, Reservation, Window
+from better_compute.model import (
+    FABRIC_DOMAIN,
+    NVLINK_ALL,
+    CalendarPolicy,
+    Plan,
+    Reservation,
+    Window,
+)
 from better_compute.service import placing
 from better_compute.service.context import Ctx
 from better_compute.storage import calendar as cal
-from better_compute.storage import repo
+from better_compute.storage import fitting, repo
+from better_compute.storage import fleet as fleet_store
 from better_compute.timeparse import MAX_MS, human_duration, iso, parse_duration, parse_range
 
 #: The most windows one `advice` answers.
@@ -321,7 +331,75 @@ def unsupported(ctx: Ctx, draft: Reservation, pool_name: str) -> str | None:
             f"pool {pool_name} has {fitting} nodes with {share} or more {gpus}, not a gang of"
             f" {draft.gang_size}"
         )
-    return None
+    share, models = draft.gpus or 1, draft.models
+    if draft.topology == NVLINK_ALL:
+        why = beyond_nvlink(ctx, draft.pool_id, pool_name, models, share)
+        if why is not None:
+            return why
+    if draft.topology_key is None or draft.gang_size is None:
+        return None
+    return beyond_groups(
+        ctx, draft.pool_id, pool_name, models, share, draft.topology_key, draft.gang_size
+    )
+
+
+def beyond_nvlink(
+    ctx: Ctx,
+    pool_id: str,
+    pool_name: str,
+    models: tuple[str, ...],
+    share: int,
+    index: PoolIndex | None = None,
+) -> str | None:
+    """Why `--topology nvlink-all` could never take `share` GPUs on one of the pool's nodes,
+    whatever their state: more than any NVLink group holds. `index`: the pool in memory (a
+    replay's fleet), read instead of SQL."""
+    if index is not None:
+        most = index.largest_nvlink_group(models)
+    else:
+        most = fleet_store.largest_nvlink_group(ctx.db.conn, pool_id, models)
+    if share <= most:
+        return None
+    return f"the largest NVLink group of pool {pool_name}'s nodes has {most} {_gpus(models)}"
+
+
+def beyond_groups(
+    ctx: Ctx,
+    pool_id: str,
+    pool_name: str,
+    models: tuple[str, ...],
+    share: int,
+    key: str,
+    size: int,
+    index: PoolIndex | None = None,
+) -> str | None:
+    """Why a gang of `size` on one value of `key` could never be placed: fewer of the pool's
+    nodes with the share, whatever their state, share any one value. A key no such node has is
+    most likely a typo: the reason names the labels there are, and the closest."""
+    conn, gpus = ctx.db.conn, _gpus(models)
+    if index is not None:
+        values = index.topology_values(key, models, share)
+    else:
+        values = fitting.topology_values(conn, pool_id, key, holding=(models, share))
+    most = max(Counter(v for v in values.values() if v is not None).values(), default=0)
+    if most >= size:
+        return None
+    if most:
+        return (
+            f"at most {most} of pool {pool_name}'s nodes with {share} or more {gpus} share one"
+            f" {key}, so a gang on one {key} is at most {most} nodes"
+        )
+    keys = fitting.label_keys(conn, pool_id)
+    close = difflib.get_close_matches(key, keys, n=1)
+    known = f"their labels: {', '.join(keys)}" if keys else "its nodes have no labels"
+    return (
+        f"no node of pool {pool_name} with {share} or more {gpus} has the label {key}"
+        f" ({known})" + (f"; did you mean {close[0]}?" if close else "")
+    )
+
+
+def _gpus(models: tuple[str, ...]) -> str:
+    return f"{'/'.join(models)} GPUs" if models else "GPUs"
 
 
 def policy_of(ctx: Ctx, pool_id: str) -> CalendarPolicy | None:

@@ -94,9 +94,21 @@ def test_a_series_asked_with_a_clock_behind_the_ledger_books_from_now(solo: Cli)
     assert "minimum lead time 30m" in error["message"]
     # The horizon judges the window as booked, from now: a past start does not pull its end in.
     _policy(solo, "--max-horizon", "30m")
+    apart = ["--for", "1h", "--start", "+1h", "--every", "3h", "--count", "2"]
+    error = solo.fails(2, "reserve", "--tenant", "acme", "--gpus", "1", "--key", "far", *apart)
+    assert error["message"] == (
+        "occurrence 1 (2026-09-28T09:00:00Z): pool solo's calendar policy: end"
+        " 2026-09-28T12:00:00Z is beyond the maximum horizon 30m (end at"
+        " 2026-09-28T11:30:00Z or sooner); nothing of the series was booked"
+    )
+    # Booked from now, the first would run into the second (both past): refused, not stacked.
     hourly = ["--for", "1h", "--start", "+1h", "--every", "1h", "--count", "2"]
-    error = solo.fails(2, "reserve", "--tenant", "acme", "--gpus", "1", "--key", "far", *hourly)
-    assert "end 2026-09-28T12:00:00Z is beyond the maximum horizon 30m" in error["message"]
+    error = solo.fails(2, "reserve", "--tenant", "acme", "--gpus", "1", "--key", "on", *hourly)
+    assert error["message"] == (
+        "--start 2026-09-28T09:00:00Z is before the ledger's time 2026-09-28T11:00:00Z: booked"
+        " from now, the first occurrence would run into the next, at 2026-09-28T10:00:00Z; give"
+        " a later --start, or none to begin now"
+    )
 
 
 def test_update_start_now_is_a_request_for_now_too(solo: Cli) -> None:
@@ -104,3 +116,17 @@ def test_update_start_now_is_a_request_for_now_too(solo: Cli) -> None:
     _policy(solo, "--min-lead", "1h")
     moved = solo.ok("update", rsv["id"], "--start", "now")
     assert moved["start"] is None and moved["during"]["start"] == solo.ok("tick")["now"]
+
+
+def test_a_series_started_days_ago_is_refused_not_stacked_at_now(solo: Cli) -> None:
+    """Its past occurrences would each be booked from now, on top of one another."""
+    series = ["--for", "2h", "--every", "1d", "--count", "5", "--key", "past"]
+    error = solo.fails(
+        2, "reserve", "--tenant", "acme", "--gpus", "1", "--start", at(-3 * DAY + HOUR), *series
+    )
+    assert "is before the ledger's time" in error["message"], error
+    assert "would run into the next" in error["message"]
+    assert solo.ok("list") == []
+    error = solo.fails(2, "reserve", "--tenant", "acme", "--gpus", "1", "--start-range",
+                       "+1h..+1d", "--key", "r")  # fmt: skip
+    assert "--duration-range MIN..MAX" in error["message"]

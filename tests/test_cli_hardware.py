@@ -98,8 +98,9 @@ def test_maintenance_window_blocks_placement_only_inside_it(cli: Cli) -> None:
         "--key", "b",
     )  # fmt: skip
     assert inside["allocations"][0]["nodeId"] != "west-01"
-    # uncordon lifts every window
-    cli.ok("node", "uncordon", "west-01")
+    # uncordon lifts every window, and says so
+    code, text, _ = cli("node", "uncordon", "west-01", json=False)
+    assert code == 0 and text.strip() == "west-01 uncordoned; 1 maintenance window(s) lifted"
     assert last_event(cli, "node.uncordoned")["data"]["maintenanceRemoved"] == 1
     again = cli.ok(
         "reserve", "--tenant", "acme", "--gpus", "8", "--for", "1h", "--start", at(DAY + HOUR),

@@ -87,7 +87,12 @@ def node_uncordon(node: str, as_json: JsonFlag = False) -> None:
     emit(
         as_json,
         js.node(done.node),
-        _said(done, f"{node} uncordoned", f"{node} was not cordoned and has no maintenance window"),
+        _said(
+            done,
+            f"{node} uncordoned"
+            + (f"; {done.lifted} maintenance window(s) lifted" if done.lifted else ""),
+            f"{node} was not cordoned and has no maintenance window",
+        ),
     )
 
 

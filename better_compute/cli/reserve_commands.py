@@ -130,7 +130,10 @@ def _for_text(duration: str | None, duration_range: str | None) -> str:
         except InvalidInput as exc:
             raise InvalidInput(f"--duration-range: {exc.message}") from None
     if duration is None:
-        raise InvalidInput("--for is required: a DURATION such as 90m or 3d")
+        raise InvalidInput(
+            "--for is required: a DURATION such as 90m or 3d (with --start-range, or"
+            " --duration-range MIN..MAX)"
+        )
     return duration
 
 
@@ -332,7 +335,8 @@ def list_(
 def cancel(
     rsv: RsvArg,
     whole_series: Annotated[
-        bool, typer.Option("--series", help="Also every later occurrence of its series.")
+        bool,
+        typer.Option("--series", help="Also every other occurrence of its series not yet started."),
     ] = False,
     as_json: JsonFlag = False,
 ) -> None:

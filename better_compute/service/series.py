@@ -79,6 +79,18 @@ def starts(first: int, repeat: Repeat, duration_ms: int) -> list[int]:
     return result
 
 
+def _require_apart(occurrences: list[int], duration_ms: int, now: int) -> None:
+    """A first occurrence already begun is booked from now, as any request for a time past is
+    (a CI job's clock behind the ledger's); it must not then run into the next one. With a
+    --start days ago, every past occurrence would be booked at once, on top of each other."""
+    if occurrences[0] < now and len(occurrences) > 1 and occurrences[1] < now + duration_ms:
+        raise InvalidInput(
+            f"--start {iso(occurrences[0])} is before the ledger's time {iso(now)}: booked from"
+            f" now, the first occurrence would run into the next, at {iso(occurrences[1])};"
+            " give a later --start, or none to begin now"
+        )
+
+
 def reserve_series(ctx: Ctx, args: ReserveArgs, repeat: Repeat) -> list[Reservation]:
     """Book every occurrence or none. Occurrence i (from 1) has the key `KEY#i`, and each is
     compared on a key's reuse as the whole command (its --every, --count or --until included):
@@ -100,10 +112,12 @@ def reserve_series(ctx: Ctx, args: ReserveArgs, repeat: Repeat) -> list[Reservat
                     " series"
                 )
         first = ctx.now if args.start is None else args.start
+        occurrences = starts(first, repeat, args.duration_ms)
+        _require_apart(occurrences, args.duration_ms, ctx.now)
         booked: list[Reservation] = []
         with ctx.db.savepoint("series"):
             series_id: str | None = None
-            for i, start in enumerate(starts(first, repeat, args.duration_ms), 1):
+            for i, start in enumerate(occurrences, 1):
                 key = None if args.key is None else booking.occurrence_key(args.key, i)
                 if key is not None and repo.reservation_by_key(conn, args.tenant, key):
                     raise Conflict(f"key {key!r} is already used; use a new --key for a new series")
@@ -119,6 +133,11 @@ def reserve_series(ctx: Ctx, args: ReserveArgs, repeat: Repeat) -> list[Reservat
                     raise QuotaExceeded(
                         f"occurrence {i} ({iso(start)}): {exc.message}{before}; nothing of the"
                         " series was booked"
+                    ) from None
+                except InvalidInput as exc:  # a calendar policy's limit, at this occurrence
+                    raise InvalidInput(
+                        f"occurrence {i} ({iso(start)}): {exc.message}; nothing of the series"
+                        " was booked"
                     ) from None
                 if rsv.state != State.PLACED:
                     why = rsv.conditions[0].message if rsv.conditions else rsv.state.value

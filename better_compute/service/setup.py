@@ -265,6 +265,8 @@ class Changed:
 
     node: Node
     changed: bool
+    #: Maintenance windows the change lifted (uncordon lifts them all).
+    lifted: int = 0
 
 
 def node_label(ctx: Ctx, name: str, pairs: Sequence[str]) -> Changed:
@@ -387,7 +389,7 @@ def node_uncordon(ctx: Ctx, name: str) -> Changed:
             None,
             {"nodeId": name, "by": ctx.principal, "maintenanceRemoved": removed},
         )
-        return Changed(repo.get_node(conn, name), True)
+        return Changed(repo.get_node(conn, name), True, removed)
 
 
 def device_health(ctx: Ctx, ref: str, healthy: bool, reason: str | None) -> Changed:

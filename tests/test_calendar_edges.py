@@ -94,21 +94,25 @@ def test_a_series_asked_with_a_clock_behind_the_ledger_books_from_now(solo: Cli)
     assert "minimum lead time 30m" in error["message"]
     # The horizon judges the window as booked, from now: a past start does not pull its end in.
     _policy(solo, "--max-horizon", "30m")
-    apart = ["--for", "1h", "--start", "+1h", "--every", "3h", "--count", "2"]
-    error = solo.fails(2, "reserve", "--tenant", "acme", "--gpus", "1", "--key", "far", *apart)
-    assert error["message"] == (
-        "occurrence 1 (2026-09-28T09:00:00Z): pool solo's calendar policy: end"
-        " 2026-09-28T12:00:00Z is beyond the maximum horizon 30m (end at"
-        " 2026-09-28T11:30:00Z or sooner); nothing of the series was booked"
-    )
-    # Booked from now, the first would run into the second (both past): refused, not stacked.
-    hourly = ["--for", "1h", "--start", "+1h", "--every", "1h", "--count", "2"]
-    error = solo.fails(2, "reserve", "--tenant", "acme", "--gpus", "1", "--key", "on", *hourly)
-    assert error["message"] == (
-        "--start 2026-09-28T09:00:00Z is before the ledger's time 2026-09-28T11:00:00Z: booked"
-        " from now, the first occurrence would run into the next, at 2026-09-28T10:00:00Z; give"
-        " a later --start, or none to begin now"
-    )
+    # Booked from now, a first occurrence that would run into the second (both past) is
+    # refused, not stacked on it.
+    for every, said in [
+        (
+            "3h",
+            "occurrence 1 (2026-09-28T09:00:00Z): pool solo's calendar policy: end"
+            " 2026-09-28T12:00:00Z is beyond the maximum horizon 30m (end at"
+            " 2026-09-28T11:30:00Z or sooner); nothing of the series was booked",
+        ),
+        (
+            "1h",
+            "--start 2026-09-28T09:00:00Z is before the ledger's time 2026-09-28T11:00:00Z:"
+            " booked from now, the first occurrence would run into the next, at"
+            " 2026-09-28T10:00:00Z; give a later --start, or none to begin now",
+        ),
+    ]:
+        series = ["--for", "1h", "--start", "+1h", "--every", every, "--count", "2"]
+        error = solo.fails(2, "reserve", "--tenant", "acme", "--gpus", "1", "--key", every, *series)
+        assert error["message"] == said
 
 
 def test_update_start_now_is_a_request_for_now_too(solo: Cli) -> None:

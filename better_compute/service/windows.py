@@ -318,20 +318,20 @@ def _group(key: str | None, labels: str, domain: str | None) -> str | None:
 
 
 def unsupported(ctx: Ctx, draft: Reservation, pool_name: str) -> str | None:
-    """Why no node of the pool could ever hold the draft (model, node size, gang size)."""
-    share = draft.gpus or 1
-    largest, fitting = repo.node_capacity(ctx.db.conn, draft.pool_id, draft.models, share)
-    gpus = f"{'/'.join(draft.models)} GPUs" if draft.models else "GPUs"
+    """Why no node of the pool could ever hold the draft (model, node size, gang size, NVLink
+    group, topology group)."""
+    share, models = draft.gpus or 1, draft.models
+    largest, holding = repo.node_capacity(ctx.db.conn, draft.pool_id, models, share)
+    gpus = _gpus(models)
     if largest == 0:
         return f"pool {pool_name} has no {gpus}"
     if share > largest:
         return f"the largest node of pool {pool_name} has {largest} {gpus}, not {share}"
-    if draft.gang_size is not None and draft.gang_size > fitting:
+    if draft.gang_size is not None and draft.gang_size > holding:
         return (
-            f"pool {pool_name} has {fitting} nodes with {share} or more {gpus}, not a gang of"
+            f"pool {pool_name} has {holding} nodes with {share} or more {gpus}, not a gang of"
             f" {draft.gang_size}"
         )
-    share, models = draft.gpus or 1, draft.models
     if draft.topology == NVLINK_ALL:
         why = beyond_nvlink(ctx, draft.pool_id, pool_name, models, share)
         if why is not None:

@@ -94,8 +94,8 @@ def test_a_series_asked_with_a_clock_behind_the_ledger_books_from_now(solo: Cli)
     assert "minimum lead time 30m" in error["message"]
     # The horizon judges the window as booked, from now: a past start does not pull its end in.
     _policy(solo, "--max-horizon", "30m")
-    # Booked from now, a first occurrence that would run into the second (both past) is
-    # refused, not stacked on it.
+    # Two occurrences begun (both past) would both be booked from now, one on the other:
+    # refused. One begun is booked from now, as the policy's refusal here shows.
     for every, said in [
         (
             "3h",
@@ -105,9 +105,9 @@ def test_a_series_asked_with_a_clock_behind_the_ledger_books_from_now(solo: Cli)
         ),
         (
             "1h",
-            "--start 2026-09-28T09:00:00Z is before the ledger's time 2026-09-28T11:00:00Z:"
-            " booked from now, the first occurrence would run into the next, at"
-            " 2026-09-28T10:00:00Z; give a later --start, or none to begin now",
+            "--start 2026-09-28T09:00:00Z is before the ledger's time 2026-09-28T11:00:00Z, and"
+            " the next occurrence's, 2026-09-28T10:00:00Z, is not after it: booked from now, they"
+            " would run into each other; give a later --start, or none to begin now",
         ),
     ]:
         series = ["--for", "1h", "--start", "+1h", "--every", every, "--count", "2"]
@@ -129,8 +129,33 @@ def test_a_series_started_days_ago_is_refused_not_stacked_at_now(solo: Cli) -> N
         2, "reserve", "--tenant", "acme", "--gpus", "1", "--start", at(-3 * DAY + HOUR), *series
     )
     assert "is before the ledger's time" in error["message"], error
-    assert "would run into the next" in error["message"]
+    assert "they would run into each other" in error["message"]
     assert solo.ok("list") == []
     error = solo.fails(2, "reserve", "--tenant", "acme", "--gpus", "1", "--start-range",
                        "+1h..+1d", "--key", "r")  # fmt: skip
     assert "--duration-range MIN..MAX" in error["message"]
+
+
+def test_a_back_to_back_series_from_now_books_with_a_clock_behind_the_ledger(solo: Cli) -> None:
+    """`--start now` is read from the command's clock, a moment (or, here, 30 minutes) before
+    the ledger's: its first occurrence is booked from now, and the series is not refused."""
+    solo.ok("tick", "--until", at(30 * 60_000), "--step", "30m")
+    series = ["--for", "1h", "--every", "1h", "--count", "3", "--start", "now", "--key", "b2b"]
+    booked = solo.ok("reserve", "--tenant", "acme", "--gpus", "1", *series)
+    assert [r["state"] for r in booked] == ["placed"] * 3
+    assert booked[0]["during"]["start"] == NOW_MS + 30 * 60_000
+    assert [r["during"]["start"] for r in booked[1:]] == [NOW_MS + HOUR, NOW_MS + 2 * HOUR]
+
+
+def test_a_series_refused_whole_is_not_blamed_on_an_occurrence(run: Cli) -> None:
+    """A calendar policy judges each occurrence, and its refusal names the one; a request no
+    node could ever hold is refused as itself."""
+    series = ["--for", "1h", "--start", "+1h", "--every", "1d", "--count", "2", "--key", "s"]
+    error = run.fails(2, "reserve", "--tenant", "acme", "--gpus", "8", "--gang", "5",
+                      "--topology-key", "rack", *series)  # fmt: skip
+    assert error["message"].startswith("--gang 5 --topology-key rack: at most 4"), error
+    run.ok("pool", "policy", "set", "west", "--max-horizon", "1d")
+    error = run.fails(2, "reserve", "--tenant", "acme", "--gpus", "8", *series)
+    assert error["message"].startswith("occurrence 2 (2026-09-29T09:00:00Z): pool west's"), error
+    assert error["message"].endswith("; nothing of the series was booked")
+    assert run.ok("list") == []

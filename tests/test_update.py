@@ -382,3 +382,16 @@ def test_a_pool_calendar_policy_judges_the_new_shape_and_commit_refuses(run: Cli
     # booked before the --commit policy: still changeable, and final once changed under it
     assert run.ok("update", free["id"], "--for", "3h")["durationMs"] == 3 * HOUR
     assert "--commit" in run.fails(4, "update", free["id"], "--for", "2h")["message"]
+
+
+def test_update_refuses_a_shape_no_nvlink_group_could_hold(run: Cli) -> None:
+    """As reserve does: 5 GPUs in one NVLink group of 4 would wait forever, holding quota."""
+    for n in range(1, 8):
+        run.ok("node", "cordon", f"west-0{n}")
+    waiting = reserve(run, "--gpus", "4", "--topology", "nvlink-all", "--for", "1h")
+    assert waiting["state"] == "pending"
+    error = run.fails(2, "update", waiting["id"], "--gpus", "5")
+    assert error["message"] == (
+        "--gpus 5 --topology nvlink-all: the largest NVLink group of pool west's nodes has 4 GPUs"
+    )
+    assert run.ok("get", waiting["id"])["devices"][0]["count"] == 4

@@ -364,16 +364,12 @@ def _require_possible(ctx: Ctx, args: ReserveArgs, pool: Row) -> None:
             f"--gang {args.gang}: pool {pool['name']} has {fitting_nodes} nodes with {share} or"
             f" more {gpus}, so a gang is at most {fitting_nodes} nodes"
         )
-    pool_id, name = pool["id"], pool["name"]
-    if args.topology == NVLINK_ALL:
-        why = windows.beyond_nvlink(ctx, pool_id, name, args.models, share, index)
-        if why is not None:
-            raise InvalidInput(f"--gpus {share} --topology {NVLINK_ALL}: {why}")
-    if args.gang is not None and args.topology_key is not None:
-        key = args.topology_key
-        why = windows.beyond_groups(ctx, pool_id, name, args.models, share, key, args.gang, index)
-        if why is not None:
-            raise InvalidInput(f"--gang {args.gang} --topology-key {key}: {why}")
+    shape = (args.topology, args.topology_key, args.gang)
+    why = windows.topology_refusal(
+        ctx, (pool["id"], pool["name"]), args.models, share, shape, index
+    )
+    if why is not None:
+        raise InvalidInput(why)
 
 
 def replayed(ctx: Ctx, args: ReserveArgs) -> Reservation | None:

@@ -25,6 +25,11 @@ from better_compute.timeparse import human_duration, iso
 # ---------------------------------------------------------------- pool policy set|show|clear
 
 
+class PolicyRefusal(InvalidInput):
+    """A request outside its pool's calendar policy (INVALID_INPUT, PRODUCT.md §5.6): a series
+    names the occurrence it refuses (service/series.py)."""
+
+
 def _validated(p: CalendarPolicy) -> CalendarPolicy:
     for flag, value in (
         ("--min-duration", p.min_duration_ms),
@@ -132,7 +137,7 @@ def settle(
     window = Window(rsv.start, rsv.start + rsv.duration_ms)
     refused = rules.refusal(policy, window, rsv.quota_charge, ctx.now)
     if refused is not None:
-        raise InvalidInput(f"pool {pool_name}'s calendar policy: {refused}")
+        raise PolicyRefusal(f"pool {pool_name}'s calendar policy: {refused}")
     return settled
 
 

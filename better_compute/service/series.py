@@ -79,15 +79,15 @@ def starts(first: int, repeat: Repeat, duration_ms: int) -> list[int]:
     return result
 
 
-def _require_apart(occurrences: list[int], duration_ms: int, now: int) -> None:
-    """A first occurrence already begun is booked from now, as any request for a time past is
-    (a CI job's clock behind the ledger's); it must not then run into the next one. With a
-    --start days ago, every past occurrence would be booked at once, on top of each other."""
-    if occurrences[0] < now and len(occurrences) > 1 and occurrences[1] < now + duration_ms:
+def _require_one_begun(occurrences: list[int], now: int) -> None:
+    """An occurrence already begun is booked from now, as any request for a time past is (a CI
+    job's clock behind the ledger's, or `--start now` read a moment before the write lock).
+    Two or more begun (a --start days ago) would all be booked at once, on top of each other."""
+    if len(occurrences) > 1 and occurrences[1] <= now:
         raise InvalidInput(
-            f"--start {iso(occurrences[0])} is before the ledger's time {iso(now)}: booked from"
-            f" now, the first occurrence would run into the next, at {iso(occurrences[1])};"
-            " give a later --start, or none to begin now"
+            f"--start {iso(occurrences[0])} is before the ledger's time {iso(now)}, and the next"
+            f" occurrence's, {iso(occurrences[1])}, is not after it: booked from now, they would"
+            " run into each other; give a later --start, or none to begin now"
         )
 
 
@@ -113,7 +113,7 @@ def reserve_series(ctx: Ctx, args: ReserveArgs, repeat: Repeat) -> list[Reservat
                 )
         first = ctx.now if args.start is None else args.start
         occurrences = starts(first, repeat, args.duration_ms)
-        _require_apart(occurrences, args.duration_ms, ctx.now)
+        _require_one_begun(occurrences, ctx.now)
         booked: list[Reservation] = []
         with ctx.db.savepoint("series"):
             series_id: str | None = None
@@ -134,8 +134,8 @@ def reserve_series(ctx: Ctx, args: ReserveArgs, repeat: Repeat) -> list[Reservat
                         f"occurrence {i} ({iso(start)}): {exc.message}{before}; nothing of the"
                         " series was booked"
                     ) from None
-                except InvalidInput as exc:  # a calendar policy's limit, at this occurrence
-                    raise InvalidInput(
+                except calendar.PolicyRefusal as exc:  # a limit, at this occurrence
+                    raise calendar.PolicyRefusal(
                         f"occurrence {i} ({iso(start)}): {exc.message}; nothing of the series"
                         " was booked"
                     ) from None

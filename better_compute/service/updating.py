@@ -16,7 +16,7 @@ from better_compute.engine.sticky import keep
 from better_compute.errors import Conflict, InvalidInput
 from better_compute.lifecycle.tick import retry_window
 from better_compute.model import JsonValue, Plan, Reservation, State, Window
-from better_compute.service import booking, budgets, calendar, placing, reading
+from better_compute.service import booking, budgets, calendar, placing, reading, windows
 from better_compute.service.admission import check_policy, check_quota, draft_of
 from better_compute.service.context import Ctx
 from better_compute.storage import repo
@@ -149,6 +149,10 @@ def _admit(ctx: Ctx, old: Reservation, new: Reservation, window: Window) -> None
             f"--gpus {share}: pool {name} has {fitting} nodes with {share} or more GPUs, fewer"
             f" than the gang's {new.gang_size}"
         )
+    shape = (new.topology, new.topology_key, new.gang_size)
+    why = windows.topology_refusal(ctx, (new.pool_id, name), new.models, share, shape)
+    if why is not None:
+        raise InvalidInput(why)
     extra = new.quota_charge - old.quota_charge
     if extra > 0:
         check_quota(conn, new.tenant_id, new.pool_id, name, extra)

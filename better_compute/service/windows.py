@@ -343,6 +343,28 @@ def unsupported(ctx: Ctx, draft: Reservation, pool_name: str) -> str | None:
     )
 
 
+def topology_refusal(
+    ctx: Ctx,
+    pool: tuple[str, str],
+    models: tuple[str, ...],
+    share: int,
+    shape: tuple[str | None, str | None, int | None],
+    index: PoolIndex | None = None,
+) -> str | None:
+    """beyond_nvlink and beyond_groups at admission (reserve, preview, update), after the flags
+    that ask for it. `pool`: (id, name); `shape`: (topology, topology key, gang size)."""
+    (pool_id, name), (topology, key, size) = pool, shape
+    if topology == NVLINK_ALL:
+        why = beyond_nvlink(ctx, pool_id, name, models, share, index)
+        if why is not None:
+            return f"--gpus {share} --topology {NVLINK_ALL}: {why}"
+    if key is not None and size is not None:
+        why = beyond_groups(ctx, pool_id, name, models, share, key, size, index)
+        if why is not None:
+            return f"--gang {size} --topology-key {key}: {why}"
+    return None
+
+
 def beyond_nvlink(
     ctx: Ctx,
     pool_id: str,

@@ -47,7 +47,7 @@ from typing import NamedTuple
 from better_compute.engine.fit import plan_node
 from better_compute.engine.place import no_node_fits
 from better_compute.engine.scorers import TOPOLOGY_MAX, fill
-from better_compute.model import Maintenance, Node, NodeSnapshot, NoFit, Request, Window
+from better_compute.model import Atom, Maintenance, Node, NodeSnapshot, NoFit, Request, Window
 
 #: One booked GPU: (start, end, atom, reservation, spot, reservation live).
 Booked = tuple[int, int, int, str, bool, bool]
@@ -521,11 +521,7 @@ class PoolIndex:
         (lowercased), as the SQL compares them."""
         key = (tuple(models), share)
         if key not in self._capacity:
-            accepted = set(models)
-            counts = [
-                sum(1 for a in s.node.atoms if not accepted or a.model in accepted)
-                for s in self.nodes.values()
-            ]
+            counts = [len(_accepted(s.node, models)) for s in self.nodes.values()]
             self._capacity[key] = (max(counts, default=0), sum(1 for c in counts if c >= share))
         return self._capacity[key]
 
@@ -534,21 +530,12 @@ class PoolIndex:
         NVLink group of one node, whatever its state."""
         asked = tuple(models)
         if asked not in self._nvlink:
-            accepted = set(models)
-            self._nvlink[asked] = max(
-                (
-                    max(
-                        Counter(
-                            a.nvlink_group
-                            for a in s.node.atoms
-                            if a.model in accepted or not accepted
-                        ).values(),
-                        default=0,
-                    )
-                    for s in self.nodes.values()
-                ),
-                default=0,
+            groups = Counter(
+                (name, a.nvlink_group)
+                for name, s in self.nodes.items()
+                for a in _accepted(s.node, models)
             )
+            self._nvlink[asked] = max(groups.values(), default=0)
         return self._nvlink[asked]
 
     def topology_values(self, key: str, models: Sequence[str], share: int) -> dict[str, str | None]:
@@ -556,13 +543,18 @@ class PoolIndex:
         of every node with at least `share` GPUs of the accepted models, whatever its state."""
         asked = (key, tuple(models), share)
         if asked not in self._topology:
-            accepted = set(models)
             self._topology[asked] = {
                 name: s.node.label(key)
                 for name, s in self.nodes.items()
-                if sum(1 for a in s.node.atoms if not accepted or a.model in accepted) >= share
+                if len(_accepted(s.node, models)) >= share
             }
         return self._topology[asked]
+
+
+def _accepted(node: Node, models: Sequence[str]) -> list[Atom]:
+    """The node's GPUs of the accepted models (all of them when none is named), whatever their
+    state: what the pool could ever hold, as the SQL counts it (models as stored, lowercased)."""
+    return [a for a in node.atoms if not models or a.model in models]
 
 
 def _keyed(key: int, names: Sequence[str], skip: set[str]) -> Iterator[Keyed]:

@@ -365,11 +365,11 @@ def _require_possible(ctx: Ctx, args: ReserveArgs, pool: Row) -> None:
             f" more {gpus}, so a gang is at most {fitting_nodes} nodes"
         )
     shape = (args.topology, args.topology_key, args.gang)
-    why = windows.topology_refusal(
+    beyond = windows.beyond_topology(
         ctx, (pool["id"], pool["name"]), args.models, share, shape, index
     )
-    if why is not None:
-        raise InvalidInput(why)
+    if beyond is not None:
+        raise InvalidInput(": ".join(beyond))
 
 
 def replayed(ctx: Ctx, args: ReserveArgs) -> Reservation | None:

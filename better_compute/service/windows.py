@@ -332,40 +332,35 @@ def unsupported(ctx: Ctx, draft: Reservation, pool_name: str) -> str | None:
             f"pool {pool_name} has {holding} nodes with {share} or more {gpus}, not a gang of"
             f" {draft.gang_size}"
         )
-    if draft.topology == NVLINK_ALL:
-        why = beyond_nvlink(ctx, draft.pool_id, pool_name, models, share)
-        if why is not None:
-            return why
-    if draft.topology_key is None or draft.gang_size is None:
-        return None
-    return beyond_groups(
-        ctx, draft.pool_id, pool_name, models, share, draft.topology_key, draft.gang_size
-    )
+    shape = (draft.topology, draft.topology_key, draft.gang_size)
+    beyond = beyond_topology(ctx, (draft.pool_id, pool_name), models, share, shape)
+    return None if beyond is None else beyond[1]
 
 
-def topology_refusal(
+def beyond_topology(
     ctx: Ctx,
     pool: tuple[str, str],
     models: tuple[str, ...],
     share: int,
     shape: tuple[str | None, str | None, int | None],
     index: PoolIndex | None = None,
-) -> str | None:
-    """beyond_nvlink and beyond_groups at admission (reserve, preview, update), after the flags
-    that ask for it. `pool`: (id, name); `shape`: (topology, topology key, gang size)."""
+) -> tuple[str, str] | None:
+    """Why the request's topology could never be held, as (the flags that ask for it, the
+    reason): advice reports the reason, admission (reserve, preview, update) both. `pool`:
+    (id, name); `shape`: (topology, topology key, gang size)."""
     (pool_id, name), (topology, key, size) = pool, shape
     if topology == NVLINK_ALL:
-        why = beyond_nvlink(ctx, pool_id, name, models, share, index)
+        why = _beyond_nvlink(ctx, pool_id, name, models, share, index)
         if why is not None:
-            return f"--gpus {share} --topology {NVLINK_ALL}: {why}"
+            return f"--gpus {share} --topology {NVLINK_ALL}", why
     if key is not None and size is not None:
-        why = beyond_groups(ctx, pool_id, name, models, share, key, size, index)
+        why = _beyond_groups(ctx, pool_id, name, models, share, key, size, index)
         if why is not None:
-            return f"--gang {size} --topology-key {key}: {why}"
+            return f"--gang {size} --topology-key {key}", why
     return None
 
 
-def beyond_nvlink(
+def _beyond_nvlink(
     ctx: Ctx,
     pool_id: str,
     pool_name: str,
@@ -385,7 +380,7 @@ def beyond_nvlink(
     return f"the largest NVLink group of pool {pool_name}'s nodes has {most} {_gpus(models)}"
 
 
-def beyond_groups(
+def _beyond_groups(
     ctx: Ctx,
     pool_id: str,
     pool_name: str,

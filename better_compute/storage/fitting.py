@@ -131,7 +131,7 @@ def topology_values(
 
     With `holding` (models, share): of every node, whatever its state, with at least `share`
     GPUs of those models (of any model when none is named): the groups a gang could ever be
-    made of (service/booking._require_possible)."""
+    made of (service/windows._beyond_groups)."""
     where, args = "n.schedulable != 0 AND n.reachable != 0", list[object]()
     if holding is not None:
         models, share = holding

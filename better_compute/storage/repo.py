@@ -992,6 +992,18 @@ def live_only(*states: str) -> str:
     return "" if "released" in states else " AND state <> 'released'"
 
 
+def per_live_state(select: str, glue: str = " UNION ALL ") -> str:
+    """`select` once per live state, its `{live}` naming that state, joined by `glue`: what
+    `select` with `state IN ('placed', 'binding', 'active')` answers, for the statements a
+    replay runs at every instant (simulation.next_due, tickwork.due_first). SQLite builds a
+    table of an IN list of three constants at every run of the statement; `state = ?` is one
+    seek of the index's section for that state."""
+    return glue.join(
+        select.format(live=f"state = '{state.value}' AND state <> 'released'")
+        for state in LIVE_STATES
+    )
+
+
 def reservations_ending(conn: Conn, at: int) -> list[Reservation]:
     """Live reservations whose window or preemption deadline has come by `at`."""
     return reservations_where(

@@ -13,10 +13,9 @@ from typing import Any
 
 from better_compute.model import LIVE_STATES, Maintenance, Window
 from better_compute.storage.conn import POSTGRES, Ledger, dialect
-from better_compute.storage.repo import Conn
+from better_compute.storage.repo import Conn, per_live_state
 
 #: `state <> 'released'` lets SQLite use the partial indexes of what is due (migration 11).
-_LIVE = "state IN ('placed', 'binding', 'active') AND state <> 'released'"
 _PENDING = "state = 'pending' AND state <> 'released'"
 _PLACED = "state = 'placed' AND state <> 'released'"
 
@@ -43,12 +42,19 @@ def next_due(
     and this runs after every tick of a replay."""
     row = conn.execute(
         "SELECT MIN(t) FROM ("
-        f" SELECT MIN(during_end) AS t FROM reservations WHERE {_LIVE} AND during_end > :a"
-        f" UNION ALL SELECT MIN(during_end) - :notice FROM reservations WHERE {_LIVE}"
-        "  AND during_end > :a + :notice"
-        f" UNION ALL SELECT MIN(preempt_deadline) FROM reservations WHERE {_LIVE}"
-        "  AND preempt_deadline > :a"
-        f" UNION ALL SELECT MIN(next_attempt_at) FROM reservations WHERE {_PENDING}"
+        + per_live_state(
+            "SELECT MIN(during_end) AS t FROM reservations WHERE {live} AND during_end > :a"
+        )
+        + " UNION ALL "
+        + per_live_state(
+            "SELECT MIN(during_end) - :notice FROM reservations WHERE {live}"
+            " AND during_end > :a + :notice"
+        )
+        + " UNION ALL "
+        + per_live_state(
+            "SELECT MIN(preempt_deadline) FROM reservations WHERE {live} AND preempt_deadline > :a"
+        )
+        + f" UNION ALL SELECT MIN(next_attempt_at) FROM reservations WHERE {_PENDING}"
         "  AND next_attempt_at > :a"
         f" UNION ALL SELECT MIN(created_at + :wait) FROM reservations WHERE {_PENDING}"
         "  AND created_at + :wait > :a"

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from better_compute.model import ReleaseReason, Reservation, State, Window
 from better_compute.storage import repo
-from better_compute.storage.repo import Conn
+from better_compute.storage.repo import Conn, per_live_state
 
 #: `state <> 'released'` says nothing more, but lets SQLite use the indexes of what is due,
 #: which hold no released row (migration 11): SQLite proves a partial index's WHERE only from
@@ -170,17 +170,20 @@ def due_first(conn: Conn, now: int, created_by: int, lead_by: int) -> Due:
     pending_created_by, pending_due, placed_starting_by(lead_by) and ids_in_state('binding')
     read; a tick with one release pays one statement instead of five."""
     row = conn.execute(
-        "SELECT"
-        f" EXISTS (SELECT 1 FROM reservations WHERE {_LIVE} AND during_end <= ?)"
-        f" OR EXISTS (SELECT 1 FROM reservations WHERE {_LIVE} AND preempt_deadline <= ?),"
+        "SELECT "
+        + per_live_state(
+            "EXISTS (SELECT 1 FROM reservations WHERE {live} AND during_end <= :now)"
+            " OR EXISTS (SELECT 1 FROM reservations WHERE {live} AND preempt_deadline <= :now)",
+            glue=" OR ",
+        )
+        + ", EXISTS (SELECT 1 FROM reservations WHERE state = 'pending' AND state <> 'released'"
+        "  AND created_at <= :created),"
         " EXISTS (SELECT 1 FROM reservations WHERE state = 'pending' AND state <> 'released'"
-        "  AND created_at <= ?),"
-        " EXISTS (SELECT 1 FROM reservations WHERE state = 'pending' AND state <> 'released'"
-        "  AND next_attempt_at <= ?),"
+        "  AND next_attempt_at <= :now),"
         " EXISTS (SELECT 1 FROM reservations WHERE state = 'placed' AND state <> 'released'"
-        "  AND during_start <= ?),"
+        "  AND during_start <= :lead),"
         " EXISTS (SELECT 1 FROM reservations WHERE state = 'binding' AND state <> 'released')",
-        (now, now, created_by, now, lead_by),
+        {"now": now, "created": created_by, "lead": lead_by},
     ).fetchone()
     return Due(*(bool(x) for x in row))
 

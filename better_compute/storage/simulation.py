@@ -25,6 +25,36 @@ def last_reservation_seq(conn: Conn) -> int:
     return int(conn.execute("SELECT COALESCE(MAX(seq), 0) FROM reservations").fetchone()[0])
 
 
+#: next_due's statement, built once (it runs after every tick of a replay).
+_NEXT_DUE = (
+    "SELECT MIN(t) FROM ("
+    + per_live_state(
+        "SELECT MIN(during_end) AS t FROM reservations WHERE {live} AND during_end > :a"
+    )
+    + " UNION ALL "
+    + per_live_state(
+        "SELECT MIN(during_end) - :notice FROM reservations WHERE {live}"
+        " AND during_end > :a + :notice"
+    )
+    + " UNION ALL "
+    + per_live_state(
+        "SELECT MIN(preempt_deadline) FROM reservations WHERE {live} AND preempt_deadline > :a"
+    )
+    + f" UNION ALL SELECT MIN(next_attempt_at) FROM reservations WHERE {_PENDING}"
+    "  AND next_attempt_at > :a"
+    f" UNION ALL SELECT MIN(created_at + :wait) FROM reservations WHERE {_PENDING}"
+    "  AND created_at + :wait > :a"
+    f" UNION ALL SELECT MIN(during_start) FROM reservations WHERE {_PLACED}"
+    "  AND during_start > :a"
+    f" UNION ALL SELECT (SELECT during_start - :lead FROM reservations WHERE {_PLACED}"
+    "  AND during_start > :a + :lead AND lead_checked = 0 ORDER BY during_start LIMIT 1)"
+    f" UNION ALL SELECT MIN(created_at) FROM reservations WHERE {_PLACED}"
+    "  AND during_start > :a AND during_start <= :a + :lead AND lead_checked = 0"
+    "  AND created_at > :a"
+    ") AS due"
+)
+
+
 def next_due(
     conn: Conn, after: int, repair_lead_ms: int, max_wait_ms: int, notice_ms: int
 ) -> int | None:
@@ -41,31 +71,7 @@ def next_due(
     not yet checked: a ledger with many calendar bookings ahead holds thousands of placed rows,
     and this runs after every tick of a replay."""
     row = conn.execute(
-        "SELECT MIN(t) FROM ("
-        + per_live_state(
-            "SELECT MIN(during_end) AS t FROM reservations WHERE {live} AND during_end > :a"
-        )
-        + " UNION ALL "
-        + per_live_state(
-            "SELECT MIN(during_end) - :notice FROM reservations WHERE {live}"
-            " AND during_end > :a + :notice"
-        )
-        + " UNION ALL "
-        + per_live_state(
-            "SELECT MIN(preempt_deadline) FROM reservations WHERE {live} AND preempt_deadline > :a"
-        )
-        + f" UNION ALL SELECT MIN(next_attempt_at) FROM reservations WHERE {_PENDING}"
-        "  AND next_attempt_at > :a"
-        f" UNION ALL SELECT MIN(created_at + :wait) FROM reservations WHERE {_PENDING}"
-        "  AND created_at + :wait > :a"
-        f" UNION ALL SELECT MIN(during_start) FROM reservations WHERE {_PLACED}"
-        "  AND during_start > :a"
-        f" UNION ALL SELECT (SELECT during_start - :lead FROM reservations WHERE {_PLACED}"
-        "  AND during_start > :a + :lead AND lead_checked = 0 ORDER BY during_start LIMIT 1)"
-        f" UNION ALL SELECT MIN(created_at) FROM reservations WHERE {_PLACED}"
-        "  AND during_start > :a AND during_start <= :a + :lead AND lead_checked = 0"
-        "  AND created_at > :a"
-        ") AS due",
+        _NEXT_DUE,
         {"a": after, "lead": repair_lead_ms, "wait": max_wait_ms, "notice": notice_ms},
     ).fetchone()
     return None if row[0] is None else int(row[0])

@@ -164,25 +164,31 @@ class Due(NamedTuple):
     binding: bool  # one is in state binding
 
 
+#: due_first's statement, built once (it runs at every tick of a replay).
+_DUE_FIRST = (
+    "SELECT "
+    + per_live_state(
+        "EXISTS (SELECT 1 FROM reservations WHERE {live} AND during_end <= :now)"
+        " OR EXISTS (SELECT 1 FROM reservations WHERE {live} AND preempt_deadline <= :now)",
+        glue=" OR ",
+    )
+    + ", EXISTS (SELECT 1 FROM reservations WHERE state = 'pending' AND state <> 'released'"
+    "  AND created_at <= :created),"
+    " EXISTS (SELECT 1 FROM reservations WHERE state = 'pending' AND state <> 'released'"
+    "  AND next_attempt_at <= :now),"
+    " EXISTS (SELECT 1 FROM reservations WHERE state = 'placed' AND state <> 'released'"
+    "  AND during_start <= :lead),"
+    " EXISTS (SELECT 1 FROM reservations WHERE state = 'binding' AND state <> 'released')"
+)
+
+
 def due_first(conn: Conn, now: int, created_by: int, lead_by: int) -> Due:
     """Whether each read of a tick's first five steps has anything to read, in one statement.
     Each is an EXISTS on the same rows (and index) that repo.reservations_ending,
     pending_created_by, pending_due, placed_starting_by(lead_by) and ids_in_state('binding')
     read; a tick with one release pays one statement instead of five."""
     row = conn.execute(
-        "SELECT "
-        + per_live_state(
-            "EXISTS (SELECT 1 FROM reservations WHERE {live} AND during_end <= :now)"
-            " OR EXISTS (SELECT 1 FROM reservations WHERE {live} AND preempt_deadline <= :now)",
-            glue=" OR ",
-        )
-        + ", EXISTS (SELECT 1 FROM reservations WHERE state = 'pending' AND state <> 'released'"
-        "  AND created_at <= :created),"
-        " EXISTS (SELECT 1 FROM reservations WHERE state = 'pending' AND state <> 'released'"
-        "  AND next_attempt_at <= :now),"
-        " EXISTS (SELECT 1 FROM reservations WHERE state = 'placed' AND state <> 'released'"
-        "  AND during_start <= :lead),"
-        " EXISTS (SELECT 1 FROM reservations WHERE state = 'binding' AND state <> 'released')",
+        _DUE_FIRST,
         {"now": now, "created": created_by, "lead": lead_by},
     ).fetchone()
     return Due(*(bool(x) for x in row))

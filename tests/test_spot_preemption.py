@@ -421,6 +421,35 @@ def test_a_regular_request_that_fits_after_the_notice_without_victims_preempts_n
     assert w.get(rsv.id).state in LIVE_STATES
 
 
+def test_a_retry_that_preempts_with_no_notice_releases_its_victim_in_the_same_tick(
+    one_node: World,
+) -> None:
+    """capacity.spotNoticeMs 0: a tick's retry that preempts makes its victim due at the tick's
+    own instant. The same tick releases it (before the preempting reservation binds on its
+    GPUs), and a second tick at that instant changes nothing (PRODUCT.md §5.4)."""
+    w = one_node
+    setup.config_set(w.ctx(), "capacity.spotNoticeMs", "0")
+    spot = w.reserve(4, tenant="globex", spot=True, duration_ms=6 * HOUR)
+    w.reserve(4, duration_ms=HOUR)
+    waiting = w.reserve(8)
+    assert waiting.state == State.PENDING  # the regular half cannot be preempted
+    w.tick(T0)
+    w.tick(T0 + HOUR)  # the regular half ends; the retry preempts the spot job from now
+    assert w.get(waiting.id).state == State.ACTIVE
+    cut = w.get(spot.id)
+    assert cut.state == State.RELEASED
+    assert cut.release_reason == ReleaseReason.PREEMPTED
+    assert cut.during == Window(T0, T0 + HOUR)
+    assert w.held("globex") == 0
+    released = w.events("reservation.released", spot.id)
+    assert [e.at for e in released] == [T0 + HOUR]
+    binding = w.events("reservation.binding", waiting.id)
+    assert released[0].seq < binding[0].seq
+    snap = w.snapshot()
+    assert w.tick(T0 + HOUR) == []
+    assert w.snapshot() == snap
+
+
 # ---------------------------------------------------------------- preview
 
 

@@ -395,3 +395,39 @@ def test_update_refuses_a_shape_no_nvlink_group_could_hold(run: Cli) -> None:
         "--gpus 5 --topology nvlink-all: the largest NVLink group of pool west's nodes has 4 GPUs"
     )
     assert run.ok("get", waiting["id"])["devices"][0]["count"] == 4
+
+
+def _starting(cli: Cli, rsv_id: str) -> list[Any]:
+    events = cli.ok("events", "--reservation", rsv_id)
+    return [(e["at"], e["data"]["nodeIds"]) for e in events if e["type"] == "reservation.starting"]
+
+
+def test_a_booking_moved_to_other_nodes_is_checked_there_and_noticed_again(
+    db_dir: Path,
+) -> None:
+    """update --gpus 8 after the starting notice moves the booking from n1 to n2 in the same
+    window: the next tick checks n2 and gives a notice naming it (the first named n1, where the
+    job no longer runs). A change of its end alone keeps start and nodes: no second notice."""
+    cli = Cli(init_db(db_dir / "moved.db"))
+    cli.ok("pool", "create", "p")
+    for name in ("n1", "n2"):
+        cli.ok("node", "add", name, "--pool", "p", "--gpus", "8", "--model", "h100")
+    cli.ok("tenant", "create", "acme")
+    cli.ok("config", "set", "placement.topN", "1")
+    reserve(cli, "--gpus", "4", "--for", "1h", "--start", "+2h", tenant="acme")
+    rsv = reserve(cli, "--gpus", "4", "--for", "1h", "--start", "+2h", tenant="acme")
+    assert [a["nodeId"] for a in rsv["allocations"]] == ["n1"]
+    cli.ok("tick", now=at(105 * MIN))  # the lead check passes on n1
+    assert _starting(cli, rsv["id"]) == [(NOW_MS + 105 * MIN, ["n1"])]
+    moved = cli.ok("update", rsv["id"], "--gpus", "8", now=at(108 * MIN))
+    assert [a["nodeId"] for a in moved["allocations"]] == ["n2"]
+    assert moved["during"] == rsv["during"]
+    cli.ok("tick", now=at(109 * MIN))
+    assert _starting(cli, rsv["id"]) == [
+        (NOW_MS + 105 * MIN, ["n1"]),
+        (NOW_MS + 109 * MIN, ["n2"]),
+    ]
+    longer = cli.ok("update", rsv["id"], "--for", "2h", now=at(110 * MIN))
+    assert [a["nodeId"] for a in longer["allocations"]] == ["n2"]
+    cli.ok("tick", now=at(111 * MIN))
+    assert len(_starting(cli, rsv["id"])) == 2  # same start, same nodes: nothing new to say

@@ -77,6 +77,8 @@ def _steps(ctx: Ctx) -> Looked | None:
         _time_out_pending(ctx)
     if due.retrying:  # step 1 never makes a retry due: it only releases
         _retry_pending(ctx)
+        if settings.spot_notice_ms == 0:  # a retry that preempted made its victims due now:
+            _release_due(ctx)  # released before the preemptor binds, not by the next tick
     # Steps 1 and 2 add no binding row, and only a retry places one: what due_first saw
     # empty before them is empty still (a release only takes rows away).
     reach: dict[str, bool] = {}  # nodes step 3 found reachable or not, for step 5

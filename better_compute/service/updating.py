@@ -199,8 +199,11 @@ def _replan(ctx: Ctx, old: Reservation, new: Reservation, window: Window) -> Non
             placed = placing.commit(ctx, new, fresh, window)
         if new.node_lease:  # whole machines: charged exactly what is leased
             placed = replace(placed, quota_charge=sum(len(a.atoms) for a in placed.allocations))
-        moved = old.during != window
-        if moved:
+        # BookingRepair checks a new window or new nodes again; the starting notice says
+        # {start, nodeIds}, so only a new start or new nodes give another one.
+        elsewhere = _nodes(old) != _nodes(placed)
+        moved = old.during != window or elsewhere
+        if elsewhere or old.during is None or old.during.start != window.start:
             store.forget_start_notice(conn, old.id)
         placed = replace(
             placed,
@@ -228,3 +231,7 @@ def _event(ctx: Ctx, old: Reservation, new: Reservation, window: Window | None) 
     if window is not None:
         data["nodeIds"] = [a.node_id for a in new.allocations]
     ctx.event("reservation.updated", new.tenant_id, new.id, data)
+
+
+def _nodes(rsv: Reservation) -> list[str]:
+    return sorted(a.node_id for a in rsv.allocations)

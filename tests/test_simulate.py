@@ -256,6 +256,30 @@ def test_until_leaves_work_active_and_bookings_ahead(fleet: Cli, db_dir: Path) -
     assert fleet.ok("tick", "--until", "+3h", now=None)["changes"]
 
 
+def test_a_requeued_victim_counts_by_where_it_ends(fleet: Cli, db_dir: Path) -> None:
+    """A spot gang booked ahead and requeued by a regular gang that needs its nodes is waiting
+    again: at --until it counts as never placed and its wait is not in the mean (it had counted
+    as placed at once, wait 0). Without --until it is placed again once the regular gang ends:
+    placed after waiting, its wait to that second window."""
+    lines = [
+        {"at": "+0m", "tenant": "sp", "gpus": 4, "duration": "3h", "spot": True, "start": "+1h",
+         "gang": 4},
+        {"at": "+1m", "tenant": "reg", "gpus": 4, "duration": "2h", "gang": 4},
+    ]  # fmt: skip
+    workload = write_jsonl(db_dir / "rq.jsonl", lines)
+    copy = small_fleet(db_dir / "rq-copy.db")
+    args = ("simulate", "--workload", workload, "--format", "jsonl")
+    at_until = fleet.ok(*args, "--until", "+30m", now=None)
+    assert at_until["preemptions"] == {"cutBack": 0, "requeued": 1}
+    assert (at_until["placedAtOnce"], at_until["neverPlaced"]) == (1, 1)
+    assert at_until["waitMs"] == {"mean": 2 * MIN, "p95": 2 * MIN}  # the regular gang's notice
+    assert [r["tenantId"] for r in fleet.ok("list", "--state", "pending")] == ["sp"]
+    whole = copy.ok(*args, now=None)
+    assert (whole["placedAtOnce"], whole["placedAfterWaiting"], whole["neverPlaced"]) == (1, 1, 0)
+    regular_ends = 1 * MIN + 2 * MIN + 2 * 60 * MIN  # arrival, the notice, its 2 hours
+    assert whole["waitMs"]["p95"] == regular_ends - 60 * MIN  # asked for +1h
+
+
 def test_utilisation_ends_with_the_replay(fleet: Cli, db_dir: Path) -> None:
     """Buckets are whole minutes (30 h 17 min / 24: 76 min each), so 24 of them would run 7 min
     past --until; the last ends at --until and averages over its own 69 minutes. The booking

@@ -481,27 +481,31 @@ def _report(
         lo, hi = run.lo_seq, run.hi_seq
         rows = [r for r in store.reservation_starts(conn, lo, hi) if r[0] in run.ids]
         asked = {rid: max(created, start or created) for rid, _p, created, start in rows}
-        first_placed: dict[str, int] = {}
+        holding: dict[str, int] = {}  # placed, and not undone since: the window's start
         waited: set[str] = set()
         for type_, rid, when, data in store.placement_events(
             conn, run.first_event, _PLACEMENT_EVENTS
         ):
             if rid not in asked:
                 continue
-            if type_ == "reservation.placed" and rid not in first_placed:
+            if type_ == "reservation.placed":
                 start = data.get("start")
-                first_placed[rid] = start if isinstance(start, int) else when
-                if rid in waited:
-                    placed_later += 1
-                else:
-                    placed_at_once += 1
-                waits.append(max(0, first_placed[rid] - asked[rid]))
-            elif type_ == "reservation.pending" and rid not in first_placed:
+                holding[rid] = start if isinstance(start, int) else when
+            elif type_ == "reservation.pending":  # not placed yet, or a failed repair undid it
                 waited.add(rid)
+                holding.pop(rid, None)
             elif type_ == "reservation.preempting":
                 cut_back += 1
             elif type_ == "reservation.preempted" and data.get("requeued"):
                 requeued += 1
+                waited.add(rid)
+                holding.pop(rid, None)
+        for rid, start in holding.items():
+            if rid in waited:
+                placed_later += 1
+            else:
+                placed_at_once += 1
+            waits.append(max(0, start - asked[rid]))
         spans = [(p, s, e) for rid, p, s, e in store.booking_spans(conn, lo, hi) if rid in asked]
         booked_ms = sum(e - s for _p, s, e in spans)
         used_ms = sum(

@@ -345,6 +345,29 @@ def test_restore_on_a_real_clock_ledger_refuses_now(db_dir: Path) -> None:
     assert cli("restore", backup, now=None)[0] == 0
 
 
+def test_a_what_if_backup_is_not_restored_over_a_real_clock_ledger(db_dir: Path) -> None:
+    """A backup of an `init --now` ledger runs on a manual clock: restored over a real-clock
+    ledger, that ledger's time stopped for good (its cron tick never released anything again),
+    the very thing `init --force` refuses. Refused, the ledger untouched; over a manual-clock
+    ledger, or a new path, it restores as before."""
+    real = db_dir / "prod.db"
+    assert invoke(["--db", str(real), "init"]).exit_code == 0
+    what_if = db_dir / "what-if.db"
+    assert invoke(["--db", str(what_if), "--now", "2026-01-01T00:00:00Z", "init"]).exit_code == 0
+    backup = db_dir / "what-if-backup.db"
+    assert invoke(["--db", str(what_if), "backup", str(backup)]).exit_code == 0
+    prod = Cli(real)
+    before = prod.ok("tick", now=None)["now"]
+    error = prod.fails(2, "restore", backup, now=None)
+    assert "manual clock" in error["message"] and "another --db" in error["message"]
+    assert prod.ok("tick", now=None)["now"] >= before  # still the real clock
+    assert Cli(db_dir / "fresh.db")("restore", backup, now=None)[0] == 0
+    assert Cli(what_if)("restore", backup, now=None)[0] == 0
+    real_backup = db_dir / "prod-backup.db"
+    assert invoke(["--db", str(real), "backup", str(real_backup)]).exit_code == 0
+    assert prod("restore", real_backup, now=None)[0] == 0
+
+
 def test_a_ledger_that_cannot_be_opened_says_how_to_replace_it(db_dir: Path) -> None:
     cli = Cli(init_db(db_dir / "lab.db", "--demo"))
     good = db_dir / "good.bak"

@@ -8,7 +8,7 @@ from better_compute.errors import Damaged, Forbidden, InvalidInput
 from better_compute.model import LedgerCopy
 from better_compute.service.authz import require_admin
 from better_compute.service.context import NO_NOW_ON_REAL_CLOCK, Ctx, open_ctx
-from better_compute.storage.backup import backup_to, restore_from
+from better_compute.storage.backup import backup_runs_on_manual_clock, backup_to, restore_from
 from better_compute.storage.db import ledger_exists
 
 
@@ -24,16 +24,17 @@ def replacer(
     as_name: str | None,
     what: str,
     *,
-    pinned_clock: bool = False,
+    pinned_clock: str | None = None,
     now_asked: bool = False,
 ) -> str:
     """Who replaces the ledger at `path` (`init --force`, `restore`): one of its admins, checked
     before the file is touched. Where no ledger exists yet there is nobody to check `--as`
     against, so the user acts as itself (and becomes the first admin of what it creates).
 
-    `pinned_clock`: the new ledger would run on a manual clock. Replacing a real-clock ledger so
-    is refused like any other `--now` on a write: a stale BETTER_COMPUTE_NOW would otherwise
-    freeze the ledger's time for good. `now_asked`: the command was given --now (or
+    `pinned_clock`: the new ledger would run on a manual clock, and this says why a real-clock
+    ledger refuses to be replaced so: its time would stop for good, and its cron `tick` would
+    never release anything again (a stale BETTER_COMPUTE_NOW to `init --force`, a what-if
+    backup to `restore`). `now_asked`: the command was given --now (or
     BETTER_COMPUTE_NOW), which a real-clock ledger refuses on every write (§2), this one too."""
     if ledger_exists(path):
         try:
@@ -46,11 +47,8 @@ def replacer(
             ) from None
         try:
             require_admin(old.who, what)
-            if pinned_clock and not old.manual_clock:
-                raise InvalidInput(
-                    f"{NO_NOW_ON_REAL_CLOCK}; to start a what-if ledger, `init --now` another"
-                    " --db, or remove this one first"
-                )
+            if pinned_clock is not None and not old.manual_clock:
+                raise InvalidInput(pinned_clock)
             if now_asked and not old.manual_clock:
                 raise InvalidInput(NO_NOW_ON_REAL_CLOCK)
             return old.who.name
@@ -69,5 +67,12 @@ def restore(
 ) -> LedgerCopy:
     """Replacing the ledger rewrites everyone's reservations: its admins only. It writes, so a
     real-clock ledger refuses it with --now (`now_asked`), as every other write."""
-    replacer(path, me, as_name, "restore a ledger", now_asked=now_asked)
+    pinned = None
+    if backup_runs_on_manual_clock(source):
+        pinned = (
+            f"backup {source!r} runs on a manual clock (a what-if ledger made by `init --now`)"
+            " and this ledger on the real clock: restored over it, its time would stop; restore"
+            " it to another --db, or remove this one first"
+        )
+    replacer(path, me, as_name, "restore a ledger", pinned_clock=pinned, now_asked=now_asked)
     return restore_from(path, source)

@@ -37,7 +37,7 @@ from better_compute.model import (
 )
 from better_compute.service import authz, backups, ticking
 from better_compute.service.authz import require_admin
-from better_compute.service.context import Ctx
+from better_compute.service.context import NO_NOW_ON_REAL_CLOCK, Ctx
 from better_compute.service.finding import check_name
 from better_compute.storage import bulk, fleet, ledger, repo
 from better_compute.storage.conn import Ledger
@@ -97,7 +97,13 @@ def init_admin(path: str, me: str, as_name: str | None, force: bool, manual: boo
     me = authz.session_user(principal_at(path, me))  # on PostgreSQL, the session's role
     target = path if force else ""
     what = "replace the ledger (init --force)"
-    return backups.replacer(target, me, as_name, what, pinned_clock=manual)
+    pinned = None
+    if manual:
+        pinned = (
+            f"{NO_NOW_ON_REAL_CLOCK}; to start a what-if ledger, `init --now` another --db, or"
+            " remove this one first"
+        )
+    return backups.replacer(target, me, as_name, what, pinned_clock=pinned)
 
 
 def _group_id(name: str) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from better_compute.errors import Conflict, InvalidInput, Unavailable
 from better_compute.model import LedgerCopy as Copy
-from better_compute.storage import files, replace
+from better_compute.storage import files, ledger, replace
 from better_compute.storage.conn import Ledger
 from better_compute.storage.db import (
     SQLITE_MAGIC,
@@ -127,6 +127,22 @@ def _check_source(source: str, ledger: Path) -> Path:
             f"backup {source!r} is not a better-compute ledger (application_id {app_id:#x})"
         )
     return path
+
+
+def backup_runs_on_manual_clock(source: str) -> bool:
+    """Whether the backup `source` is a what-if ledger (`init --now`: meta clock 'manual'),
+    read before anything is replaced. False when it cannot be read as a ledger at all: the
+    restore's own checks then say why."""
+    try:
+        path = _check_source(source, Path(os.devnull))
+        conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'clock'").fetchone()
+        finally:
+            conn.close()
+    except (InvalidInput, sqlite3.DatabaseError):
+        return False
+    return row is not None and row[0] == ledger.MANUAL
 
 
 def _fill_from(source: Path, name: str, summary: list[tuple[int, str, int, int]]) -> replace.Build:

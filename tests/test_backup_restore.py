@@ -410,3 +410,26 @@ def test_backup_says_the_db_id_for_people_too(db_dir: Path) -> None:
     doc = cli.ok("backup", db_dir / "a.bak")
     text = " ".join(cli.ok("backup", db_dir / "b.bak", json=False).split())
     assert f"db id {doc['dbId']}" in text and "schema version" in text
+
+
+@pytest.mark.sqlite_only(reason="names SQLite's files beside a ledger")
+@pytest.mark.parametrize("suffix", ["-wal", "-shm", "-journal"])
+def test_a_ledger_is_never_made_where_sqlite_keeps_another_ledgers_files(
+    run: Cli, db_dir: Path, suffix: str
+) -> None:
+    """restore, migrate --to and init took `X.db-wal` (or -shm) as a ledger's name: SQLite then
+    deleted or replayed it as X.db's own file, and the ledger made there was gone (migrate
+    reported success). backup already refused it; every command now does."""
+    backup = db_dir / "bk.db"
+    run.ok("backup", backup)
+    side = f"{run.db}{suffix}"
+    before = run.ok("list")
+    for cli, args in (
+        (Cli(Path(side)), ("restore", backup)),
+        (Cli(Path(side)), ("init",)),
+        (Cli(Path(side)), ("list",)),
+        (run, ("migrate", "--to", side)),
+    ):
+        error = cli.fails(2, *args, now=None)
+        assert f"the ledger {str(run.db)!r}" in error["message"], args
+    assert run.ok("list") == before

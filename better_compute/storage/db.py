@@ -122,11 +122,32 @@ def _require_path(path: str) -> None:
         )
     refuse_foreign_url(path)
     _refuse_key_value(path)
+    _refuse_sidecar(path)
     if is_postgres_url(path):
         raise InvalidInput(
             f"this command works on an SQLite ledger file; for {path.split('@')[-1]!r} use"
             " PostgreSQL's own tools (pg_dump, or `better-compute migrate --to FILE`)"
         )
+
+
+#: The files SQLite keeps beside a database, named after it (WAL, shared memory, rollback).
+_SIDECARS = {
+    "-wal": "write-ahead log",
+    "-shm": "shared-memory index",
+    "-journal": "rollback journal",
+}
+
+
+def _refuse_sidecar(path: str) -> None:
+    """A ledger is never made or read under the name of a file SQLite keeps beside another
+    database (`X.db-wal`): SQLite would delete it, or replay it onto X.db, as X.db's own."""
+    for suffix, kind in _SIDECARS.items():
+        if path.endswith(suffix) and len(path) > len(suffix) and not path.endswith("/" + suffix):
+            raise InvalidInput(
+                f"{path!r} is the name SQLite gives the {kind} of the ledger"
+                f" {path[: -len(suffix)]!r}, which it would delete or replay; name the ledger"
+                " another file"
+            )
 
 
 def _header_kind(path: Path) -> str:
@@ -630,6 +651,7 @@ def ledger_exists(path: str) -> bool:
     if is_postgres_url(path):
         return postgres().ledger_exists(path.strip())  # type: ignore[no-any-return]
     _refuse_key_value(path)
+    _refuse_sidecar(path)
     return Path(path).is_file() and Path(path).stat().st_size > 0
 
 

@@ -405,6 +405,16 @@ def test_a_bad_line_is_refused_by_number_before_anything_is_written(
     assert "newco" not in [t["id"] for t in fleet.ok("tenant", "list")]
 
 
+def test_a_line_that_is_not_utf8_is_named_by_number(fleet: Cli, db_dir: Path) -> None:
+    good = b'{"at": "+0s", "tenant": "newco", "gpus": 1, "duration": "1h"}\n'
+    path = db_dir / "bytes.jsonl"
+    path.write_bytes(good + good + b'{"tenant": "\xff\xfe"}\n')
+    error = fleet.fails(2, "simulate", "--workload", path, "--format", "jsonl", now=None)
+    assert error["message"].startswith("line 3: "), error
+    assert "not UTF-8" in error["message"]
+    assert "newco" not in [t["id"] for t in fleet.ok("tenant", "list")]
+
+
 def test_a_bad_line_after_until_is_refused_all_the_same(fleet: Cli, db_dir: Path) -> None:
     """The same file was good with `--until` before its bad line and bad without."""
     path = db_dir / "later.jsonl"

@@ -631,8 +631,9 @@ def read_text(ctx: Ctx, file: str, what: str) -> str:
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
         raise InvalidInput(
-            f"{what} {file!r} is not UTF-8 text (byte {exc.start}); save it as UTF-8"
+            f"line {line}: {what} {file!r} is not UTF-8 text (byte {exc.start}); save it as UTF-8"
         ) from None
 
 

@@ -242,3 +242,24 @@ def test_writers_waiting_while_init_force_replaces_the_file_exit_unavailable(
         assert error["code"] == "UNAVAILABLE" and "replaced" in error["message"], error
     assert state(db) == (db_id_for(db_dir, NEW_NOW), [], 0)
     assert cli.ok("list") == []
+
+
+@pytest.mark.sqlite_only(reason="builds an SQLite file beside the ledger")
+def test_a_failed_build_says_whether_there_was_an_old_ledger(db_dir: Path) -> None:
+    """A full disk while a new ledger is built: 'the old one is untouched' only when there is
+    one (init of a new ledger said it too); the temp file is gone either way."""
+    from better_compute.errors import Unavailable
+    from better_compute.storage import replace
+
+    def full(db: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    target = db_dir / "new.db"
+    with pytest.raises(Unavailable) as new:
+        replace.build_temp(target, 0o600, full)
+    assert new.value.message.endswith("nothing was written") and not target.exists()
+    target.write_bytes(b"old")
+    with pytest.raises(Unavailable) as old:
+        replace.build_temp(target, 0o600, full)
+    assert old.value.message.endswith("the old one is untouched")
+    assert sorted(p.name for p in db_dir.iterdir()) == ["new.db"]

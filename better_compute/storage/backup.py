@@ -162,7 +162,7 @@ def _fill_from(source: Path, name: str, summary: list[tuple[int, str, int, int]]
         except sqlite3.DatabaseError as exc:
             if exc.sqlite_errorcode & 0xFF in (SQLITE_IOERR, SQLITE_FULL):  # writing the copy
                 raise Unavailable(
-                    f"cannot write the restored ledger beside {str(db.path)!r}: {exc} (disk"
+                    f"cannot write the restored ledger in {str(db.path.parent)!r}: {exc} (disk"
                     " full?); nothing was replaced"
                 ) from None
             raise bad(f"cannot be read: {exc}") from None

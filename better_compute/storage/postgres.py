@@ -311,7 +311,7 @@ CONNECT_TIMEOUT_S = DEFAULT_LOCK_TIMEOUT_MS // 1000
 def _connect(url: str) -> psycopg.Connection[Any]:
     if _PASSWORD.search(url):
         raise InvalidInput(
-            f"--db {redact(url)!r} carries a password, which would sit in shell history and"
+            f"the URL {redact(url)!r} carries a password, which would sit in shell history and"
             " process lists: leave it out and give it to libpq instead (~/.pgpass, or PGPASSWORD"
             " in the environment of cron and CI jobs)"
         )
@@ -326,7 +326,7 @@ def _connect(url: str) -> psycopg.Connection[Any]:
         detail = " ".join(str(exc).split())[:300]
         if isinstance(exc, psycopg.ProgrammingError) or _MALFORMED.search(detail):
             raise InvalidInput(
-                f"--db {redact(url)!r} is not a usable PostgreSQL URL: {detail}"
+                f"{redact(url)!r} is not a usable PostgreSQL URL: {detail}"
             ) from None
         raise Unavailable(f"cannot connect to {redact(url)}: {detail}") from None
     return raw

@@ -68,9 +68,9 @@ def build_temp(target: Path, mode: int, build: Build) -> Path:
         raise
     except (sqlite3.DatabaseError, OSError) as exc:
         files.discard(temp)
+        kept = "the old one is untouched" if target.exists() else "nothing was written"
         raise Unavailable(
-            f"cannot write the new database beside {str(target)!r}: {exc} (disk full?);"
-            " the old one is untouched"
+            f"cannot write the new database beside {str(target)!r}: {exc} (disk full?); {kept}"
         ) from None
     except BaseException:
         files.discard(temp)

@@ -75,6 +75,20 @@ def test_commands_flags_and_values_complete(run: Cli) -> None:
     assert complete(db, "cancel ", "fish") == [mine["id"]]
 
 
+@pytest.mark.sqlite_only(reason="the shell's completion subprocess is given the ledger's file path")
+def test_ids_of_a_tenant_no_longer_visible_are_not_offered(run: Cli) -> None:
+    """bob's reservation for globex is NOT_FOUND to bob once his policy there is gone; completion
+    went on offering its id, confirming it exists."""
+    run.ok("policy", "set", "--tenant", "globex", "--principal", "bob")
+    theirs = run.ok("--as", "bob", "reserve", "--tenant", "globex", "--gpus", "1", "--for", "1h")
+    as_bob = f"--as bob get {theirs['id'][:4]}"
+    assert complete(run.db, as_bob) == [theirs["id"]]
+    run.ok("policy", "set", "--tenant", "globex", "--principal", "carol")
+    run.ok("policy", "delete", "--tenant", "globex", "--principal", "bob")
+    assert run.fails(3, "--as", "bob", "get", theirs["id"])["code"] == "NOT_FOUND"
+    assert complete(run.db, as_bob) == []
+
+
 def test_a_missing_ledger_completes_commands_and_no_values(tmp_path: Path) -> None:
     assert complete(tmp_path / "none.db", "get ") == []
     assert complete(tmp_path / "none.db", "tic") == ["tick"]

@@ -449,6 +449,37 @@ def test_a_500_is_retried_with_backoff_and_later_events_wait(run: Cli, receiver:
     assert [a["at"] for a in head] == [NOW_MS, NOW_MS + 11 * SEC, NOW_MS + MIN]
 
 
+def test_a_tick_counts_only_the_deliveries_its_principal_may_see(
+    run: Cli, receiver: Receiver
+) -> None:
+    """Anyone may run tick, and it sends every webhook's events; its counts described globex's
+    failing receiver to an acme member, to whom globex's deliveries are NOT_FOUND."""
+    run.ok("policy", "set", "--tenant", "acme", "--principal", "bob")
+    run.ok("policy", "set", "--tenant", "globex", "--principal", "carol")
+    hook(run, receiver, "/g", "globex", SECRET_G)
+    receiver.plan = lambda path, n: 500
+    reserve(run, "globex", "g1")
+    bob = {"BETTER_COMPUTE_PRINCIPAL": "bob"}
+    carol = {"BETTER_COMPUTE_PRINCIPAL": "carol"}
+    seen_by_bob = run.ok("tick", now=at(0), env=bob)["deliveries"]
+    assert seen_by_bob == {"sent": 0, "failed": 0, "deadLettered": 0, "left": 0}
+    assert len(receiver.requests) == 1  # sent all the same
+    assert run.ok("tick", now=at(11 * SEC), env=carol)["deliveries"]["left"] == 4
+    assert run.ok("tick", now=at(MIN))["deliveries"]["failed"] == 1  # an admin sees them all
+
+
+@pytest.mark.parametrize("group", ["webhook", "pool"])
+def test_a_group_without_its_command_is_one_usage_error(run: Cli, group: str) -> None:
+    """`--json webhook` printed its help on stdout (exit 2, stderr empty) where every other group
+    gives the usage error as JSON on stderr."""
+    entry = [sys.executable, "-c", "from better_compute.cli import main; main()"]
+    done = subprocess.run(
+        [*entry, "--db", str(run.db), "--json", group], capture_output=True, text=True, check=False
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert json.loads(done.stderr)["error"]["code"] == "INVALID_INPUT"
+
+
 def test_dead_letter_after_the_retry_period_then_redeliver(run: Cli, receiver: Receiver) -> None:
     run.ok("config", "set", "webhook.retryForMs", str(2 * MIN))
     hid = hook(run, receiver, "/a", "acme", SECRET_A, "--events", "reservation.created")

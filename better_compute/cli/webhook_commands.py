@@ -17,7 +17,7 @@ else:
     webhooks = lazy("better_compute.service.webhooks")
 
 webhook_app = typer.Typer(
-    no_args_is_help=True,
+    no_args_is_help=False,
     help="Signed HTTP delivery of events; `tick` sends them, retries, and dead-letters.",
 )
 app.add_typer(webhook_app, name="webhook")

@@ -25,7 +25,8 @@ def candidates(kind: str, db: str, me: str, as_name: str | None) -> list[str]:
                 seen = authz.visible_tenants(conn, ctx.who)
                 return sorted(seen) if seen is not None else repo.tenant_ids(conn)
             if kind == "rsv":
-                return store.own_reservation_ids(conn, ctx.principal)
+                seen = authz.visible_tenants(conn, ctx.who)
+                return store.own_reservation_ids(conn, ctx.principal, seen)
             raise ValueError(f"no completion for {kind!r}")
     finally:
         ctx.db.close()

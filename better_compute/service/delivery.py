@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from better_compute import clock
 from better_compute.errors import Unavailable
 from better_compute.model import Event, Webhook
+from better_compute.service import authz
 from better_compute.service.context import Ctx
 from better_compute.storage import ledger, repo, webhooks
 from better_compute.storage.repo import Conn
@@ -191,17 +192,22 @@ def deliver(ctx: Ctx, body_of: Callable[[Event], str]) -> Report | None:
         ctx.db.set_busy_timeout(ctx.settings.busy_timeout_ms)
     try:
         with ctx.db.read() as conn:
-            left: int | None = webhooks.queued_count(conn)
+            left: int | None = webhooks.queued_count(conn, run.seen)
     except Unavailable:
         left = None
     return Report(run.sent, run.failed, run.dead, left)
 
 
 class _Run:
-    """One tick's delivery: the budget, this tick's claim token, the sends in flight, the tally."""
+    """One tick's delivery: the budget, this tick's claim token, the sends in flight, the tally.
+    A tick sends every webhook's events, whoever runs it, but tallies only the webhooks of the
+    tenants its principal sees (`seen`; None: an admin, every webhook, fleet-wide ones included):
+    another tenant's deliveries are NOT_FOUND to it, and so are their counts."""
 
     def __init__(self, ctx: Ctx, body_of: Callable[[Event], str]) -> None:
         self.ctx, self.body_of = ctx, body_of
+        with ctx.db.read() as conn:
+            self.seen = authz.visible_tenants(conn, ctx.who)
         self.deadline = clock.elapsed_s() + ctx.settings.webhook_budget_ms / 1000
         self.token = secrets.token_hex(8)
         self.answers: queue.Queue[tuple[_Claimed, Outcome]] = queue.Queue()
@@ -214,9 +220,12 @@ class _Run:
         self.ctx.db.set_busy_timeout(max(100, int(left * 1000)))
         return left
 
+    def shown(self, hook: Webhook) -> bool:
+        return self.seen is None or hook.tenant_id in self.seen
+
     def fan_out(self) -> None:
         self.remaining()
-        self.dead += _fan_out(self.ctx)
+        self.dead += sum(self.shown(hook) for hook in _fan_out(self.ctx))
 
     def send_until_done(self) -> None:
         timeout_s = self.ctx.settings.webhook_timeout_ms / 1000
@@ -233,7 +242,7 @@ class _Run:
             except queue.Empty:
                 return
             del self.in_flight[job.hook.id]
-            self.tally(_record(self.ctx, job, outcome, self.token))
+            self.tally(job.hook, _record(self.ctx, job, outcome, self.token))
 
     def give_up_the_rest(self) -> None:
         """Sends still unanswered when the budget ran out are failed attempts, retried later."""
@@ -241,12 +250,14 @@ class _Run:
         self.ctx.db.set_busy_timeout(GIVE_UP_LOCK_MS)
         for job in self.in_flight.values():
             try:
-                self.tally(_record(self.ctx, job, gone, self.token))
+                self.tally(job.hook, _record(self.ctx, job, gone, self.token))
             except Unavailable:
                 return  # its claim lapses on its own; the event is sent again then
         self.in_flight.clear()
 
-    def tally(self, result: str) -> None:
+    def tally(self, hook: Webhook, result: str) -> None:
+        if not self.shown(hook):
+            return
         self.sent += result == "sent"
         self.failed += result in (webhooks.QUEUED, webhooks.DEAD)
         self.dead += result == webhooks.DEAD
@@ -286,13 +297,13 @@ def receiving(conn: Conn, hook: Webhook, admins: Sequence[str] | None = None) ->
 SUSPENDED = "suspended: the principal who added this webhook may no longer see its events"
 
 
-def _fan_out(ctx: Ctx) -> int:
+def _fan_out(ctx: Ctx) -> list[Webhook]:
     """Queue each webhook's new events, then move its cursor to the log's end. A suspended
     webhook (receiving) queues nothing, since the events logged while it is suspended are not
     its, and what it had queued is dead-lettered with the reason as its attempt: nothing is
     left waiting on rights that may never come back, and `redeliver` puts it back once they
-    have. Returns how many it dead-lettered."""
-    dead = 0
+    have. Returns the webhook of each delivery it dead-lettered."""
+    dead: list[Webhook] = []
     with ctx.write() as conn:
         last = repo.last_event_seq(conn)
         admins = ledger.admins(conn)
@@ -302,7 +313,7 @@ def _fan_out(ctx: Ctx) -> int:
                     webhooks.record_attempt(
                         conn, delivery_id, ctx.now, None, SUSPENDED, webhooks.DEAD, ctx.now
                     )
-                    dead += 1
+                    dead.append(hook)
                 webhooks.set_cursor(conn, hook.id, last)
                 continue
             if hook.cursor >= last:

@@ -26,6 +26,7 @@ from better_compute.storage.repo import (
     _opt_int,
     _opt_str,
     _str,
+    among,
     damaged,
     decoded,
 )
@@ -224,10 +225,13 @@ def queued_ids(conn: Conn, webhook_id: str) -> list[str]:
     return [str(r[0]) for r in rows]
 
 
-def queued_count(conn: Conn) -> int:
-    return int(
-        conn.execute("SELECT COUNT(*) FROM deliveries WHERE state = ?", (QUEUED,)).fetchone()[0]
-    )
+def queued_count(conn: Conn, tenants: Sequence[str] | None = None) -> int:
+    """Deliveries still queued: of every webhook, or of those of `tenants` only."""
+    sql, args = "SELECT COUNT(*) FROM deliveries d", [QUEUED]
+    if tenants is not None:
+        sql += " JOIN webhooks w ON w.id = d.webhook_id AND " + among("w.tenant_id", len(tenants))
+        args = [*tenants, QUEUED]
+    return int(conn.execute(sql + " WHERE d.state = ?", args).fetchone()[0])
 
 
 def _delivery(r: Row, history: tuple[DeliveryAttempt, ...]) -> Delivery:

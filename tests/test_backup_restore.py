@@ -433,3 +433,6 @@ def test_a_ledger_is_never_made_where_sqlite_keeps_another_ledgers_files(
         error = cli.fails(2, *args, now=None)
         assert f"the ledger {str(run.db)!r}" in error["message"], args
     assert run.ok("list") == before
+    # a name that only ends like one, with no database of the shorter name beside it
+    alone = db_dir / f"team{suffix}"
+    assert invoke(["--db", str(alone), "init"]).exit_code == (0 if suffix == "-journal" else 2)

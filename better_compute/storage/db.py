@@ -140,13 +140,17 @@ _SIDECARS = {
 
 def _refuse_sidecar(path: str) -> None:
     """A ledger is never made or read under the name of a file SQLite keeps beside another
-    database (`X.db-wal`): SQLite would delete it, or replay it onto X.db, as X.db's own."""
+    database (`X.db-wal`): SQLite would delete it, or replay it onto X.db, as X.db's own. A
+    name ending in -journal (a word a ledger's name may well end with) only when X.db is there:
+    ledgers keep a WAL, so only another database could take it for its journal."""
     for suffix, kind in _SIDECARS.items():
-        if path.endswith(suffix) and len(path) > len(suffix) and not path.endswith("/" + suffix):
+        base = path[: -len(suffix)]
+        if not path.endswith(suffix) or not base or base.endswith("/"):
+            continue
+        if suffix != "-journal" or Path(base).exists():
             raise InvalidInput(
-                f"{path!r} is the name SQLite gives the {kind} of the ledger"
-                f" {path[: -len(suffix)]!r}, which it would delete or replay; name the ledger"
-                " another file"
+                f"{path!r} is the name SQLite gives the {kind} of the ledger {base!r},"
+                " which it would delete or replay; name the ledger another file"
             )
 
 

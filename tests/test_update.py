@@ -431,3 +431,33 @@ def test_a_booking_moved_to_other_nodes_is_checked_there_and_noticed_again(
     assert [a["nodeId"] for a in longer["allocations"]] == ["n2"]
     cli.ok("tick", now=at(111 * MIN))
     assert len(_starting(cli, rsv["id"])) == 2  # same start, same nodes: nothing new to say
+
+
+def test_a_booking_placed_again_after_its_notice_is_noticed_where_it_runs(db_dir: Path) -> None:
+    """The starting notice named n1. Moved by BookingRepair to n2 (n1 cordoned), or failed by
+    it and placed on n2 by a later retry, the booking gave no notice naming n2."""
+    cli = Cli(init_db(db_dir / "again.db"))
+    cli.ok("pool", "create", "p")
+    for name in ("n1", "n2"):
+        cli.ok("node", "add", name, "--pool", "p", "--gpus", "8", "--model", "h100")
+    cli.ok("tenant", "create", "acme")
+    cli.ok("config", "set", "placement.topN", "1")
+    rsv = reserve(cli, "--gpus", "8", "--for", "1h", "--start", "+2h", tenant="acme")
+    cli.ok("tick", now=at(105 * MIN))
+    blocker = reserve(cli, "--gpus", "8", "--for", "3h", "--start", "+106m", tenant="acme")
+    assert [a["nodeId"] for a in blocker["allocations"]] == ["n2"]
+    cli.ok("node", "cordon", "n1", now=at(107 * MIN))
+    cli.ok("repair", rsv["id"], now=at(107 * MIN))  # no node free for it: pending
+    assert cli.ok("get", rsv["id"], now=at(107 * MIN))["state"] == "pending"
+    cli.ok("cancel", blocker["id"], now=at(108 * MIN))
+    cli.ok("tick", now=at(109 * MIN))  # the retry places it on n2, and the notice says so
+    cli.ok("tick", now=at(110 * MIN))
+    assert _starting(cli, rsv["id"]) == [
+        (NOW_MS + 105 * MIN, ["n1"]),
+        (NOW_MS + 109 * MIN, ["n2"]),
+    ]
+    cli.ok("node", "uncordon", "n1", now=at(111 * MIN))
+    cli.ok("node", "cordon", "n2", now=at(112 * MIN))
+    cli.ok("repair", rsv["id"], now=at(112 * MIN))  # moved back to n1
+    cli.ok("tick", now=at(113 * MIN))
+    assert _starting(cli, rsv["id"])[-1] == (NOW_MS + 113 * MIN, ["n1"])

@@ -22,7 +22,7 @@ from better_compute.model import (
 )
 from better_compute.service import placing
 from better_compute.service.context import Ctx
-from better_compute.storage import locks, repo
+from better_compute.storage import locks, repo, webhooks
 
 OTHER_TENANT = "preempted by a non-spot reservation"
 
@@ -117,6 +117,7 @@ def _give_notice(ctx: Ctx, victim: Reservation, by: Reservation, deadline: int) 
         start_checked=False,
     )
     repo.save_reservation(conn, requeued)
+    webhooks.forget_start_notice(conn, victim.id)  # placed again, it is noticed again
     ctx.event(
         "reservation.preempted",
         victim.tenant_id,

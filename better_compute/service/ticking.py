@@ -26,7 +26,7 @@ from better_compute.service.admission import check_quota
 from better_compute.service.authz import require_admin
 from better_compute.service.context import NO_NOW_ON_REAL_CLOCK, Ctx
 from better_compute.service.fleet import Looked
-from better_compute.storage import due, ledger, repo, tickwork
+from better_compute.storage import due, ledger, repo, tickwork, webhooks
 from better_compute.storage.repo import Conn
 from better_compute.timeparse import iso
 
@@ -254,6 +254,7 @@ def repair_one(ctx: Ctx, rsv: Reservation, reach: dict[str, bool] | None = None)
             outcome = placing.place_now(ctx, fresh, window, exclude=frozenset(bad))
         if isinstance(outcome, Reservation):
             repo.save_reservation(conn, outcome)
+            webhooks.forget_start_notice(conn, rsv.id)  # on other nodes, it is noticed again
             ctx.event(
                 "reservation.repaired",
                 rsv.tenant_id,
@@ -278,6 +279,7 @@ def repair_one(ctx: Ctx, rsv: Reservation, reach: dict[str, bool] | None = None)
         if waiting.node_lease:
             waiting = _recharged(conn, waiting)
         repo.save_reservation(conn, waiting)
+        webhooks.forget_start_notice(conn, rsv.id)  # placed again, it is noticed again
         ctx.event(
             "reservation.pending",
             rsv.tenant_id,

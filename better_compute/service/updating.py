@@ -19,7 +19,7 @@ from better_compute.model import JsonValue, Plan, Reservation, State, Window
 from better_compute.service import booking, budgets, calendar, placing, reading, windows
 from better_compute.service.admission import check_policy, check_quota, draft_of
 from better_compute.service.context import Ctx
-from better_compute.storage import repo
+from better_compute.storage import repo, webhooks
 from better_compute.storage import updating as store
 from better_compute.timeparse import MAX_MS, check_time, iso, parse_time
 
@@ -204,7 +204,7 @@ def _replan(ctx: Ctx, old: Reservation, new: Reservation, window: Window) -> Non
         elsewhere = _nodes(old) != _nodes(placed)
         moved = old.during != window or elsewhere
         if elsewhere or old.during is None or old.during.start != window.start:
-            store.forget_start_notice(conn, old.id)
+            webhooks.forget_start_notice(conn, old.id)
         placed = replace(
             placed,
             lead_checked=old.lead_checked and not moved,

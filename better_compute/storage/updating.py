@@ -50,11 +50,3 @@ def rebook(
             for a in sorted(atoms)
         ],
     )
-
-
-def forget_start_notice(conn: Conn, rsv_id: str) -> None:
-    """A moved window gets its own `reservation.starting` notice (issue 11 gives it once)."""
-    conn.execute(
-        "DELETE FROM notices WHERE reservation_id = ? AND type = 'reservation.starting'",
-        (rsv_id,),
-    )

@@ -311,6 +311,15 @@ def mark_noticed(conn: Conn, rsv_id: str, type_: str) -> None:
     conn.execute("INSERT INTO notices(reservation_id, type) VALUES (?, ?)", (rsv_id, type_))
 
 
+def forget_start_notice(conn: Conn, rsv_id: str) -> None:
+    """A booking placed anew (another start or other nodes: update, a failed repair, a requeued
+    spot victim) gets its own `reservation.starting` notice; issue 11 gives each one once."""
+    conn.execute(
+        "DELETE FROM notices WHERE reservation_id = ? AND type = 'reservation.starting'",
+        (rsv_id,),
+    )
+
+
 def ending_between(conn: Conn, after: int, by: int, states: Sequence[str]) -> list[str]:
     """Ids of reservations in `states` whose window ends in (after, by], with no expiring notice
     yet, oldest first."""

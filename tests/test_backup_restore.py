@@ -417,22 +417,27 @@ def test_backup_says_the_db_id_for_people_too(db_dir: Path) -> None:
 def test_a_ledger_is_never_made_where_sqlite_keeps_another_ledgers_files(
     run: Cli, db_dir: Path, suffix: str
 ) -> None:
-    """restore, migrate --to and init took `X.db-wal` (or -shm) as a ledger's name: SQLite then
-    deleted or replayed it as X.db's own file, and the ledger made there was gone (migrate
-    reported success). backup already refused it; every command now does."""
+    """restore, migrate --to, init and backup took `X.db-wal` (or -shm, -journal) as a file's
+    name: SQLite then deleted or replayed it as X.db's own, and the ledger or backup made there
+    was gone (migrate reported success). Refused everywhere, through a link too, and whether or
+    not X.db exists yet (it may be made later: opening it deletes the file)."""
     backup = db_dir / "bk.db"
     run.ok("backup", backup)
     side = f"{run.db}{suffix}"
+    link = db_dir / "link.db"
+    link.symlink_to(db_dir / f"other.db{suffix}")
     before = run.ok("list")
     for cli, args in (
         (Cli(Path(side)), ("restore", backup)),
         (Cli(Path(side)), ("init",)),
         (Cli(Path(side)), ("list",)),
+        (Cli(db_dir / f"team{suffix}"), ("init",)),
+        (Cli(link), ("init",)),
         (run, ("migrate", "--to", side)),
+        (run, ("backup", db_dir / f"later.db{suffix}")),
     ):
         error = cli.fails(2, *args, now=None)
-        assert f"the ledger {str(run.db)!r}" in error["message"], args
+        assert "the name SQLite gives the" in error["message"], args
     assert run.ok("list") == before
-    # a name that only ends like one, with no database of the shorter name beside it
-    alone = db_dir / f"team{suffix}"
-    assert invoke(["--db", str(alone), "init"]).exit_code == (0 if suffix == "-journal" else 2)
+    for name in (f"team{suffix}", f"later.db{suffix}", f"other.db{suffix}"):
+        assert not (db_dir / name).exists(), name

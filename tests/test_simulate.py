@@ -405,13 +405,21 @@ def test_a_bad_line_is_refused_by_number_before_anything_is_written(
     assert "newco" not in [t["id"] for t in fleet.ok("tenant", "list")]
 
 
-def test_a_line_that_is_not_utf8_is_named_by_number(fleet: Cli, db_dir: Path) -> None:
-    good = b'{"at": "+0s", "tenant": "newco", "gpus": 1, "duration": "1h"}\n'
+@pytest.mark.parametrize("bom", [b"", b"\xef\xbb\xbf"])
+@pytest.mark.parametrize("end", [b"\n", b"\r\n", b"\r"])
+def test_a_line_that_is_not_utf8_is_named_by_number(
+    fleet: Cli, db_dir: Path, bom: bytes, end: bytes
+) -> None:
+    """Counted as the workload's own lines are (CRLF, CR or LF), the byte from the file's start
+    (a BOM included)."""
+    good = b'{"at": "+0s", "tenant": "newco", "gpus": 1, "duration": "1h"}' + end
     path = db_dir / "bytes.jsonl"
-    path.write_bytes(good + good + b'{"tenant": "\xff\xfe"}\n')
+    data = bom + good + good + b'{"tenant": "\xff\xfe"}' + end
+    path.write_bytes(data)
     error = fleet.fails(2, "simulate", "--workload", path, "--format", "jsonl", now=None)
     assert error["message"].startswith("line 3: "), error
-    assert "not UTF-8" in error["message"]
+    bad = data.index(b"\xff")
+    assert f"not UTF-8 text (byte {bad})" in error["message"]
     assert "newco" not in [t["id"] for t in fleet.ok("tenant", "list")]
 
 

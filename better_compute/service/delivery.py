@@ -174,7 +174,8 @@ class _Claimed:
 def deliver(ctx: Ctx, body_of: Callable[[Event], str]) -> Report | None:
     """Fan out, then send queue heads until nothing is due or the budget is spent.
 
-    None when the ledger has no webhooks (the tick's answer then says nothing of deliveries).
+    None when the ledger has no webhooks, or none its principal may see (the tick's answer then
+    says nothing of deliveries).
     The ledger's lock is waited for only as long as the budget lasts: a ledger locked by another
     command ends delivery for this tick (UNAVAILABLE is not the tick's failure: its lifecycle has
     committed), and `left` is then None when even the count cannot be read."""
@@ -192,6 +193,8 @@ def deliver(ctx: Ctx, body_of: Callable[[Event], str]) -> Report | None:
         ctx.db.set_busy_timeout(ctx.settings.busy_timeout_ms)
     try:
         with ctx.db.read() as conn:
+            if run.seen is not None and not webhooks.has_webhooks(conn, run.seen):
+                return None  # as a ledger without webhooks: others' are not its to know of
             left: int | None = webhooks.queued_count(conn, run.seen)
     except Unavailable:
         left = None

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import codecs
 import grp
 import os
+import re
 import stat
 import sys
 from collections.abc import Callable, Sequence
@@ -631,10 +633,15 @@ def read_text(ctx: Ctx, file: str, what: str) -> str:
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
+        at = exc.start + (len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0)
+        line = len(_LINE_ENDS.findall(raw, 0, at)) + 1  # as the workload's and CSV's lines count
         raise InvalidInput(
-            f"line {line}: {what} {file!r} is not UTF-8 text (byte {exc.start}); save it as UTF-8"
+            f"line {line}: {what} {file!r} is not UTF-8 text (byte {at}); save it as UTF-8"
         ) from None
+
+
+#: A line ends at CRLF, CR or LF, as workload.py and the csv module count lines.
+_LINE_ENDS = re.compile(rb"\r\n|\r|\n")
 
 
 def _read_regular(file: str, most: int, what: str) -> bytes:

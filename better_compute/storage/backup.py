@@ -29,6 +29,7 @@ from better_compute.storage.db import (
     _require_our_schema,
     _require_path,
     file_identity,
+    refuse_sidecar,
 )
 from better_compute.storage.schema import APPLICATION_ID, SCHEMA_VERSION
 
@@ -59,6 +60,7 @@ def backup_to(db: Ledger, dest: str, *, force: bool, mode: int = 0o600) -> Copy:
         )
     if not dest.strip():
         raise InvalidInput("name a file to write the backup to")
+    refuse_sidecar(dest)
     target = files.real_target(dest)
     ledger = files.real_target(str(db.path))
     if target.parent == ledger.parent and target.name in _sidecars(ledger.name):
@@ -131,18 +133,19 @@ def _check_source(source: str, ledger: Path) -> Path:
 
 def backup_runs_on_manual_clock(source: str) -> bool:
     """Whether the backup `source` is a what-if ledger (`init --now`: meta clock 'manual'),
-    read before anything is replaced. False when it cannot be read as a ledger at all: the
-    restore's own checks then say why."""
+    read before anything is replaced. False when the restore would refuse it anyway (not a
+    ledger, damaged, a newer schema): its own checks then say why."""
     try:
         path = _check_source(source, Path(os.devnull))
         conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
         try:
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
             row = conn.execute("SELECT value FROM meta WHERE key = 'clock'").fetchone()
         finally:
             conn.close()
     except (InvalidInput, sqlite3.DatabaseError):
         return False
-    return row is not None and row[0] == ledger.MANUAL
+    return version <= SCHEMA_VERSION and row is not None and row[0] == ledger.MANUAL
 
 
 def _fill_from(source: Path, name: str, summary: list[tuple[int, str, int, int]]) -> replace.Build:

@@ -122,12 +122,12 @@ def _require_path(path: str) -> None:
         )
     refuse_foreign_url(path)
     _refuse_key_value(path)
-    _refuse_sidecar(path)
     if is_postgres_url(path):
         raise InvalidInput(
             f"this command works on an SQLite ledger file; for {path.split('@')[-1]!r} use"
             " PostgreSQL's own tools (pg_dump, or `better-compute migrate --to FILE`)"
         )
+    refuse_sidecar(path)
 
 
 #: The files SQLite keeps beside a database, named after it (WAL, shared memory, rollback).
@@ -138,20 +138,19 @@ _SIDECARS = {
 }
 
 
-def _refuse_sidecar(path: str) -> None:
-    """A ledger is never made or read under the name of a file SQLite keeps beside another
-    database (`X.db-wal`): SQLite would delete it, or replay it onto X.db, as X.db's own. A
-    name ending in -journal (a word a ledger's name may well end with) only when X.db is there:
-    ledgers keep a WAL, so only another database could take it for its journal."""
-    for suffix, kind in _SIDECARS.items():
-        base = path[: -len(suffix)]
-        if not path.endswith(suffix) or not base or base.endswith("/"):
-            continue
-        if suffix != "-journal" or Path(base).exists():
-            raise InvalidInput(
-                f"{path!r} is the name SQLite gives the {kind} of the ledger {base!r},"
-                " which it would delete or replay; name the ledger another file"
-            )
+def refuse_sidecar(path: str) -> None:
+    """A ledger (or a backup) is never made or read under the name of a file SQLite keeps beside
+    a database (`X.db-wal`, `-shm`, `-journal`), nor through a link to one: opening X.db, SQLite
+    would delete it, or replay it onto X.db, as X.db's own. Whether X.db exists yet does not
+    matter: it may be made later."""
+    for name in (path, os.path.realpath(path)):
+        for suffix, kind in _SIDECARS.items():
+            base = name[: -len(suffix)]
+            if name.endswith(suffix) and base and not base.endswith("/"):
+                raise InvalidInput(
+                    f"{path!r} is the name SQLite gives the {kind} of a database {base!r}, which"
+                    " it would delete or replay as that database's own; name the file another way"
+                )
 
 
 def _header_kind(path: Path) -> str:
@@ -655,7 +654,7 @@ def ledger_exists(path: str) -> bool:
     if is_postgres_url(path):
         return postgres().ledger_exists(path.strip())  # type: ignore[no-any-return]
     _refuse_key_value(path)
-    _refuse_sidecar(path)
+    refuse_sidecar(path)
     return Path(path).is_file() and Path(path).stat().st_size > 0
 
 

@@ -87,8 +87,12 @@ def get_webhook(conn: Conn, hook_id: str) -> Webhook:
     return decoded(conn, f"webhook {hook_id}", partial(_webhook, row))
 
 
-def has_webhooks(conn: Conn) -> bool:
-    return conn.execute("SELECT 1 FROM webhooks LIMIT 1").fetchone() is not None
+def has_webhooks(conn: Conn, tenants: Sequence[str] | None = None) -> bool:
+    """Whether there is any webhook: of any tenant, or of `tenants` only."""
+    if tenants is None:
+        return conn.execute("SELECT 1 FROM webhooks LIMIT 1").fetchone() is not None
+    sql = f"SELECT 1 FROM webhooks WHERE {among('tenant_id', len(tenants))} LIMIT 1"
+    return conn.execute(sql, list(tenants)).fetchone() is not None
 
 
 def delete_webhook(conn: Conn, hook_id: str) -> None:

@@ -86,7 +86,7 @@ def test_a_maintenance_window_that_has_passed_is_refused(run: Cli) -> None:
 def test_a_backup_is_never_written_over_the_ledgers_own_files(run: Cli) -> None:
     for suffix in ("-wal", "-shm", "-journal"):
         err = run.fails(INVALID, "backup", f"{run.db}{suffix}", "--force")
-        assert "beside the ledger" in err["message"]
+        assert "the name SQLite gives the" in err["message"]
 
 
 def _exported(run: Cli) -> tuple[dict[str, object], dict[str, dict[str, object]]]:

@@ -397,6 +397,17 @@ def test_update_refuses_a_shape_no_nvlink_group_could_hold(run: Cli) -> None:
     assert run.ok("get", waiting["id"])["devices"][0]["count"] == 4
 
 
+def two_nodes(path: Path) -> Cli:
+    """Pool p: n1 and n2, 8 h100 GPUs each; tenant acme; placement.topN 1 (n1 first)."""
+    cli = Cli(init_db(path))
+    cli.ok("pool", "create", "p")
+    for name in ("n1", "n2"):
+        cli.ok("node", "add", name, "--pool", "p", "--gpus", "8", "--model", "h100")
+    cli.ok("tenant", "create", "acme")
+    cli.ok("config", "set", "placement.topN", "1")
+    return cli
+
+
 def _starting(cli: Cli, rsv_id: str) -> list[Any]:
     events = cli.ok("events", "--reservation", rsv_id)
     return [(e["at"], e["data"]["nodeIds"]) for e in events if e["type"] == "reservation.starting"]
@@ -408,12 +419,7 @@ def test_a_booking_moved_to_other_nodes_is_checked_there_and_noticed_again(
     """update --gpus 8 after the starting notice moves the booking from n1 to n2 in the same
     window: the next tick checks n2 and gives a notice naming it (the first named n1, where the
     job no longer runs). A change of its end alone keeps start and nodes: no second notice."""
-    cli = Cli(init_db(db_dir / "moved.db"))
-    cli.ok("pool", "create", "p")
-    for name in ("n1", "n2"):
-        cli.ok("node", "add", name, "--pool", "p", "--gpus", "8", "--model", "h100")
-    cli.ok("tenant", "create", "acme")
-    cli.ok("config", "set", "placement.topN", "1")
+    cli = two_nodes(db_dir / "moved.db")
     reserve(cli, "--gpus", "4", "--for", "1h", "--start", "+2h", tenant="acme")
     rsv = reserve(cli, "--gpus", "4", "--for", "1h", "--start", "+2h", tenant="acme")
     assert [a["nodeId"] for a in rsv["allocations"]] == ["n1"]
@@ -436,12 +442,7 @@ def test_a_booking_moved_to_other_nodes_is_checked_there_and_noticed_again(
 def test_a_booking_placed_again_after_its_notice_is_noticed_where_it_runs(db_dir: Path) -> None:
     """The starting notice named n1. Moved by BookingRepair to n2 (n1 cordoned), or failed by
     it and placed on n2 by a later retry, the booking gave no notice naming n2."""
-    cli = Cli(init_db(db_dir / "again.db"))
-    cli.ok("pool", "create", "p")
-    for name in ("n1", "n2"):
-        cli.ok("node", "add", name, "--pool", "p", "--gpus", "8", "--model", "h100")
-    cli.ok("tenant", "create", "acme")
-    cli.ok("config", "set", "placement.topN", "1")
+    cli = two_nodes(db_dir / "again.db")
     rsv = reserve(cli, "--gpus", "8", "--for", "1h", "--start", "+2h", tenant="acme")
     cli.ok("tick", now=at(105 * MIN))
     blocker = reserve(cli, "--gpus", "8", "--for", "3h", "--start", "+106m", tenant="acme")

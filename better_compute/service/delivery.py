@@ -191,10 +191,10 @@ def deliver(ctx: Ctx, body_of: Callable[[Event], str]) -> Report | None:
     finally:
         run.give_up_the_rest()
         ctx.db.set_busy_timeout(ctx.settings.busy_timeout_ms)
+    if run.sees_none:
+        return None  # as a ledger without webhooks: others' are not its to know of
     try:
         with ctx.db.read() as conn:
-            if run.seen is not None and not webhooks.has_webhooks(conn, run.seen):
-                return None  # as a ledger without webhooks: others' are not its to know of
             left: int | None = webhooks.queued_count(conn, run.seen)
     except Unavailable:
         left = None
@@ -211,6 +211,7 @@ class _Run:
         self.ctx, self.body_of = ctx, body_of
         with ctx.db.read() as conn:
             self.seen = authz.visible_tenants(conn, ctx.who)
+            self.sees_none = self.seen is not None and not webhooks.has_webhooks(conn, self.seen)
         self.deadline = clock.elapsed_s() + ctx.settings.webhook_budget_ms / 1000
         self.token = secrets.token_hex(8)
         self.answers: queue.Queue[tuple[_Claimed, Outcome]] = queue.Queue()

@@ -133,8 +133,9 @@ def _check_source(source: str, ledger: Path) -> Path:
 
 def backup_runs_on_manual_clock(source: str) -> bool:
     """Whether the backup `source` is a what-if ledger (`init --now`: meta clock 'manual'),
-    read before anything is replaced. False when the restore would refuse it anyway (not a
-    ledger, damaged, a newer schema): its own checks then say why."""
+    read before anything is replaced from its header and meta row alone (the full integrity
+    check comes with the copy). False when it cannot be read as a ledger, or has a newer schema:
+    the restore's own checks then say why."""
     try:
         path = _check_source(source, Path(os.devnull))
         conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)

@@ -150,6 +150,7 @@ def refuse_sidecar(path: str) -> None:
                 raise InvalidInput(
                     f"{path!r} is the name SQLite gives the {kind} of a database {base!r}, which"
                     " it would delete or replay as that database's own; name the file another way"
+                    " (a ledger already there: rename it with its own -wal and -shm)"
                 )
 
 

@@ -354,7 +354,7 @@ def _require_possible(ctx: Ctx, args: ReserveArgs, pool: Row) -> None:
         largest, fitting_nodes = share, enough  # enough to pass: from the first nodes that do
     else:
         largest, fitting_nodes = repo.node_capacity(ctx.db.conn, pool["id"], args.models, share)
-    gpus = f"{'/'.join(args.models)} GPUs" if args.models else "GPUs"
+    gpus = windows.gpus_of(args.models)
     if share > largest:
         raise InvalidInput(
             f"--gpus {share} per node: the largest node of pool {pool['name']} has {largest} {gpus}"
@@ -365,11 +365,7 @@ def _require_possible(ctx: Ctx, args: ReserveArgs, pool: Row) -> None:
             f" more {gpus}, so a gang is at most {fitting_nodes} nodes"
         )
     shape = (args.topology, args.topology_key, args.gang)
-    beyond = windows.beyond_topology(
-        ctx, (pool["id"], pool["name"]), args.models, share, shape, index
-    )
-    if beyond is not None:
-        raise InvalidInput(": ".join(beyond))
+    windows.require_topology(ctx, (pool["id"], pool["name"]), args.models, share, shape, index)
 
 
 def replayed(ctx: Ctx, args: ReserveArgs) -> Reservation | None:

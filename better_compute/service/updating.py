@@ -150,9 +150,7 @@ def _admit(ctx: Ctx, old: Reservation, new: Reservation, window: Window) -> None
             f" than the gang's {new.gang_size}"
         )
     shape = (new.topology, new.topology_key, new.gang_size)
-    beyond = windows.beyond_topology(ctx, (new.pool_id, name), new.models, share, shape)
-    if beyond is not None:
-        raise InvalidInput(": ".join(beyond))
+    windows.require_topology(ctx, (new.pool_id, name), new.models, share, shape)
     extra = new.quota_charge - old.quota_charge
     if extra > 0:
         check_quota(conn, new.tenant_id, new.pool_id, name, extra)

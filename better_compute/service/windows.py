@@ -322,7 +322,7 @@ def unsupported(ctx: Ctx, draft: Reservation, pool_name: str) -> str | None:
     group, topology group)."""
     share, models = draft.gpus or 1, draft.models
     largest, holding = repo.node_capacity(ctx.db.conn, draft.pool_id, models, share)
-    gpus = _gpus(models)
+    gpus = gpus_of(models)
     if largest == 0:
         return f"pool {pool_name} has no {gpus}"
     if share > largest:
@@ -360,6 +360,21 @@ def beyond_topology(
     return None
 
 
+def require_topology(
+    ctx: Ctx,
+    pool: tuple[str, str],
+    models: tuple[str, ...],
+    share: int,
+    shape: tuple[str | None, str | None, int | None],
+    index: PoolIndex | None = None,
+) -> None:
+    """Admission's refusal (reserve, preview, update) of a topology no node could ever hold:
+    INVALID_INPUT naming the flags and beyond_topology's reason."""
+    beyond = beyond_topology(ctx, pool, models, share, shape, index)
+    if beyond is not None:
+        raise InvalidInput(": ".join(beyond))
+
+
 def _beyond_nvlink(
     ctx: Ctx,
     pool_id: str,
@@ -377,7 +392,7 @@ def _beyond_nvlink(
         most = fleet_store.largest_nvlink_group(ctx.db.conn, pool_id, models)
     if share <= most:
         return None
-    return f"the largest NVLink group of pool {pool_name}'s nodes has {most} {_gpus(models)}"
+    return f"the largest NVLink group of pool {pool_name}'s nodes has {most} {gpus_of(models)}"
 
 
 def _beyond_groups(
@@ -393,7 +408,7 @@ def _beyond_groups(
     """Why a gang of `size` on one value of `key` could never be placed: fewer of the pool's
     nodes with the share, whatever their state, share any one value. A key no such node has is
     most likely a typo: the reason names the labels there are, and the closest."""
-    conn, gpus = ctx.db.conn, _gpus(models)
+    conn, gpus = ctx.db.conn, gpus_of(models)
     if index is not None:
         values = index.topology_values(key, models, share)
     else:
@@ -415,7 +430,8 @@ def _beyond_groups(
     )
 
 
-def _gpus(models: tuple[str, ...]) -> str:
+def gpus_of(models: tuple[str, ...]) -> str:
+    """'GPUs', or the accepted models' GPUs ('h100/a100 GPUs'), for a message."""
     return f"{'/'.join(models)} GPUs" if models else "GPUs"
 
 

@@ -189,7 +189,8 @@ def grants(schema: str, role: str) -> list[str]:
         f" {schema}.allocations, {schema}.bookings, {schema}.booking_bounds, {schema}.events,"
         f" {schema}.usage, {schema}.atom_bookings, {schema}.held_charges, {schema}.notices,"
         f" {schema}.webhooks, {schema}.deliveries, {schema}.delivery_attempts,"
-        f" {schema}.reservation_labels, {schema}.calendar_commitments TO {role}",
+        f" {schema}.reservation_labels, {schema}.calendar_commitments, {schema}.fit_nodes,"
+        f" {schema}.fit_levels TO {role}",
         f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA {schema} TO {role}",
         # `SELECT … FOR UPDATE` of a pool's row (the lock order) needs UPDATE on one column:
         f"GRANT UPDATE (seq) ON {schema}.pools TO {role}",

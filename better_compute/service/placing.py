@@ -23,7 +23,7 @@ from better_compute.model import (
     evolve,
 )
 from better_compute.service.context import Ctx
-from better_compute.storage import fitting, locks, repo, simulation
+from better_compute.storage import fitlevels, fitting, locks, repo, simulation
 
 
 class LostRace(Exception):
@@ -401,6 +401,8 @@ def place_now(
     """Plan and commit, excluding a node that lost a race, up to placement.maxAttempts times.
     `before_booking`: see commit (called once, for the plan that is booked)."""
     locks.lock_pool(ctx.db, rsv.pool_id)  # the lock order: clock row, pool row, victims
+    if ctx.fleet is None:  # SQL plans this placement: its candidates come from fresh levels
+        fitlevels.refresh(ctx.db.conn, rsv.pool_id, ctx.now)
     excluded = set(exclude)
     outcome: Plan | NoFit = NoFit("no attempt made")
     for _ in range(max(1, ctx.settings.max_attempts)):

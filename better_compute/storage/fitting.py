@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from better_compute.model import FABRIC_DOMAIN, Window, fabric_domain_of, label_value
+from better_compute.storage import fitlevels
 from better_compute.storage.repo import Conn, _labels, _opt_int, _opt_str, decoded, window_params
 
 #: The window's bookings of one node, as a correlated subquery on `s.name` (the node's index:
@@ -63,6 +64,12 @@ def _candidates_sql(spot: str) -> str:
 
 FIT_CANDIDATES_SQL = _candidates_sql("")
 
+#: The per-node counts, all GPUs and healthy ones, for storage/fitlevels' nodes it counts.
+_RECOUNTS = (
+    _RECOUNT.format(healthy="", spot=""),
+    _RECOUNT.format(healthy=" AND a.healthy != 0", spot=""),
+)
+
 #: The nodes that could take the share were every spot booking freed (preemption's planning,
 #: engine/preempt.py, frees live ones): a superset of those it can find a plan on.
 FIT_CANDIDATES_FREEING_SPOT_SQL = _candidates_sql(" AND b.spot = 0")
@@ -82,10 +89,16 @@ def fit_candidates(
     """repo.fit_candidates' rows in its order, the first `limit` of them (None: all). A limit
     lets the database keep only the best few while it sorts, and builds no row past them.
     `free_spot`: as if no spot booking were there (FIT_CANDIDATES_FREEING_SPOT_SQL)."""
+    params = window_params(conn, pool_id, window, ignore_reservation)
+    if not free_spot and not whole_node and need >= 1 and not _holds(conn, ignore_reservation):
+        ranked = fitlevels.candidates(
+            conn, pool_id, window, params, _RECOUNTS, need=need, limit=limit
+        )
+        if ranked is not None:
+            return ranked
     sql = FIT_CANDIDATES_FREEING_SPOT_SQL if free_spot else FIT_CANDIDATES_SQL
     if limit is not None:
         sql += f"LIMIT {int(limit)}"
-    params = window_params(conn, pool_id, window, ignore_reservation)
     params.update(need=need, whole=int(whole_node), least=max(need, 1))
     rows = conn.execute(sql, params)
     return [(str(n), int(b), int(g)) for n, b, g in rows]
@@ -101,6 +114,15 @@ FROM nodes n
 WHERE n.pool_id = :pool AND n.name > :after AND n.schedulable = 1 AND n.reachable = 1
 ORDER BY n.name LIMIT :limit
 """
+
+
+def _holds(conn: Conn, reservation: str | None) -> bool:
+    """Whether the reservation holds bookings, which fitting's count leaves out and the levels
+    count (a reservation being placed anew holds none; one being moved does)."""
+    if reservation is None:
+        return False
+    row = conn.execute("SELECT 1 FROM bookings WHERE reservation_id = ? LIMIT 1", (reservation,))
+    return row.fetchone() is not None
 
 
 def usable_after(

@@ -876,6 +876,140 @@ CREATE TRIGGER bookings_tenant_named BEFORE INSERT ON bookings
 )
 
 
+#: Issue 8 item 3, growth with the fleet: each node's free-GPU levels, so a share's candidates
+#: come from the few nodes at the level it would fill (storage/fitlevels.py) instead of a count
+#: of every booking the window touches. A node's GPUs each have a next busy time t (the earliest
+#: start of its bookings ending after the refresh instant t0; never: FIT_NEVER); sorted from the
+#: latest, t_1 >= t_2 >= ..., a window [S, E) with t0 <= S < valid_until finds exactly f of them
+#: free when t_(f+1) < E <= t_f: the level row (f, lo = t_(f+1), hi = t_f). valid_until is the
+#: node's next booking start or end after t0: until then the same bookings decide. Any write to
+#: a node's bookings or size makes it stale (valid_until 0, its levels gone) in the writing
+#: transaction; placement's write path recomputes stale nodes (fitlevels.refresh), and stale
+#: ones are counted from their bookings meanwhile, as are nodes with an unhealthy GPU (-1).
+#: Derived rows: a copy may carry them or not.
+MIGRATION_15_TABLES = """
+CREATE TABLE fit_nodes (
+  node_id TEXT PRIMARY KEY,
+  pool_id TEXT NOT NULL,
+  gpus BIGINT NOT NULL,
+  t0 BIGINT NOT NULL,
+  valid_until BIGINT NOT NULL
+);
+CREATE INDEX fit_nodes_stale ON fit_nodes(pool_id, valid_until);
+CREATE INDEX fit_nodes_t0 ON fit_nodes(pool_id, t0);
+CREATE INDEX fit_nodes_gpus ON fit_nodes(pool_id, gpus);
+CREATE TABLE fit_levels (
+  node_id TEXT NOT NULL,
+  pool_id TEXT NOT NULL,
+  free BIGINT NOT NULL,
+  lo BIGINT NOT NULL,
+  hi BIGINT NOT NULL,
+  valid_until BIGINT NOT NULL,
+  PRIMARY KEY (node_id, free)
+);
+CREATE INDEX fit_levels_scan ON fit_levels(pool_id, free, lo, node_id, hi, valid_until);
+INSERT INTO fit_nodes(node_id, pool_id, gpus, t0, valid_until)
+  SELECT name, pool_id, gpus, 0, 0 FROM nodes;
+"""
+
+MIGRATION_15 = Dialects(
+    """
+-- Derived rows only: a ledger whose version was set back (tests do) builds them again.
+DROP TRIGGER IF EXISTS fit_bookings_insert;
+DROP TRIGGER IF EXISTS fit_bookings_update;
+DROP TRIGGER IF EXISTS fit_bookings_delete;
+DROP TRIGGER IF EXISTS fit_nodes_insert;
+DROP TRIGGER IF EXISTS fit_nodes_update;
+DROP TRIGGER IF EXISTS fit_nodes_delete;
+DROP TABLE IF EXISTS fit_levels;
+DROP TABLE IF EXISTS fit_nodes;
+"""
+    + MIGRATION_15_TABLES
+    + """
+CREATE TRIGGER fit_bookings_insert AFTER INSERT ON bookings BEGIN
+  UPDATE fit_nodes SET valid_until = 0 WHERE node_id = NEW.node_id AND valid_until != 0;
+  DELETE FROM fit_levels WHERE node_id = NEW.node_id;
+END;
+CREATE TRIGGER fit_bookings_update AFTER UPDATE OF node_id, atom, start, "end" ON bookings BEGIN
+  UPDATE fit_nodes SET valid_until = 0
+    WHERE node_id IN (OLD.node_id, NEW.node_id) AND valid_until != 0;
+  DELETE FROM fit_levels WHERE node_id IN (OLD.node_id, NEW.node_id);
+END;
+CREATE TRIGGER fit_bookings_delete AFTER DELETE ON bookings BEGIN
+  UPDATE fit_nodes SET valid_until = 0 WHERE node_id = OLD.node_id AND valid_until != 0;
+  DELETE FROM fit_levels WHERE node_id = OLD.node_id;
+END;
+CREATE TRIGGER fit_nodes_insert AFTER INSERT ON nodes BEGIN
+  INSERT INTO fit_nodes(node_id, pool_id, gpus, t0, valid_until)
+    VALUES (NEW.name, NEW.pool_id, NEW.gpus, 0, 0)
+    ON CONFLICT(node_id) DO UPDATE SET pool_id = excluded.pool_id, gpus = excluded.gpus, t0 = 0,
+      valid_until = 0;
+  DELETE FROM fit_levels WHERE node_id = NEW.name;
+END;
+CREATE TRIGGER fit_nodes_update AFTER UPDATE OF name, pool_id, gpus, healthy_gpus ON nodes BEGIN
+  DELETE FROM fit_nodes WHERE node_id = OLD.name;
+  DELETE FROM fit_levels WHERE node_id IN (OLD.name, NEW.name);
+  INSERT INTO fit_nodes(node_id, pool_id, gpus, t0, valid_until)
+    VALUES (NEW.name, NEW.pool_id, NEW.gpus, 0, 0)
+    ON CONFLICT(node_id) DO UPDATE SET pool_id = excluded.pool_id, gpus = excluded.gpus, t0 = 0,
+      valid_until = 0;
+END;
+CREATE TRIGGER fit_nodes_delete AFTER DELETE ON nodes BEGIN
+  DELETE FROM fit_nodes WHERE node_id = OLD.name;
+  DELETE FROM fit_levels WHERE node_id = OLD.name;
+END;
+""",
+    """
+DROP FUNCTION IF EXISTS fit_bookings_keep() CASCADE;
+DROP FUNCTION IF EXISTS fit_nodes_keep() CASCADE;
+DROP TABLE IF EXISTS fit_levels;
+DROP TABLE IF EXISTS fit_nodes;
+"""
+    + MIGRATION_15_TABLES
+    + """
+CREATE FUNCTION fit_bookings_keep() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP IN ('UPDATE', 'DELETE') THEN
+    UPDATE fit_nodes SET valid_until = 0 WHERE node_id = OLD.node_id AND valid_until != 0;
+    DELETE FROM fit_levels WHERE node_id = OLD.node_id;
+  END IF;
+  IF TG_OP IN ('INSERT', 'UPDATE') THEN
+    UPDATE fit_nodes SET valid_until = 0 WHERE node_id = NEW.node_id AND valid_until != 0;
+    DELETE FROM fit_levels WHERE node_id = NEW.node_id;
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE TRIGGER fit_bookings_insert AFTER INSERT ON bookings
+  FOR EACH ROW EXECUTE FUNCTION fit_bookings_keep();
+CREATE TRIGGER fit_bookings_update AFTER UPDATE OF node_id, atom, start, "end" ON bookings
+  FOR EACH ROW EXECUTE FUNCTION fit_bookings_keep();
+CREATE TRIGGER fit_bookings_delete AFTER DELETE ON bookings
+  FOR EACH ROW EXECUTE FUNCTION fit_bookings_keep();
+CREATE FUNCTION fit_nodes_keep() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP IN ('UPDATE', 'DELETE') THEN
+    DELETE FROM fit_nodes WHERE node_id = OLD.name;
+    DELETE FROM fit_levels WHERE node_id = OLD.name;
+  END IF;
+  IF TG_OP IN ('INSERT', 'UPDATE') THEN
+    DELETE FROM fit_levels WHERE node_id = NEW.name;
+    INSERT INTO fit_nodes(node_id, pool_id, gpus, t0, valid_until)
+      VALUES (NEW.name, NEW.pool_id, NEW.gpus, 0, 0)
+      ON CONFLICT (node_id) DO UPDATE SET pool_id = excluded.pool_id, gpus = excluded.gpus,
+        t0 = 0, valid_until = 0;
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE TRIGGER fit_nodes_insert AFTER INSERT ON nodes
+  FOR EACH ROW EXECUTE FUNCTION fit_nodes_keep();
+CREATE TRIGGER fit_nodes_update AFTER UPDATE OF name, pool_id, gpus, healthy_gpus ON nodes
+  FOR EACH ROW EXECUTE FUNCTION fit_nodes_keep();
+CREATE TRIGGER fit_nodes_delete AFTER DELETE ON nodes
+  FOR EACH ROW EXECUTE FUNCTION fit_nodes_keep();
+""",
+)
+
+
 #: Append-only. Index i holds the SQL that brings version i to i + 1 (SQLite's user_version;
 #: meta 'schema_version' on PostgreSQL). New migrations: one portable string when the SQL is the
 #: same on both, else Dialects(sqlite=..., postgresql=...).
@@ -894,6 +1028,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     MIGRATION_12,
     MIGRATION_13,
     MIGRATION_14,
+    MIGRATION_15,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -904,4 +1039,4 @@ APPLICATION_ID = 0x42434D50  # "BCMP"
 #: sha256 of the sorted (type, name, tbl_name, sql) rows of sqlite_master that MIGRATIONS make:
 #: opening a ledger compares its schema with this instead of rebuilding every migration in memory
 #: (storage/db.py). tests/test_speed.py fails with the new value whenever a migration is added.
-SCHEMA_DIGEST = "d9ad02c18b809d0394e1d99fd6ea3f07cac08eb3102d0217e982f2104751f0f7"
+SCHEMA_DIGEST = "94286524eeb5bc0934671341eafc0da2236280802dc6587706e977ad0a53ec00"

@@ -95,7 +95,8 @@ def test_the_migration_names_the_tenant_of_older_bookings(run: Cli) -> None:
 @pytest.mark.parametrize("with_trigger", [False, True], ids=["13", "13-with-trigger"])
 def test_a_ledger_at_version_13_gains_the_trigger(run: Cli, with_trigger: bool) -> None:
     """Migration 13 shipped without the trigger, and for a while a commit had put it into 13
-    (a review: such a ledger's schema then matched neither): both kinds open and reach the current version."""
+    (a review: such a ledger's schema then matched neither): both kinds open and reach the
+    current version."""
     conn = sqlite3.connect(str(run.db), isolation_level=None)
     try:
         if not with_trigger:

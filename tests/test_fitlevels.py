@@ -5,7 +5,9 @@ change its levels; and the level reads stay on their indexes."""
 
 from __future__ import annotations
 
+import pgtest
 import pytest
+from conftest import Cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_shortlist import (
@@ -23,6 +25,7 @@ from test_shortlist import Ask as ShortlistAsk
 
 from better_compute.model import Atom, State, Window
 from better_compute.storage import fitlevels, fitting, repo
+from better_compute.storage.db import open_ledger
 from better_compute.storage.repo import Conn
 
 H = 3_600_000
@@ -236,3 +239,61 @@ def test_level_reads_use_their_indexes() -> None:
             ("SELECT MAX(gpus) FROM fit_nodes WHERE pool_id = :pool", "fit_nodes_gpus"),
         ):
             assert any(index in s for s in plan(sql)), plan(sql)
+
+
+def test_a_placement_refreshes_its_pools_levels_and_its_booking_makes_its_node_stale(
+    run: Cli,
+) -> None:
+    """`reserve` recomputes the pool's stale nodes in its transaction; the booking it writes
+    then makes its own node stale (the next placement recomputes it), and `preview` answers the
+    same with the levels as fitting's count does."""
+    before = run.ok("preview", "--tenant", "acme", "--gpus", "2", "--for", "1h")
+    rsv = run.ok("reserve", "--tenant", "acme", "--gpus", "2", "--for", "1h")
+    ledger = open_ledger(pgtest.ledger(str(run.db)))
+    try:
+        with ledger.read() as conn:
+            rows = conn.execute("SELECT node_id, valid_until FROM fit_nodes").fetchall()
+            stale = sorted(str(n) for n, valid in rows if int(valid) == 0)
+            pool = conn.execute(
+                "SELECT pool_id FROM bookings WHERE reservation_id = ?", (rsv["id"],)
+            ).fetchone()[0]
+            placed = sorted({a["nodeId"] for a in rsv["allocations"]})
+            fresh = conn.execute(
+                "SELECT COUNT(*) FROM fit_nodes WHERE pool_id = ? AND valid_until != 0", (pool,)
+            ).fetchone()[0]
+    finally:
+        ledger.close()
+    assert stale == placed and fresh > 0
+    assert before["fits"] is True
+
+
+def test_windows_that_end_where_a_booking_starts_or_start_where_one_ends() -> None:
+    """Edges, exactly: a window that ends when four GPUs' booking starts has all eight free; a
+    millisecond longer, four (and two more are booked from 7 h). A window starting when a
+    booking ends finds its GPUs free (the node is stale then, and counted)."""
+    db, pool_id = ledger()
+    with rolled_back(db):
+        conn = db.conn
+        _two_nodes(conn, pool_id)
+        rsv = reservation("rsv_0001", 2, pool_id, gpus=4, state=State.PLACED)
+        repo.insert_reservation(conn, rsv, "{}")
+        repo.insert_allocation(conn, rsv, "n00", (0, 1, 2, 3), Window(T0 + 5 * H, T0 + 9 * H))
+        later = reservation("rsv_0002", 3, pool_id, gpus=2, state=State.PLACED)
+        repo.insert_reservation(conn, later, "{}")
+        repo.insert_allocation(conn, later, "n00", (4, 5), Window(T0 + 7 * H, T0 + 9 * H))
+        fitlevels.refresh(conn, pool_id, T0)
+        for window, need in (
+            (Window(T0, T0 + 7 * H), 2),  # n00 at its level of 2 free until 7 h, inclusive
+            (Window(T0, T0 + 7 * H + 1), 2),
+            (Window(T0, T0 + 5 * H), 8),
+            (Window(T0, T0 + 5 * H + 1), 8),
+            (Window(T0, T0 + 5 * H + 1), 4),
+            (Window(T0, T0 + 5 * H), 4),
+            (Window(T0 + H, T0 + 5 * H), 5),
+            (Window(T0 + 9 * H, T0 + 10 * H), 8),
+        ):
+            for limit in (None, 1):
+                plain = _plain(conn, pool_id, window, need)
+                assert _levels(conn, pool_id, window, need, limit) == plain[:limit], (window, need)
+        assert [r[0] for r in _plain(conn, pool_id, Window(T0, T0 + 5 * H), 8)] == ["n00", "n01"]
+        assert [r[0] for r in _plain(conn, pool_id, Window(T0, T0 + 5 * H + 1), 8)] == ["n01"]

@@ -26,7 +26,7 @@ from better_compute.service.admission import check_quota
 from better_compute.service.authz import require_admin
 from better_compute.service.context import NO_NOW_ON_REAL_CLOCK, Ctx
 from better_compute.service.fleet import Looked
-from better_compute.storage import due, ledger, repo, tickwork, webhooks
+from better_compute.storage import due, fitlevels, ledger, repo, tickwork, webhooks
 from better_compute.storage.repo import Conn
 from better_compute.timeparse import iso
 
@@ -41,6 +41,8 @@ def tick(ctx: Ctx, *, shown: bool = True) -> list[Event]:
     with ctx.write():
         first = _last_seq(ctx) if shown else 0
         looked = _steps(ctx)
+        if ctx.fleet is None:  # a replay plans from memory: its levels wait for a placement
+            fitlevels.refresh_pools(ctx.db.conn, ctx.now)
         changes = _shown(ctx, first) if shown else []
     if ctx.fleet is not None:
         ctx.fleet.looked = looked  # committed: the next tick of this replay may rely on it

@@ -60,6 +60,9 @@ ORDER = (
     "calendar_commitments",
     "reservation_labels",
     "budgets",
+    # Last: loading bookings and nodes fires their triggers, which write these two.
+    "fit_nodes",
+    "fit_levels",
 )
 
 #: Rows a backend keeps for itself: PostgreSQL records its schema version in meta.

@@ -218,6 +218,7 @@ def test_level_reads_use_their_indexes() -> None:
         params = {
             **repo.window_params(conn, pool_id, Window(T0, T0 + H), None),
             "least": 4,
+            "need": 4,
             "free": 4,
             "always": fitlevels.FIT_ALWAYS,
         }

@@ -131,7 +131,9 @@ def node_levels(
 
 
 #: One level's nodes whose step is inside the pool's time (lo above FIT_ALWAYS): those at the
-#: level when the window ends. `fit_levels_scan` reads them from lo's lower end up to :to.
+#: level when the window ends. `fit_levels_scan` reads them from lo's lower end up to :to, and
+#: they come best first (fill() in SQL), so a limit keeps Python from seeing the rest: a fleet
+#: with every node at one level (one GPU of each in use) reads them all, as fitting's query does.
 _STEP_ROWS = """
 SELECT l.node_id, n.gpus FROM fit_levels l JOIN nodes n ON n.name = l.node_id
 WHERE l.pool_id = :pool AND l.free = :free AND l.lo > :always AND l.lo < :to
@@ -139,6 +141,7 @@ WHERE l.pool_id = :pool AND l.free = :free AND l.lo > :always AND l.lo < :to
   AND n.schedulable != 0 AND n.reachable != 0 AND n.healthy_gpus = n.gpus AND n.gpus >= :least
   AND NOT EXISTS (SELECT 1 FROM maintenance m
                   WHERE m.node_id = l.node_id AND m."end" > :from AND m.start < :to)
+ORDER BY 10 * ((n.gpus - :free + :need) * 1000 / n.gpus) DESC, l.node_id
 """
 
 #: The nodes whose every GPU is free until their level's end (free = their GPU count): the
@@ -185,11 +188,12 @@ def candidates(
     """fitting.fit_candidates' first `limit` rows (None: all) for a share of `need` GPUs,
     ignoring no reservation and freeing no spot booking; None when the levels cannot answer
     (module docstring). `params`: fitting's window parameters; `recount`: its per-node counts."""
-    args = {**params, "least": need, "always": FIT_ALWAYS}
+    args = {**params, "least": need, "need": need, "always": FIT_ALWAYS}
+    args["most"] = MOST_COUNTED + 1  # one more tells there are too many
     row = conn.execute("SELECT MAX(t0) FROM fit_nodes WHERE pool_id = ?", (pool_id,)).fetchone()
     if row is None or row[0] is None or int(row[0]) > window.start:
         return None
-    counted = [str(r[0]) for r in conn.execute(_COUNTED_NAMES, args)]
+    counted = [str(r[0]) for r in conn.execute(_COUNTED_NAMES + " LIMIT :most", args)]
     if len(counted) > MOST_COUNTED:
         return None
     row = conn.execute("SELECT MAX(gpus) FROM fit_nodes WHERE pool_id = ?", (pool_id,)).fetchone()
@@ -201,9 +205,9 @@ def candidates(
     out: list[tuple[str, int, int]] = []
     for free in range(need, top + 1):
         level = {**args, "free": free}
-        rows = list(conn.execute(_STEP_ROWS, level))
-        all_free = _ALL_FREE_ROWS if limit is None else _ALL_FREE_ROWS + f"LIMIT {int(limit)}"
-        rows.extend(conn.execute(all_free, level))
+        tail = "" if limit is None else f"LIMIT {int(limit)}"
+        rows = list(conn.execute(_STEP_ROWS + tail, level))
+        rows.extend(conn.execute(_ALL_FREE_ROWS + tail, level))
         for name, gpus in rows:
             busy = int(gpus) - free
             heapq.heappush(waiting, (-fill(busy, need, int(gpus)), str(name), busy, int(gpus)))

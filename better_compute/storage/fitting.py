@@ -90,7 +90,8 @@ def fit_candidates(
     lets the database keep only the best few while it sorts, and builds no row past them.
     `free_spot`: as if no spot booking were there (FIT_CANDIDATES_FREEING_SPOT_SQL)."""
     params = window_params(conn, pool_id, window, ignore_reservation)
-    if not free_spot and not whole_node and need >= 1 and not _holds(conn, ignore_reservation):
+    levelled = not free_spot and not whole_node and need >= 1 and (limit is None or limit > 0)
+    if levelled and not _holds(conn, ignore_reservation):
         ranked = fitlevels.candidates(
             conn, pool_id, window, params, _RECOUNTS, need=need, limit=limit
         )

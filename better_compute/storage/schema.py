@@ -1006,6 +1006,21 @@ CREATE TRIGGER fit_nodes_update AFTER UPDATE OF name, pool_id, gpus, healthy_gpu
   FOR EACH ROW EXECUTE FUNCTION fit_nodes_keep();
 CREATE TRIGGER fit_nodes_delete AFTER DELETE ON nodes
   FOR EACH ROW EXECUTE FUNCTION fit_nodes_keep();
+-- Every write to bookings writes these through the triggers, as the writing role: each role
+-- (PUBLIC too) gets on them what it holds on bookings, so an upgrade locks nobody out.
+DO $$
+DECLARE
+  held record;
+BEGIN
+  FOR held IN
+    SELECT DISTINCT a.grantee, a.privilege_type FROM pg_class c, aclexplode(c.relacl) a
+    WHERE c.oid = 'bookings'::regclass AND a.grantee <> c.relowner
+      AND a.privilege_type IN ('SELECT', 'INSERT', 'UPDATE', 'DELETE')
+  LOOP
+    EXECUTE format('GRANT %s ON fit_nodes, fit_levels TO %s', held.privilege_type,
+      CASE WHEN held.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(held.grantee)) END);
+  END LOOP;
+END $$;
 """,
 )
 

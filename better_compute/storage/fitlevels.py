@@ -6,9 +6,11 @@ exact best fit must know each such count, and on a fleet with the same bookings 
 number grows with the fleet. Here each node keeps, from its last refresh, the window ends for
 which exactly f of its GPUs stay free (`fit_levels`, one row per level; the migration says how
 they are made). A share of n GPUs fills a node best where f = n, then n + 1, …; each level's
-rows are one range of an index, holding only the nodes at that level near the window's end
-(and, at the level of all a node's GPUs, a range in name order read only as far as needed).
-So the rows read follow the answer, not the fleet.
+rows are one range of an index, holding the nodes at that level when the window ends and those
+whose level ends inside it (and, at the level of all a node's GPUs, a range in name order read
+only as far as needed). So the rows read follow the levels the answer reaches, not every node
+the window touches: on the benchmark's big pool 79 rows, where fitting's count read 13,950
+bookings. A fleet with every node at one level still reads them all, as fitting's query did.
 
 What the levels cannot answer is counted as before, node by node from its bookings: nodes
 stale since a write to their bookings or size (the triggers mark them in the writing

@@ -147,10 +147,18 @@ BUILDERS: dict[str, Callable[[Path, Pool, int], str]] = {
 
 def migrated(path: Path) -> Path:
     """Bring a kept ledger to this code's schema (untimed): a ledger built by an older version
-    migrates on its first open, which no timed run should pay."""
+    migrates on its first open, which no timed run should pay. Then its free-GPU levels as of
+    NOW, as cron's `tick` keeps them on a live ledger (storage/fitlevels.py): a ledger written
+    directly, or copied afresh for each timed `tick`, would otherwise pay for every node."""
+    from better_compute.storage import fitlevels
     from better_compute.storage.db import open_database
 
-    open_database(str(path)).close()
+    db = open_database(str(path))
+    try:
+        with db.write() as conn:
+            fitlevels.refresh_pools(conn, NOW)
+    finally:
+        db.close()
     return path
 
 

@@ -300,24 +300,15 @@ def test_windows_that_end_where_a_booking_starts_or_start_where_one_ends() -> No
         assert [r[0] for r in _plain(conn, pool_id, Window(T0, T0 + 5 * H + 1), 8)] == ["n01"]
 
 
-def test_a_command_refreshes_at_most_a_batch_and_tick_keeps_every_pool_fresh(
-    monkeypatch: pytest.MonkeyPatch, run: Cli
-) -> None:
-    """A pool with many stale nodes catches up over several commands, never all at once; a
-    tick refreshes each pool's stale nodes as placement does."""
-    monkeypatch.setattr(fitlevels, "MOST_REFRESHED", 2)
+def test_tick_keeps_every_pools_levels_fresh(run: Cli) -> None:
+    """A tick recomputes each pool's stale nodes, as placement does for its pool."""
     ledger = open_ledger(pgtest.ledger(str(run.db)))
     try:
         with ledger.write() as conn:
             conn.execute("UPDATE fit_nodes SET valid_until = 0")
-            total = conn.execute("SELECT COUNT(*) FROM fit_nodes").fetchone()[0]
-            pools = conn.execute("SELECT COUNT(DISTINCT pool_id) FROM fit_nodes").fetchone()[0]
-            assert total > 2 * pools
-            assert fitlevels.refresh_pools(conn, 0) == 2 * pools
-            assert _stale(conn) and len(_stale(conn)) == total - 2 * pools
+            assert len(_stale(conn)) == conn.execute("SELECT COUNT(*) FROM fit_nodes").fetchone()[0]
     finally:
         ledger.close()
-    monkeypatch.setattr(fitlevels, "MOST_REFRESHED", 10_000)
     run.ok("tick")
     ledger = open_ledger(pgtest.ledger(str(run.db)))
     try:

@@ -5,9 +5,12 @@ change its levels; and the level reads stay on their indexes."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pgtest
 import pytest
-from conftest import Cli
+from conftest import HOUR, NOW_MS, Cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_shortlist import (
@@ -314,5 +317,51 @@ def test_tick_keeps_every_pools_levels_fresh(run: Cli) -> None:
     try:
         with ledger.read() as conn:
             assert _stale(conn) == []
+    finally:
+        ledger.close()
+
+
+def test_reserve_and_preview_are_answered_by_the_levels(
+    monkeypatch: pytest.MonkeyPatch, run: Cli
+) -> None:
+    """The levels are not merely right but used: after a placement refreshed the pool, a
+    reserve and a preview get their candidates from them, not from fitting's count (a review
+    switched them off in fitting.py and every other test here still passed)."""
+    answered: list[bool] = []
+    real = fitlevels.candidates
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        rows = real(*args, **kwargs)
+        answered.append(rows is not None)
+        return rows
+
+    monkeypatch.setattr(fitlevels, "candidates", spy)
+    ask = ["--tenant", "acme", "--gpus", "2", "--for", "1h"]
+    run.ok("reserve", *ask)
+    run.ok("reserve", *ask)
+    run.ok("preview", *ask)
+    assert len(answered) >= 3 and all(answered), answered
+
+
+def test_simulate_until_leaves_the_levels_fresh_at_its_end(run: Cli, tmp_path: Path) -> None:
+    """`simulate --until` leaves a live ledger for the commands that follow: its levels too,
+    as of the instant it stopped (a review found every node stale, so the next placement paid
+    for the whole fleet)."""
+    workload = tmp_path / "w.jsonl"
+    lines = [
+        f'{{"at": {NOW_MS + k * HOUR}, "tenant": "acme", "gpus": 2, "duration": "5h"}}'
+        for k in range(3)
+    ]
+    workload.write_text("\n".join(lines) + "\n")
+    until = NOW_MS + 4 * HOUR
+    run.ok("simulate", "--workload", workload, "--format", "jsonl", "--until", str(until), now=None)
+    ledger = open_ledger(pgtest.ledger(str(run.db)))
+    try:
+        with ledger.read() as conn:
+            assert _stale(conn) == []
+            t0s = {
+                int(r[0]) for r in conn.execute("SELECT t0 FROM fit_nodes WHERE valid_until > 0")
+            }
+            assert t0s == {until}
     finally:
         ledger.close()

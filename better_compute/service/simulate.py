@@ -39,7 +39,7 @@ from better_compute.service.authz import require_admin
 from better_compute.service.booking import ReserveArgs
 from better_compute.service.context import Ctx
 from better_compute.service.fleet import Fleet
-from better_compute.storage import ledger, repo, settled
+from better_compute.storage import fitlevels, ledger, repo, settled
 from better_compute.storage import simulation as store
 from better_compute.timeparse import iso, parse_time
 from better_compute.workload import Request, Workload, parse_workload
@@ -296,6 +296,9 @@ def _replay(
     if until is not None and due.last < until:
         ticking.tick(_with(_at(ctx, until, system=True), fleet), shown=False)
         due.last = until
+    if until is not None:  # left live for the commands that follow: their levels too
+        with ctx.db.write():
+            fitlevels.refresh_pools(ctx.db.conn, due.last)
     return due.last
 
 

@@ -14,8 +14,10 @@ bookings. A fleet with every node at one level still reads them all, as fitting'
 
 What the levels cannot answer is counted as before, node by node from its bookings: nodes
 stale since a write to their bookings or size (the triggers mark them in the writing
-transaction) or since time passed their next booking start or end, and nodes with an unhealthy
-GPU (the fit asks for healthy GPUs, the ranking for booked ones). Too many of those, a window
+transaction), nodes whose next booking start or end comes before the window starts (time
+passed it, or the window starts later: for a window a day ahead, most of a busy fleet), and
+nodes with an unhealthy GPU (the fit asks for healthy GPUs, the ranking for booked ones). Too
+many of those (so a later window is mostly fitting's count, as before), a window
 before a node's refresh, a reservation's own bookings to leave out, spot bookings to free, or a
 whole-node request: None, and the caller asks fitting's query. The answer is fitting's, row for
 row and in its order (tests/test_fitlevels.py holds them to it).
@@ -64,14 +66,16 @@ def refresh(conn: Conn, pool_id: str, now: int) -> int:
     return len(names)
 
 
-def refresh_pools(conn: Conn, now: int) -> int:
-    """refresh for every pool (tick, which cron runs every minute, keeps the levels fresh so a
-    placement seldom finds many stale nodes); returns how many nodes."""
-    pools = [str(r[0]) for r in conn.execute("SELECT id FROM pools ORDER BY id")]
-    return sum(refresh(conn, pool_id, now) for pool_id in pools)
+def refresh_pools(conn: Conn, now: int) -> None:
+    """refresh for every pool: tick, which cron runs every minute, keeps the levels fresh so a
+    placement seldom finds many stale nodes; simulate --until leaves a live ledger's."""
+    for (pool_id,) in conn.execute("SELECT id FROM pools ORDER BY id").fetchall():
+        refresh(conn, str(pool_id), now)
 
 
 def _refresh_nodes(conn: Conn, pool_id: str, names: Sequence[str], now: int) -> None:
+    """Levels as of `now` for these nodes of the pool, from their sizes and the bookings that
+    end after `now` (one read of each for all of them), replacing what they had."""
     marks = ",".join("?" * len(names))
     sizes = {
         str(n): (int(g), int(h))
@@ -187,45 +191,72 @@ def candidates(
     ignoring no reservation and freeing no spot booking; None when the levels cannot answer
     (module docstring). `params`: fitting's window parameters; `recount`: its per-node counts."""
     args = {**params, "least": need, "need": need, "always": FIT_ALWAYS}
-    args["most"] = MOST_COUNTED + 1  # one more tells there are too many
-    row = conn.execute("SELECT MAX(t0) FROM fit_nodes WHERE pool_id = ?", (pool_id,)).fetchone()
-    if row is None or row[0] is None or int(row[0]) > window.start:
-        return None
-    counted = [str(r[0]) for r in conn.execute(_COUNTED_NAMES + " LIMIT :most", args)]
-    if len(counted) > MOST_COUNTED:
+    counted = _to_count(conn, pool_id, window, args)
+    if counted is None:
         return None
     row = conn.execute("SELECT MAX(gpus) FROM fit_nodes WHERE pool_id = ?", (pool_id,)).fetchone()
     top = 0 if row is None or row[0] is None else int(row[0])
-    # (-fill, name): the order fitting's query sorts by; each entry is a row to give.
-    waiting: list[tuple[int, str, int, int]] = []
-    for name, busy, gpus in _counted(conn, counted, args, recount, need):
-        heapq.heappush(waiting, (-fill(busy, need, gpus), name, busy, gpus))
+    # (-fill, name, busy, gpus): fitting's order first; what is waiting to be given.
+    waiting = [
+        (-fill(b, need, g), n, b, g) for n, b, g in _counted(conn, counted, args, recount, need)
+    ]
+    heapq.heapify(waiting)
     out: list[tuple[str, int, int]] = []
     for free in range(need, top + 1):
-        level = {**args, "free": free}
-        tail = "" if limit is None else f"LIMIT {int(limit)}"
-        rows = list(conn.execute(_STEP_ROWS + tail, level))
-        rows.extend(conn.execute(_ALL_FREE_ROWS + tail, level))
-        for name, gpus in rows:
-            busy = int(gpus) - free
-            heapq.heappush(waiting, (-fill(busy, need, int(gpus)), str(name), busy, int(gpus)))
+        for name, gpus in _level(conn, {**args, "free": free}, limit):
+            heapq.heappush(waiting, (-fill(gpus - free, need, gpus), name, gpus - free, gpus))
         # The best any node at a higher level could rank: one GPU more free, on the largest.
         bound = -fill(top - free - 1, need, top) if free < top else None
-        while waiting and (bound is None or waiting[0][0] < bound):
-            _, name, busy, gpus = heapq.heappop(waiting)
-            out.append((name, busy, gpus))
-            if limit is not None and len(out) >= limit:
-                return out
-    while waiting and (limit is None or len(out) < limit):
+        if _give(waiting, out, limit, bound):
+            return out
+    _give(waiting, out, limit, None)
+    return out
+
+
+def _to_count(
+    conn: Conn, pool_id: str, window: Window, args: dict[str, object]
+) -> list[str] | None:
+    """The pool's nodes the levels do not answer for, to count from their bookings; None when
+    the levels cannot answer at all: a node refreshed after the window starts (a clock set back),
+    or more than MOST_COUNTED to count (read no further than one past it)."""
+    row = conn.execute("SELECT MAX(t0) FROM fit_nodes WHERE pool_id = ?", (pool_id,)).fetchone()
+    if row is None or row[0] is None or int(row[0]) > window.start:
+        return None
+    rows = conn.execute(_COUNTED_NAMES + " LIMIT :most", {**args, "most": MOST_COUNTED + 1})
+    counted = [str(r[0]) for r in rows]
+    return None if len(counted) > MOST_COUNTED else counted
+
+
+def _level(conn: Conn, level: dict[str, object], limit: int | None) -> list[tuple[str, int]]:
+    """(node, GPUs) of the level's nodes: its steps, then its nodes free whole, each read best
+    first and no further than `limit`."""
+    tail = "" if limit is None else f"LIMIT {int(limit)}"
+    rows = list(conn.execute(_STEP_ROWS + tail, level))
+    rows.extend(conn.execute(_ALL_FREE_ROWS + tail, level))
+    return [(str(name), int(gpus)) for name, gpus in rows]
+
+
+def _give(
+    waiting: list[tuple[int, str, int, int]],
+    out: list[tuple[str, int, int]],
+    limit: int | None,
+    bound: int | None,
+) -> bool:
+    """Move rows from `waiting` to `out`, best first, while they rank before `bound` (None: all
+    of them); returns whether `out` holds `limit` rows."""
+    while waiting and (bound is None or waiting[0][0] < bound):
         _, name, busy, gpus = heapq.heappop(waiting)
         out.append((name, busy, gpus))
-    return out
+        if limit is not None and len(out) >= limit:
+            return True
+    return False
 
 
 def _counted(
     conn: Conn, names: list[str], args: dict[str, object], recount: tuple[str, str], need: int
 ) -> list[tuple[str, int, int]]:
-    """fitting's rows for these nodes: (node, GPUs booked in the window, GPUs), those that fit."""
+    """fitting's rows for these nodes: (node, GPUs booked in the window, GPUs), those with
+    `need` healthy GPUs free."""
     out = []
     for start in range(0, len(names), CHUNK):
         chunk = names[start : start + CHUNK]

@@ -41,7 +41,7 @@ def tick(ctx: Ctx, *, shown: bool = True) -> list[Event]:
     with ctx.write():
         first = _last_seq(ctx) if shown else 0
         looked = _steps(ctx)
-        if ctx.fleet is None:  # a replay plans from memory: its levels wait for a placement
+        if ctx.fleet is None:  # a replay plans from memory (simulate refreshes at its end)
             fitlevels.refresh_pools(ctx.db.conn, ctx.now)
         changes = _shown(ctx, first) if shown else []
     if ctx.fleet is not None:

@@ -9,8 +9,8 @@ they are made). A share of n GPUs fills a node best where f = n, then n + 1, …
 rows are one range of an index, holding the nodes at that level when the window ends and those
 whose level ends inside it (and, at the level of all a node's GPUs, a range in name order read
 only as far as needed). So the rows read follow the levels the answer reaches, not every node
-the window touches: on the benchmark's big pool 79 rows, where fitting's count read 13,950
-bookings. A fleet with every node at one level still reads them all, as fitting's query did.
+the window touches: on the benchmark's big pool about 75 rows, where fitting's count read
+13,950 bookings. A fleet with every node at one level still reads them all, as fitting's query did.
 
 What the levels cannot answer is counted as before, node by node from its bookings: nodes
 stale since a write to their bookings or size (the triggers mark them in the writing
@@ -84,10 +84,10 @@ def _refresh_nodes(conn: Conn, pool_id: str, names: Sequence[str], now: int) -> 
         )
     }
     held: dict[str, list[tuple[int, int, int]]] = {name: [] for name in names}
-    rows = conn.execute(
+    rows = conn.execute(  # the pool's own bookings, as fitting counts them
         f'SELECT node_id, atom, start, "end" FROM bookings WHERE node_id IN ({marks})'
-        ' AND "end" > ?',
-        [*names, now],
+        ' AND "end" > ? AND pool_id = ?',
+        [*names, now, pool_id],
     )
     for node, atom, start, end in rows:
         held[str(node)].append((int(atom), int(start), int(end)))

@@ -189,7 +189,7 @@ def main() -> int:
         f"{n}/{r}": run.commands(p)["reserve --json"] for (n, r), p in paths.items()
     }
     processes = run.interleaved(jobs, repeat)
-    inside = {pt: run.in_process_reserve(p, repeat) for pt, p in paths.items()}
+    inside = run.in_process_reserves(paths, repeat)
     measured = {
         pt: {
             "process": processes[f"{pt[0]}/{pt[1]}"].ms,

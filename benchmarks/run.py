@@ -53,9 +53,10 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -274,23 +275,40 @@ def in_process_reserve_ms(path: Path, repeat: int) -> float:
 def in_process_reserve(path: Path, repeat: int) -> tuple[float, float]:
     """in_process_reserve_ms's median wall time, and its median CPU time (this process's own,
     which waiting for a CPU on a loaded machine does not inflate), in ms."""
+    return in_process_reserves({path: path}, repeat)[path]
+
+
+K = TypeVar("K", bound=Hashable)
+
+#: In-process runs per round of `--repeat`: each is about 10 ms, so more of them cost nothing,
+#: and a median of 5 calls of 5 ms moved by 30% from one call of the table to the next.
+IN_PROCESS_ROUNDS = 3
+
+
+def in_process_reserves(paths: Mapping[K, Path], repeat: int) -> dict[K, tuple[float, float]]:
+    """in_process_reserve on each ledger, interleaved round by round (one untimed warm-up round,
+    then IN_PROCESS_ROUNDS × `repeat`) as the processes are, so the machine's drift during the
+    measurement falls on every ledger alike instead of on whichever came last."""
     from better_compute.service import booking
     from better_compute.service.context import open_ctx
 
-    walls, cpus = [], []
-    for i in range(repeat + 1):
-        ctx = open_ctx(str(path), NOW_TEXT, _me(), None)
-        try:
-            t0, c0 = time.perf_counter(), time.process_time()
-            rsv = booking.reserve(ctx, bench.reserve_args())
-            elapsed, cpu = (time.perf_counter() - t0) * 1000, (time.process_time() - c0) * 1000
-            booking.cancel(ctx, rsv.id)
-        finally:
-            ctx.db.close()
-        if i:
-            walls.append(elapsed)
-            cpus.append(cpu)
-    return statistics.median(walls), statistics.median(cpus)
+    walls: dict[K, list[float]] = {key: [] for key in paths}
+    cpus: dict[K, list[float]] = {key: [] for key in paths}
+    for i in range(IN_PROCESS_ROUNDS * repeat + 1):
+        for key, path in paths.items():
+            ctx = open_ctx(str(path), NOW_TEXT, _me(), None)
+            try:
+                t0, c0 = time.perf_counter(), time.process_time()
+                rsv = booking.reserve(ctx, bench.reserve_args())
+                elapsed = (time.perf_counter() - t0) * 1000
+                cpu = (time.process_time() - c0) * 1000
+                booking.cancel(ctx, rsv.id)
+            finally:
+                ctx.db.close()
+            if i:
+                walls[key].append(elapsed)
+                cpus[key].append(cpu)
+    return {k: (statistics.median(walls[k]), statistics.median(cpus[k])) for k in paths}
 
 
 def _me() -> str:
@@ -883,7 +901,7 @@ def main() -> int:
     keys = ("big", "few-nodes", "few-bookings")
     reserve_jobs: dict[str, Job] = {k: commands(paths[k])["reserve --json"] for k in keys}
     processes = interleaved(reserve_jobs, repeat)
-    inside = {k: in_process_reserve(paths[k], repeat) for k in keys}
+    inside = in_process_reserves({k: paths[k] for k in keys}, repeat)
     grow = {k: (processes[k].ms, inside[k][0]) for k in keys}
     print(
         "| comparison | process ms | ratio | in-process ms | ratio | in-process CPU ms | ratio | |"

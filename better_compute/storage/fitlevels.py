@@ -132,31 +132,31 @@ def node_levels(
     return valid, levels
 
 
-#: One level's nodes whose step is inside the pool's time (lo above FIT_ALWAYS): those at the
+#: One level's usable nodes whose level holds when the window ends: schedulable, reachable,
+#: healthy, large enough and out of maintenance, as fitting's query asks. {rows}: which of the
+#: level's rows; {order}: in what order.
+_LEVEL_ROWS = """
+SELECT l.node_id, n.gpus FROM fit_levels l JOIN nodes n ON n.name = l.node_id
+WHERE l.pool_id = :pool AND l.free = :free AND {rows}
+  AND l.hi >= :to AND l.valid_until > :from
+  AND n.schedulable != 0 AND n.reachable != 0 AND n.healthy_gpus = n.gpus AND n.gpus >= :least
+  AND NOT EXISTS (SELECT 1 FROM maintenance m
+                  WHERE m.node_id = l.node_id AND m."end" > :from AND m.start < :to)
+ORDER BY {order}
+"""
+
+#: The level's nodes whose step is inside the pool's time (lo above FIT_ALWAYS): those at the
 #: level when the window ends. `fit_levels_scan` reads them from lo's lower end up to :to, and
 #: they come best first (fill() in SQL), so a limit keeps Python from seeing the rest: a fleet
 #: with every node at one level (one GPU of each in use) reads them all, as fitting's query does.
-_STEP_ROWS = """
-SELECT l.node_id, n.gpus FROM fit_levels l JOIN nodes n ON n.name = l.node_id
-WHERE l.pool_id = :pool AND l.free = :free AND l.lo > :always AND l.lo < :to
-  AND l.hi >= :to AND l.valid_until > :from
-  AND n.schedulable != 0 AND n.reachable != 0 AND n.healthy_gpus = n.gpus AND n.gpus >= :least
-  AND NOT EXISTS (SELECT 1 FROM maintenance m
-                  WHERE m.node_id = l.node_id AND m."end" > :from AND m.start < :to)
-ORDER BY 10 * ((n.gpus - :free + :need) * 1000 / n.gpus) DESC, l.node_id
-"""
+_STEP_ROWS = _LEVEL_ROWS.format(
+    rows="l.lo > :always AND l.lo < :to",
+    order="10 * ((n.gpus - :free + :need) * 1000 / n.gpus) DESC, l.node_id",
+)
 
 #: The nodes whose every GPU is free until their level's end (free = their GPU count): the
 #: index holds them in name order, so the first `limit` cost about `limit` rows.
-_ALL_FREE_ROWS = """
-SELECT l.node_id, n.gpus FROM fit_levels l JOIN nodes n ON n.name = l.node_id
-WHERE l.pool_id = :pool AND l.free = :free AND l.lo = :always
-  AND l.hi >= :to AND l.valid_until > :from
-  AND n.schedulable != 0 AND n.reachable != 0 AND n.healthy_gpus = n.gpus AND n.gpus >= :least
-  AND NOT EXISTS (SELECT 1 FROM maintenance m
-                  WHERE m.node_id = l.node_id AND m."end" > :from AND m.start < :to)
-ORDER BY l.node_id
-"""
+_ALL_FREE_ROWS = _LEVEL_ROWS.format(rows="l.lo = :always", order="l.node_id")
 
 #: The nodes the levels do not answer for: stale, or with an unhealthy GPU (SICK).
 _COUNTED_NAMES = "SELECT node_id FROM fit_nodes WHERE pool_id = :pool AND valid_until <= :from"

@@ -45,12 +45,6 @@ def _summary(conn: sqlite3.Connection) -> tuple[int, str, int, int]:
     return version, db_id, reservations, events
 
 
-def _sidecars(name: str) -> tuple[str, ...]:
-    """The files beside a ledger that SQLite (and the `-waiting` marker) own: a backup written
-    there would be deleted or overwritten by the next connection."""
-    return tuple(name + suffix for suffix in ("-wal", "-shm", "-journal", "-waiting"))
-
-
 def backup_to(db: Ledger, dest: str, *, force: bool, mode: int = 0o600) -> Copy:
     """Copy the open ledger to `dest` (a new file unless `force`), consistent while others write."""
     if not isinstance(db, Database):
@@ -60,12 +54,13 @@ def backup_to(db: Ledger, dest: str, *, force: bool, mode: int = 0o600) -> Copy:
         )
     if not dest.strip():
         raise InvalidInput("name a file to write the backup to")
-    refuse_sidecar(dest)
+    refuse_sidecar(dest)  # SQLite's own files beside any database, this ledger's among them
     target = files.real_target(dest)
     ledger = files.real_target(str(db.path))
-    if target.parent == ledger.parent and target.name in _sidecars(ledger.name):
+    if target.parent == ledger.parent and target.name == ledger.name + files.WAITING:
         raise InvalidInput(
-            f"{dest!r} is one of the files SQLite keeps beside the ledger; name another file"
+            f"{dest!r} is one of the files better-compute keeps beside the ledger; name another"
+            " file"
         )
     if target.exists():
         if not target.is_file():

@@ -13,6 +13,7 @@ with the reason. Without a server the PostgreSQL run skips, saying why (under CI
 
 from __future__ import annotations
 
+import importlib
 import json as jsonlib
 import os
 import shutil
@@ -85,6 +86,11 @@ def invoke(
 ) -> Result:
     """Run the app once; fail the test on any traceback or uncaught exception."""
     args, env = pgtest.redirect(args, env)
+    # Each run as a process of its own: its consoles are made on first use, at the width its
+    # COLUMNS says, not kept from an earlier run's.
+    consoles = importlib.import_module("better_compute.cli.app")  # `cli.app` is the Typer app
+    for console in (consoles.out, consoles.err):
+        vars(console)["_console"] = None
     result = CliRunner().invoke(app, list(args), env=dict(env or {}), input=input)
     assert "Traceback" not in result.stderr, result.stderr
     assert "Traceback" not in result.stdout, result.stdout

@@ -24,6 +24,10 @@ from conftest import DAY, HOUR, ME, NOW_MS, Cli, at, init_db
 
 from better_compute import identity
 from better_compute.cli import main
+from better_compute.errors import Forbidden
+from better_compute.model import Event
+from better_compute.service import ticking
+from better_compute.service.context import Ctx, open_ctx
 
 pytestmark = pytest.mark.sqlite_only(
     reason="file permissions, damaged files and restore are about the SQLite file"
@@ -124,6 +128,48 @@ def test_tick_until_on_a_real_clock_is_an_admins_decision(
     err = cli.fails(6, "tick", "--until", "+1d", "--step", "1h", now=None)
     assert "only an admin" in err["message"]
     cli.ok("tick", now=None)  # plain tick stays open to anyone (cron)
+
+
+def test_tick_until_on_a_real_clock_stops_once_its_admin_is_removed(
+    db_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each step is a transaction of its own, and `admin remove` commits between two: the next
+    step is the removed admin's no more (the lifecycle's own work skipped the check)."""
+    cli = real_ledger(db_dir)
+    cli.ok("admin", "add", "alice", now=None)
+    ctx = open_ctx(str(cli.db), None, "alice", None)
+    stepped: list[int] = []
+    one_tick = ticking.tick
+
+    def tick_then_remove(step: Ctx, **kw: Any) -> list[Event]:
+        got = one_tick(step, **kw)
+        if not stepped:
+            cli.ok("admin", "remove", "alice", now=None)
+        stepped.append(step.now)
+        return got
+
+    monkeypatch.setattr(ticking, "tick", tick_then_remove)
+    try:
+        with pytest.raises(Forbidden, match=r"the ticks up to .* were written, none after"):
+            ticking.tick_until(ctx, ctx.now + 6 * HOUR, HOUR)
+    finally:
+        ctx.db.close()
+    assert len(stepped) == 1
+    last_at = sqlite3.connect(cli.db).execute("SELECT value FROM meta WHERE key = 'last_at'")
+    assert int(last_at.fetchone()[0]) < stepped[0] + HOUR  # `admin remove`'s instant, no step
+
+
+def test_now_counts_from_a_real_clock_ledgers_time_when_it_is_ahead(db_dir: Path) -> None:
+    """After `tick --until`, a real-clock ledger is ahead of the clock: `now` and `+0s` mean
+    the instant a command without --now reads at, not the clock's."""
+    cli = real_ledger(db_dir)
+    cli.ok("tick", "--until", "+6h", "--step", "1h", now=None)
+    ask = ("preview", "--tenant", "acme", "--gpus", "1", "--for", "1h")
+    plain = cli.ok(*ask, now=None)["window"]["start"]
+    assert plain >= time.time_ns() // 1_000_000 + 5 * HOUR
+    assert cli.ok(*ask, now="now")["window"]["start"] == plain
+    assert cli.ok(*ask, now="+0s")["window"]["start"] == plain
+    assert cli.ok(*ask, now="-1h")["window"]["start"] == plain - HOUR
 
 
 def test_the_instant_is_read_once_the_write_lock_is_held(db_dir: Path) -> None:

@@ -93,9 +93,17 @@ class Ctx:
         admin behind --as and a principal resolved as an admin; a ledger with no admin list
         (its file's owner administers it) has nothing that could have changed. The lifecycle's
         own work (tick, repair: open to anyone, §6) needs no rights."""
+        if self.system or self.who is SYSTEM_PRINCIPAL:
+            return
+        self.require_still_admin(conn)
+
+    def require_still_admin(self, conn: Conn, written: str = "nothing was written") -> None:
+        """_still_admin's check, also for admin-only work done as the system: each step of
+        `tick --until` on a real clock is a transaction of its own, and `admin remove` may
+        commit between two of them. `written`: what the refusal says the command wrote."""
         who = self.who
         needed = [n for n in (who.acting_admin, who.name if who.admin else None) if n]
-        if not needed or self.system or who is SYSTEM_PRINCIPAL:
+        if not needed or who is SYSTEM_PRINCIPAL:
             return
         if self.db.memo.get(_ADMIN_MEMO):
             return
@@ -104,7 +112,7 @@ class Ctx:
             if name not in admins:
                 raise Forbidden(
                     f"{name!r} is no longer an admin: it was removed while this command waited"
-                    " for the ledger; nothing was written"
+                    f" for the ledger; {written}"
                 )
         self.db.memo[_ADMIN_MEMO] = True
 
@@ -173,12 +181,11 @@ def open_ctx(path: str, now_text: str | None, me: str, as_name: str | None) -> C
         db.close()
         raise
     manual = state.mode == ledger.MANUAL
-    base = state.last_at if manual else None
+    # The ledger's time: what `now` and `+2h` count from, as a command without --now acts at
+    # (a real clock's ledger is ahead of it after `tick --until`).
+    base = state.last_at if manual else max(clock.real_ms(), state.last_at)
     asked = None if now_text is None else clock.now_ms(now_text, base)
-    if asked is not None:
-        now = asked
-    else:
-        now = state.last_at if manual else max(clock.real_ms(), state.last_at)
+    now = base if asked is None else asked
     ctx = Ctx(db, now, who, asked=asked, asked_by_flag=asked is not None, manual_clock=manual)
     ctx.__dict__["settings"] = settings  # seeds the cached_property: one read, not two
     db.set_busy_timeout(settings.busy_timeout_ms)

@@ -31,14 +31,18 @@ from better_compute.storage.repo import Conn
 from better_compute.timeparse import iso
 
 
-def tick(ctx: Ctx, *, shown: bool = True) -> list[Event]:
+def tick(ctx: Ctx, *, shown: bool = True, admin_only: str | None = None) -> list[Event]:
     """One tick, in one transaction; returns the events it wrote (what changed), unless `shown`
     is False: then nothing.
 
-    Anyone may tick (cron): it only does what is due. Its events' actor is `system`.
+    Anyone may tick (cron): it only does what is due. Its events' actor is `system`. A step of
+    `tick --until` on a real clock is an admin's, though: with `admin_only` (what the command
+    has written so far), the principal must still be an admin once the lock is held.
     """
     ctx.system = True
     with ctx.write():
+        if admin_only is not None:
+            ctx.require_still_admin(ctx.db.conn, admin_only)
         first = _last_seq(ctx) if shown else 0
         looked = _steps(ctx)
         if ctx.fleet is None:  # a replay plans from memory (simulate refreshes at its end)
@@ -126,14 +130,22 @@ def tick_until(
         instants.append(until)
     changes: list[Event] = []
     ctx.db.let_writers_in(first=True)
+    real = state.mode == ledger.REAL
     for done, instant in enumerate(instants, start=1):
         step = ctx.at(instant)
-        changes.extend(tick(step))
+        changes.extend(tick(step, admin_only=_written(instants, done) if real else None))
         ctx.now = step.now  # where the ledger acted last: what the command reports as now
         ctx.db.let_writers_in()  # ticks come back to back: a writer that waits goes first
         if progress is not None:
             progress(done, len(instants))
     return changes
+
+
+def _written(instants: list[int], done: int) -> str:
+    """What `tick --until` has written before step `done` (from 1): a refusal says so."""
+    if done == 1:
+        return "nothing was written"
+    return f"the ticks up to {iso(instants[done - 2])} were written, none after"
 
 
 def _last_seq(ctx: Ctx) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import DAY, NOW_MS, Cli, at
+from conftest import DAY, MIN, NOW_MS, Cli, at
 from hypothesis import given
 from hypothesis import strategies as st
 from test_trust import be
@@ -156,3 +156,44 @@ def test_quota_set_flags(run: Cli, monkeypatch: Any) -> None:
         "FORBIDDEN"
     )
     assert run.ok("quota", "show", "--tenant", "acme")["budgets"][0]["gpuHours"] == 5
+
+
+def test_a_pending_reservation_placed_later_is_judged_on_its_budget_again(run: Cli) -> None:
+    """Admission counts a pending request as placed at once; a retry that places it later
+    lands its GPU-time in other periods, which a booking made since may have filled."""
+    run.ok("quota", "set", "--tenant", "acme", "--gpu-hours", "8", "--period", "2h")
+    run.ok("quota", "set", "--tenant", "globex", "--gpus", "100")
+    run.ok("reserve", "--tenant", "globex", "--gpus", "8", "--gang", "7", "--for", "75m")
+    a = reserve(run, 8, "now", 1)
+    assert a["state"] == "pending"  # promised [0, 1h): 8 GPU-hours
+    b = reserve(run, 8, "+2h", 1)  # [2h, 3h): no 2h period holds both: admitted
+    assert b["state"] == "placed"
+    run.ok("tick", now=at(75 * MIN))  # the pool is free; from 75m, a would share a period with b
+    got = run.ok("get", a["id"], now=at(75 * MIN))
+    assert got["state"] == "pending"
+    assert got["conditions"][0]["reason"] == "BudgetExceeded"
+    assert got["conditions"][0]["message"].startswith("tenant 'acme' has booked 8 of its 8")
+    assert got["allocations"] == []  # nothing booked: b alone holds the period's 8
+    # once b is given back, the next retry places it
+    run.ok("cancel", b["id"], now=at(80 * MIN))
+    run.ok("tick", now=at(90 * MIN))
+    placed = run.ok("get", a["id"], now=at(90 * MIN))
+    assert (
+        placed["state"] in ("placed", "active") and placed["during"]["start"] == NOW_MS + 90 * MIN
+    )
+
+
+def test_a_request_placed_from_a_preemption_deadline_is_judged_there(run: Cli) -> None:
+    """Admitted for a window from now, a request that preempts spot work books from the
+    notice's deadline: where its GPU-time may take the tenant over its budget."""
+    run.ok("config", "set", "capacity.spotNoticeMs", str(30 * MIN))
+    run.ok("quota", "set", "--tenant", "acme", "--gpu-hours", "8", "--period", "2h")
+    run.ok("quota", "set", "--tenant", "globex", "--gpus", "100")
+    spot = ("--tenant", "globex", "--gpus", "8", "--gang", "7", "--for", "75m", "--spot")
+    run.ok("reserve", *spot)
+    b = reserve(run, 8, "+2h", 1)  # after the spot work: placed
+    assert b["state"] == "placed"
+    a = reserve(run, 8, "now", 1)  # [0, 1h) meets no period with b; [30m, 90m) would
+    assert a["state"] == "pending" and a["conditions"][0]["reason"] == "NoCapacity"
+    notices = ("reservation.preempting", "reservation.preempted")
+    assert not [e for e in run.ok("events") if e["type"] in notices]

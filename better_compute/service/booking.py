@@ -271,8 +271,13 @@ def placed_data(rsv: Reservation) -> dict[str, JsonValue]:
 
 
 def place_or_pend(ctx: Ctx, rsv: Reservation, reason_kind: str = "NoCapacity") -> Reservation:
-    """Try to place now; a regular request that does not fit may preempt spot work; else pending."""
+    """Try to place now; a regular request that does not fit may preempt spot work; else pending.
+    Pending too, `BudgetExceeded`, while the window would take its tenant over a GPU-hour
+    budget (budgets.over_budget)."""
     window = retry_window(rsv, ctx.now)
+    over = budgets.over_budget(ctx.db.conn, rsv, window, ctx.now)
+    if over is not None:
+        return placing.unschedulable(rsv, "BudgetExceeded", over, ctx.now, ctx.settings.retry_ms)
     outcome = placing.place_now(ctx, rsv, window)
     if isinstance(outcome, Reservation):
         return outcome

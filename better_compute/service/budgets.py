@@ -172,6 +172,19 @@ def check_reservation(conn: Conn, rsv: Reservation, now: int, ignore: str | None
     check(conn, rsv.tenant_id, rsv.pool_id, rsv.quota_charge, retry_window(rsv, now), now, ignore)
 
 
+def over_budget(conn: Conn, rsv: Reservation, window: Window, now: int) -> str | None:
+    """Why booking `window` for a reservation already admitted would take its tenant over a
+    budget, or None. Admission counted a pending reservation as placed at once (_promised);
+    placed later by a retry, a requeue or a preemption's deadline, its GPU-time lands in other
+    periods, which bookings made since may have filled: it is checked again there, as itself
+    (its own promise left out), and waits while the budget does not hold it."""
+    try:
+        check(conn, rsv.tenant_id, rsv.pool_id, rsv.quota_charge, window, now, ignore=rsv.id)
+    except QuotaExceeded as exc:
+        return exc.message
+    return None
+
+
 @dataclass(frozen=True)
 class BudgetLine:
     """One budget as `quota show` gives it: used in the period ending now, and booked ahead."""

@@ -20,7 +20,7 @@ from better_compute.model import (
     State,
     Window,
 )
-from better_compute.service import placing
+from better_compute.service import budgets, placing
 from better_compute.service.context import Ctx
 from better_compute.storage import locks, repo, webhooks
 
@@ -51,6 +51,8 @@ def try_preempt(ctx: Ctx, rsv: Reservation) -> Reservation | None:
     locks.lock_pool(ctx.db, rsv.pool_id)
     deadline = max(rsv.start or ctx.now, ctx.now + ctx.settings.spot_notice_ms)
     window = Window(deadline, deadline + rsv.duration_ms)
+    if budgets.over_budget(conn, rsv, window, ctx.now) is not None:
+        return None  # admitted for a window from now: from the deadline it may not fit
     pool = placing.fleet_pool(ctx, rsv.pool_id, window)  # a long-running command's memory
     key = (rsv.id, rsv.request(Window(0, rsv.duration_ms)))
     if pool is not None and pool.nothing_to_preempt(key, window):

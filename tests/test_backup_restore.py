@@ -5,7 +5,8 @@
   nothing that was never committed.
 - backup refuses an existing file without --force, writes mode 0600, and reports what it copied.
 - restore refuses a foreign file, a truncated or corrupt copy, a newer schema, a copy without a
-  db_id, and a non-admin, each with the ledger untouched and no temp file left behind.
+  db_id or a readable clock, and a non-admin, each with the ledger untouched and no temp file
+  left behind.
 - restore killed with SIGKILL at random moments leaves the old ledger or the restored one, whole.
 """
 
@@ -241,6 +242,13 @@ def _bad_copies(good: Path, folder: Path) -> dict[str, tuple[Path, str]]:
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     conn.close()
     no_id = _altered(good, folder / "no-id.db", "DELETE FROM meta WHERE key = 'db_id'")
+    odd_clock = _altered(
+        good, folder / "odd.db", "UPDATE meta SET value = 'weird' WHERE key = 'clock'"
+    )
+    odd_last = _altered(
+        good, folder / "last.db", "UPDATE meta SET value = 'x' WHERE key = 'last_at'"
+    )
+    no_clock = _altered(good, folder / "no-clock.db", "DELETE FROM meta WHERE key = 'clock'")
     # A view added for a report: every command refuses such a ledger, so restoring it would
     # lock everyone out, and restore itself could no longer replace it.
     view = "CREATE VIEW held AS SELECT tenant_id FROM reservations"
@@ -252,6 +260,12 @@ def _bad_copies(good: Path, folder: Path) -> dict[str, tuple[Path, str]]:
         "corrupt": (corrupt, "nothing was replaced"),
         "newer": (newer, "newer"),
         "no db_id": (no_id, "db_id"),
+        # Every command reads the clock first: restored, a clock that cannot be read locked
+        # everyone out, restore and init --force included; one left out made a what-if backup
+        # a real-clock ledger at its own time.
+        "odd clock": (odd_clock, "clock that cannot be read"),
+        "odd last_at": (odd_last, "clock that cannot be read"),
+        "no clock": (no_clock, "no clock in its meta table"),
         "own schema": (own_schema, "schema is not the one better-compute created"),
         "missing": (folder / "missing.db", "does not exist"),
         "folder": (folder, "not a regular file"),

@@ -190,6 +190,13 @@ def _fill_from(source: Path, name: str, summary: list[tuple[int, str, int, int]]
             ) from None
         if row is None or not str(row[0]):
             raise bad("has no db_id in its meta table")
+        clock = ledger.clock_rows(db.conn)  # every command reads it first, restore included
+        if "clock" not in clock:  # made by `init`, or by the migration that added it
+            raise bad("has no clock in its meta table")
+        try:
+            ledger.clock_of(clock)
+        except ValueError as exc:
+            raise bad(f"has a clock that cannot be read ({exc})") from None
         summary.append(_summary(db.conn))
 
     return build

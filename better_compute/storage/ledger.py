@@ -26,11 +26,17 @@ class ClockState:
 
 
 def clock_state(conn: Conn) -> ClockState:
-    rows = dict(conn.execute("SELECT key, value FROM meta WHERE key IN ('clock', 'last_at')"))
-    return decoded(conn, "its clock (meta clock, last_at)", lambda: _clock(rows))
+    return decoded(conn, "its clock (meta clock, last_at)", lambda: clock_of(clock_rows(conn)))
 
 
-def _clock(rows: dict[str, object]) -> ClockState:
+def clock_rows(conn: Conn) -> dict[str, object]:
+    """The meta rows of the clock, by key: 'clock' and 'last_at', when there."""
+    return dict(conn.execute("SELECT key, value FROM meta WHERE key IN ('clock', 'last_at')"))
+
+
+def clock_of(rows: dict[str, object]) -> ClockState:
+    """The clock these rows say (a ledger from before the clock row runs on the real clock);
+    ValueError when they cannot be read."""
     mode, text = rows.get("clock", REAL), str(rows.get("last_at", "0"))
     if mode not in (MANUAL, REAL) or not (text.isascii() and text.isdigit()):
         raise ValueError(f"clock {mode!r} at {text!r}")

@@ -47,6 +47,34 @@ def leftovers(folder: Path) -> list[str]:
 # ---------------------------------------------------------------- backup
 
 
+@pytest.mark.sqlite_only(reason="temp files beside an SQLite file")
+def test_a_killed_runs_temp_copies_go_at_the_next_backup_or_restore_even_refused(
+    run: Cli, db_dir: Path
+) -> None:
+    """A backup or restore killed mid-copy leaves a whole ledger's copy in a temp file; the next
+    one aimed at the same file removes it, even when it then refuses (no --force, a bad copy)."""
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    pid = int(dead.stdout)
+    out = db_dir / "out.db"
+    run.ok("backup", out)
+    stale = [
+        db_dir / f".out.db.bc-tmp-{pid}-0badf00d",
+        db_dir / f".out.db.bc-tmp-{pid}-0badf00d-journal",
+        db_dir / f".{run.db.name}.bc-tmp-{pid}-1badf00d",
+    ]
+    for path in stale:
+        path.write_bytes(b"x" * 1024)
+    run.fails(4, "backup", out)  # exists, no --force
+    assert not stale[0].exists() and not stale[1].exists()
+    run.fails(2, "restore", db_dir / "missing.db")
+    assert leftovers(db_dir) == []
+
+
 def test_backup_reports_what_it_copied_and_refuses_to_overwrite(run: Cli, db_dir: Path) -> None:
     rid = reserve(run, "a")
     dest = db_dir / "copy.db"

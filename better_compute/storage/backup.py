@@ -56,6 +56,7 @@ def backup_to(db: Ledger, dest: str, *, force: bool, mode: int = 0o600) -> Copy:
         raise InvalidInput("name a file to write the backup to")
     refuse_sidecar(dest)  # SQLite's own files beside any database, this ledger's among them
     target = files.real_target(dest)
+    files.sweep_stale(target)
     ledger = files.real_target(str(db.path))
     if target.parent == ledger.parent and target.name == ledger.name + files.WAITING:
         raise InvalidInput(
@@ -215,6 +216,7 @@ def restore_from(path: str, source: str, *, mode: int | None = None) -> Copy:
             f"{path!r} exists and is not a better-compute database; not replacing it"
         )
     target = files.real_target(path)
+    files.sweep_stale(target)
     if mode is None:
         mode = stat.S_IMODE(target.stat().st_mode) if kind == "ours" else 0o600
     group = target.stat().st_gid if kind == "ours" else None

@@ -39,7 +39,7 @@ def new_temp(target: Path, mode: int) -> Path:
     folder = target.parent
     if not folder.is_dir():
         raise InvalidInput(f"cannot create {str(target)!r}: folder {str(folder)!r} does not exist")
-    _sweep_stale(target)
+    sweep_stale(target)
     # os.urandom, not secrets: every command that opens a ledger imports this module, and
     # secrets brings random, hmac and base64 (about 2 ms)
     name = f".{target.name}{_TEMP_MARK}{os.getpid()}-{os.urandom(4).hex()}"
@@ -57,8 +57,10 @@ def new_temp(target: Path, mode: int) -> Path:
     return temp
 
 
-def _sweep_stale(target: Path) -> None:
-    """Remove temp files of `target` left by processes that died (a kill -9 mid-build)."""
+def sweep_stale(target: Path) -> None:
+    """Remove temp files of `target` left by processes that died (a kill -9 mid-build). Each
+    backup and restore sweeps its target first, whether or not it then writes: one refused
+    (an existing file without --force) must not leave a killed run's copy lying there."""
     prefix = f".{target.name}{_TEMP_MARK}"
     with contextlib.suppress(OSError):
         for entry in target.parent.iterdir():

@@ -18,6 +18,10 @@ from typing import Any
 import pytest
 from conftest import MIN, NOW, NOW_MS, SEC, Cli, init_db
 
+from better_compute.errors import Unavailable
+from better_compute.service import simulate as simulate_service
+from better_compute.timeparse import iso
+
 MACHINE_KEYS = ("wallSeconds", "requestsPerSecond")
 REPORT_KEYS = [
     "requests",
@@ -734,3 +738,63 @@ def test_a_key_another_writer_used_during_the_replay_is_not_counted_as_the_runs(
     assert (report["requests"], report["placedAtOnce"], report["skipped"]) == (1, 1, 1)
     assert report["gpuHoursBooked"] == 1.0
     assert len(fleet.ok("list")) == 2 and made
+
+
+def test_a_replay_that_stops_midway_says_what_the_ledger_holds(
+    fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One transaction per request: a lock another writer held past the busy timeout at the
+    third request leaves the first two committed, and "try again" would make them twice."""
+    lines = [{"at": f"+{m}m", "tenant": "acme", "gpus": 1, "duration": "1h"} for m in range(5)]
+    work = write_jsonl(db_dir / "w.jsonl", lines)
+    one_request = simulate_service._reserve
+    calls: list[int] = []
+
+    def locked_at_the_third(*args: Any) -> bool:
+        calls.append(1)
+        if len(calls) == 3:
+            raise Unavailable("database sim.db stayed locked past the busy timeout; try again")
+        return one_request(*args)
+
+    monkeypatch.setattr(simulate_service, "_reserve", locked_at_the_third)
+    err = fleet.fails(7, "simulate", "--workload", work, "--format", "jsonl", now=None)
+    assert err["message"] == (
+        "database sim.db stayed locked past the busy timeout; the replay stopped at request 3"
+        f" of 5 (arriving at {iso(NOW_MS + 2 * MIN)}): the 2 before it are in the ledger with"
+        " their ticks (`better-compute list`), so the same workload again would make them"
+        " twice; replay the lines after them, or restore a backup from before the run"
+    )
+    assert len(fleet.ok("list")) == 2
+    monkeypatch.setattr(simulate_service, "_reserve", one_request)
+    calls.clear()
+    first = write_jsonl(db_dir / "first.jsonl", lines[:1])
+
+    def locked_at_once(*args: Any) -> bool:
+        raise Unavailable("database sim.db stayed locked past the busy timeout; try again")
+
+    monkeypatch.setattr(simulate_service, "_reserve", locked_at_once)
+    err = fleet.fails(7, "simulate", "--workload", first, "--format", "jsonl", now=None)
+    assert err["message"].endswith("; try again")  # nothing of it was committed
+
+
+def test_a_full_disk_midway_says_changes_were_committed(
+    fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = [{"at": f"+{m}m", "tenant": "acme", "gpus": 1, "duration": "1h"} for m in range(3)]
+    one_request = simulate_service._reserve
+    calls: list[int] = []
+
+    def full_at_the_second(*args: Any) -> bool:
+        calls.append(1)
+        if len(calls) == 2:
+            raise sqlite3.OperationalError("database or disk is full")
+        return one_request(*args)
+
+    monkeypatch.setattr(simulate_service, "_reserve", full_at_the_second)
+    work = write_jsonl(db_dir / "w.jsonl", lines)
+    err = fleet.fails(7, "simulate", "--workload", work, "--format", "jsonl", now=None)
+    assert err["message"].endswith(
+        "cannot be used: database or disk is full, after some of the command's changes were"
+        " committed: see them (`better-compute events`) before running it again"
+    )
+    assert len(fleet.ok("list")) == 1

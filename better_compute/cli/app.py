@@ -183,7 +183,13 @@ def handled(fn: F) -> F:
         except sqlite3.DatabaseError as exc:  # a damaged or unreadable file, not a bug of ours
             if "readonly" in str(exc).lower():
                 _fail(storage_db.read_only_refusal(G.db), as_json)
-            _fail(Unavailable(f"database {G.db!r} cannot be used: {exc}"), as_json)
+            then = ""
+            if Commits.made > commits:  # a full disk midway through a replay, say
+                then = (
+                    ", after some of the command's changes were committed: see them"
+                    " (`better-compute events`) before running it again"
+                )
+            _fail(Unavailable(f"database {G.db!r} cannot be used: {exc}{then}"), as_json)
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
         except BrokenPipeError:  # the reader went away (`| head`): not a bug, and no message

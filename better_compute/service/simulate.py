@@ -101,6 +101,8 @@ class _Run:
     lo_seq: int | None = None
     hi_seq: int | None = None
     refused: int = 0
+    #: Requests whose transaction has committed: a replay that stops says how far it got.
+    done: int = 0
     #: Requests whose idempotency key returned a reservation that already existed (made earlier
     #: in this run, before it, or by another writer meanwhile): a retry, not new demand, so
     #: counted as skipped, not as requests.
@@ -148,11 +150,38 @@ def simulate(
     asked_pools = {pool_ids[args.pool] for _, args in plan}
     _create_tenants(ctx.at(base), sorted({r.tenant for r, _ in plan}))  # those sent only
     run = _Run(base, first_event, set())
-    with ctx.db.replaying():  # a what-if ledger: thousands of commits, none a person waits on
-        end = _replay(ctx, plan, run, until, progress)
+    try:
+        with ctx.db.replaying():  # a what-if ledger: thousands of commits, none a person waits on
+            end = _replay(ctx, plan, run, until, progress)
+    except BetterComputeError as exc:
+        raise _stopped(exc, run, plan) from None
     with ctx.db.read():
         requests = len(plan) - run.retried
         return _report(ctx, run, workload, requests, end, clock.elapsed_s() - began, asked_pools)
+
+
+def _stopped(
+    exc: BetterComputeError, run: _Run, plan: list[tuple[Request, ReserveArgs]]
+) -> BetterComputeError:
+    """A replay that failed after committing some of its requests (one transaction each: a lock
+    held past db.busyTimeoutMs by another writer, say): the same error, saying what the ledger
+    now holds, since running the same workload again would replay those requests twice."""
+    if run.done == 0:
+        return exc
+    said = exc.message.removesuffix("; try again")  # as it stands, that would make them twice
+    if run.done < len(plan):
+        stopped = (
+            f"the replay stopped at request {run.done + 1} of {len(plan)} (arriving at"
+            f" {iso(plan[run.done][0].at)}): the {run.done} before it are in the ledger with"
+            " their ticks (`better-compute list`), so the same workload again would make them"
+            " twice; replay the lines after them, or restore a backup from before the run"
+        )
+    else:
+        stopped = (
+            f"the replay stopped in the ticks after its last request: all {len(plan)} requests"
+            " are in the ledger (`better-compute list`); `tick` moves it on from there"
+        )
+    return type(exc)(f"{said}; {stopped}")
 
 
 def _args(r: Request, pool: str | None, spot_notice_ms: int) -> ReserveArgs:
@@ -344,6 +373,7 @@ def _arrivals_and_ticks(
                 if caught_up:
                     break
             i += 1
+            run.done = i
             if progress is not None:
                 progress(i, len(plan))
     more = True

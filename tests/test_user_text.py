@@ -17,6 +17,8 @@ import pgtest
 import pytest
 from conftest import Cli
 
+import better_compute.cli.app  # noqa: F401  (cli.app is also the name of the Typer app)
+
 
 def test_bracketed_text_is_shown_as_written_and_never_crashes(run: Cli) -> None:
     run.ok("node", "label", "west-01", "note=[spare]", "k=[/x]", json=False)
@@ -235,6 +237,29 @@ def test_a_global_option_after_the_command_says_where_it_goes(
     )
     assert "BETTER_COMPUTE_" in done.stderr and done.stderr.count("\n") == 1
     assert run.ok("list") == []  # nothing was booked
+
+
+@pytest.mark.parametrize("option", ["--now", "--as"])
+def test_a_global_option_without_its_value_says_so(run: Cli, option: str) -> None:
+    """Given where it goes but with its value left out, it was told to go before the command."""
+    done = _process(run, option)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith(f"error: INVALID_INPUT: Option '{option}' requires an argument")
+    assert done.stderr.count("\n") == 1
+
+
+_CLI = sys.modules["better_compute.cli.app"]
+
+
+def test_an_error_that_quotes_several_lines_is_one(capsys: pytest.CaptureFixture[str]) -> None:
+    """A damaged backup's integrity_check lines made a six-line error (§3: one line)."""
+    quoted = "*** in database main ***\nOn tree page 3 cell 5: Offset 65535\r\n\nOn tree page 3"
+    _CLI._report("INVALID_INPUT", f"backup 'b.db' is damaged ({quoted})", as_json=False)
+    _CLI._report("INVALID_INPUT", f"backup 'b.db' is damaged ({quoted})", as_json=True)
+    human, as_json = capsys.readouterr().err.splitlines()
+    said = "backup 'b.db' is damaged (*** in database main *** On tree page 3 cell 5: Offset 65535"
+    assert human == f"error: INVALID_INPUT: {said} On tree page 3)"
+    assert json.loads(as_json)["error"]["message"] == f"{said} On tree page 3)"
 
 
 def test_fabric_domain_as_a_label_names_the_commands_that_set_it(run: Cli) -> None:

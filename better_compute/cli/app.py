@@ -106,6 +106,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 def _report(code: str, message: str, as_json: bool) -> None:
     """The error on stderr. With stderr closed (`2>&-`) or full, the exit code alone tells it:
     failing to write it would make every error INTERNAL."""
+    message = _one_line(message)
     if as_json:
         line = jsonlib.dumps({"error": {"code": code, "message": message}}) + "\n"
     else:
@@ -115,6 +116,14 @@ def _report(code: str, message: str, as_json: bool) -> None:
     with contextlib.suppress(OSError, ValueError):
         sys.stderr.write(line)
         sys.stderr.flush()
+
+
+def _one_line(message: str) -> str:
+    """An error is one line (PRODUCT.md §3), whatever it quotes: SQLite's integrity_check or a
+    server's message may hold line breaks."""
+    if "\n" not in message and "\r" not in message:
+        return message
+    return " ".join(part.strip() for part in message.splitlines() if part.strip())
 
 
 def _fail(exc: BetterComputeError, as_json: bool) -> None:
@@ -528,7 +537,9 @@ def main(prepare: Callable[[Any], None] | None = None, word: str | None = None) 
         text = _plain_words(str(message()).strip())
         option = getattr(exc, "option_name", None)
         envvar = _global_envvar(command, option)
-        if envvar is not None:  # `list --db x.db`: a global option after the command
+        # `list --db x.db`: a global option after the command, which does not know it (not
+        # `--db` with its value left out, which is said as it is)
+        if envvar is not None and type(exc).__name__ == "NoSuchOption":
             text = (
                 f"{option} is a global option: give it before the command"
                 f" (better-compute {option} VALUE COMMAND …), or as {envvar}"

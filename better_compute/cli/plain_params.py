@@ -12,8 +12,11 @@ become. `install` gives Typer's parameters a coercion that answers the plain cas
 - a `list[str]` one given strings: the list of them.
 
 Anything else (another type, constraints, a parser, a value in another form, a bad value) takes
-Typer's own coercion, built as Typer builds it, so every message and every odd form is Typer's
-and pydantic's. tests/test_plain_params.py compares both on every parameter of every command.
+Typer's own coercion, built as Typer builds it, so every message is Typer's and pydantic's.
+tests/test_plain_params.py compares both on every parameter of every command. One departure: a
+whole number is ASCII digits with an optional `-` (spaces around it allowed), where pydantic
+also reads `1_0` as 10, `+1`, `8.0` and other scripts' digits; a typo such as `--gpus 1_0` must
+not book ten GPUs. Those are refused with Typer's own words for a bad integer.
 
 It patches Typer's private coercion hook (`typer.core._TyperParameter.get_runtime_param`); a
 Typer without that hook (older ones coerce through click, without pydantic) is left as it is.
@@ -25,6 +28,10 @@ import re
 from typing import Any
 
 _DIGITS = re.compile(r"-?(?:0|[1-9][0-9]{0,17})")
+#: What a whole number may be at all (after its surrounding spaces): see the module's doc.
+_WHOLE = re.compile(r"-?[0-9]+")
+#: Typer's message for a bad integer (cli/app.py puts it in plain words).
+BAD_INTEGER = "Input should be a valid integer, unable to parse string as an integer"
 
 
 def install() -> bool:
@@ -48,6 +55,10 @@ def install() -> bool:
             plain = _plain(self.annotation, value)
             if plain is not _NOT_PLAIN:
                 return plain
+            if self.annotation is int and type(value) is str and not _whole(value):
+                from typer import BadParameter
+
+                raise BadParameter(BAD_INTEGER, ctx=ctx, param=param)
             full = self.__dict__.get("full")
             if full is None:  # Typer's own coercion (pydantic and all), built on first need
                 full = build(param.type_descriptor)
@@ -81,6 +92,10 @@ def _eligible(desc: Any) -> bool:
         return False
     settings = ("parser", "min", "max", "clamp", "formats")
     return not any(getattr(info, name, None) for name in settings)
+
+
+def _whole(text: str) -> bool:
+    return _WHOLE.fullmatch(text.strip(" \t")) is not None
 
 
 def _plain(annotation: Any, value: Any) -> Any:

@@ -450,3 +450,20 @@ def test_replays_on_copies_are_byte_identical(db_dir: Path) -> None:
         outputs.append(lines)
     assert outputs[0] == outputs[1]
     assert "rsv_" in outputs[0][0]
+
+
+def test_a_retry_near_the_end_of_time_waits_instead_of_booking_past_it(db_dir: Path) -> None:
+    """Admitted at 23:50 of 9999-12-31 for 5 minutes, a request retried at 23:55 would end
+    after the last instant there is: it stays pending saying so (the tick committed the booking
+    and failed on printing it, and every later read of it failed too)."""
+    end = "9999-12-31T23:"
+    cli = Cli(init_db(db_dir / "end.db", "--demo", now=f"{end}50:00Z"))
+    full = ("--tenant", "acme", "--gpus", "8", "--gang", "7", "--for", "5m")
+    cli.ok("reserve", *full, now=f"{end}50:00Z")
+    waits = cli.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "5m", now=f"{end}50:00Z")
+    assert waits["state"] == "pending"
+    cli.ok("tick", now=f"{end}55:00Z")
+    got = cli.ok("get", waits["id"], now=f"{end}55:00Z")
+    assert got["state"] == "pending" and got["during"] is None
+    assert "would end after 9999-12-31T23:59:59.999Z" in got["conditions"][0]["message"]
+    assert len(cli.ok("list", now=f"{end}55:00Z")) == 2

@@ -275,6 +275,9 @@ def place_or_pend(ctx: Ctx, rsv: Reservation, reason_kind: str = "NoCapacity") -
     Pending too, `BudgetExceeded`, while the window would take its tenant over a GPU-hour
     budget (budgets.over_budget)."""
     window = retry_window(rsv, ctx.now)
+    if window.end > MAX_MS:  # admitted while it fitted before the end of time: now it cannot
+        why = f"placed from {iso(window.start)} it would end after {iso(MAX_MS)}, the last instant"
+        return placing.unschedulable(rsv, reason_kind, why, ctx.now, ctx.settings.retry_ms)
     over = budgets.over_budget(ctx.db.conn, rsv, window, ctx.now)
     if over is not None:
         return placing.unschedulable(rsv, "BudgetExceeded", over, ctx.now, ctx.settings.retry_ms)

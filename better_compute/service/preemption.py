@@ -23,6 +23,7 @@ from better_compute.model import (
 from better_compute.service import budgets, placing
 from better_compute.service.context import Ctx
 from better_compute.storage import locks, repo, webhooks
+from better_compute.timeparse import MAX_MS
 
 OTHER_TENANT = "preempted by a non-spot reservation"
 
@@ -51,6 +52,8 @@ def try_preempt(ctx: Ctx, rsv: Reservation) -> Reservation | None:
     locks.lock_pool(ctx.db, rsv.pool_id)
     deadline = max(rsv.start or ctx.now, ctx.now + ctx.settings.spot_notice_ms)
     window = Window(deadline, deadline + rsv.duration_ms)
+    if window.end > MAX_MS:
+        return None  # from the deadline it would end after the end of time
     if budgets.over_budget(conn, rsv, window, ctx.now) is not None:
         return None  # admitted for a window from now: from the deadline it may not fit
     pool = placing.fleet_pool(ctx, rsv.pool_id, window)  # a long-running command's memory

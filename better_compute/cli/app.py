@@ -50,7 +50,7 @@ app = typer.Typer(
     help=(
         "Book GPU capacity for teams sharing a fleet: now, later, as gangs, or as spot.\n\n"
         "TIME: 2026-09-28T08:00:00Z (UTC when no offset is given), epoch ms, now, or +2h / -30m"
-        " from the ledger's time. DURATION: 90m, 2h, 1d12h, or ms."
+        " from the ledger's time. DURATION: 90m, 2h, 1d12h, or 500ms."
     ),
     no_args_is_help=True,
     add_completion=False,

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from better_compute.timeparse import MAX_DURATION_MS, human_duration
 from tests.conftest import DAY, HOUR, MIN, NOW_MS, Cli, at, init_db
 
 INVALID, NOT_FOUND, CONFLICT, FORBIDDEN = 2, 3, 4, 6
@@ -674,3 +675,19 @@ def test_a_node_of_64_gpus_is_counted_to_its_last_gpu(run: Cli) -> None:
     assert advise(run, "--gpus", "32", *ask)[0]["startTime"] == NOW_MS + HOUR
     assert advise(run, "--gpus", "33", *ask)[0]["startTime"] == NOW_MS + 2 * HOUR
     assert advise(run, "--gpus", "64", *ask)[0]["startTime"] == NOW_MS + 2 * HOUR
+
+
+def test_an_end_range_to_the_end_of_time_advises_no_window_reserve_cannot_say(run: Cli) -> None:
+    """Up to year 9999 an end range allowed a window of 2,912,172 days, which no DURATION can
+    say (at most 365000d): advice answers only what `reserve --start S --for D` books."""
+    got = run.ok(
+        "advice", "--gpus", "1", "--start-range", "now..+1h",
+        "--end-range", "+1h..9999-12-31T23:59:59.999Z",
+    )["recommendations"]  # fmt: skip
+    assert got and all(r["durationMs"] <= MAX_DURATION_MS for r in got)
+    first = got[0]
+    booked = run.ok(
+        "reserve", "--tenant", "acme", "--gpus", "1", "--start", str(first["startTime"]),
+        "--for", human_duration(first["durationMs"]),
+    )  # fmt: skip
+    assert booked["during"] == {"start": first["startTime"], "end": first["endTime"]}

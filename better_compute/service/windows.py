@@ -31,7 +31,14 @@ from better_compute.service.context import Ctx
 from better_compute.storage import calendar as cal
 from better_compute.storage import fitting, repo
 from better_compute.storage import fleet as fleet_store
-from better_compute.timeparse import MAX_MS, human_duration, iso, parse_duration, parse_range
+from better_compute.timeparse import (
+    MAX_DURATION_MS,
+    MAX_MS,
+    human_duration,
+    iso,
+    parse_duration,
+    parse_range,
+)
 
 #: The most windows one `advice` answers.
 MAX_LIMIT = 100
@@ -85,7 +92,8 @@ def wanted(
         raise InvalidInput(
             f"--end-range ends at {iso(end_to)}, not after the earliest start {iso(first)}"
         )
-    return search.Ask(first, last, 1, end_to - first, end_from, end_to)
+    # No longer than a DURATION may be: a window `reserve --start S --for D` books as advised.
+    return search.Ask(first, last, 1, min(end_to - first, MAX_DURATION_MS), end_from, end_to)
 
 
 def bounded(

@@ -7,6 +7,7 @@ paths, and rolls back: the shortlist is SQL, so only a real database tests it.
 
 from __future__ import annotations
 
+import atexit
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -45,9 +46,14 @@ _DB: dict[str, tuple[Database, str]] = {}
 
 
 def ledger() -> tuple[Database, str]:
-    """One ledger for the whole module (each example rolls its rows back): (db, pool id)."""
+    """One ledger for the whole module (each example rolls its rows back): (db, pool id).
+
+    test_fitting, test_fitlevels and test_fleet_memory use it too, where this module's fixture
+    below does not run: their copy goes when the test process ends."""
     if "db" not in _DB:
-        path = Path(tempfile.mkdtemp(prefix="bc-shortlist-")) / "ledger.db"
+        folder = tempfile.mkdtemp(prefix="bc-shortlist-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        path = Path(folder) / "ledger.db"
         db = setup.init(str(path), T0, force=True, manual=True, admin="admin", group=None)[0]
         with db.write() as conn:
             pool_id = repo.insert_pool(conn, "p", ())

@@ -69,6 +69,20 @@ def refusal(policy: CalendarPolicy, window: Window, total_gpus: int, now: int) -
     return horizon_refusal(policy, max(window.start, now) + window.duration, now)  # as booked
 
 
+def reshape_refusal(
+    policy: CalendarPolicy, window: Window, total_gpus: int, now: int
+) -> str | None:
+    """refusal() of a booking's new shape at the start it keeps (`update` without --start): its
+    size, duration and end are judged, its lead not again. The start was judged when it was
+    admitted; one that has since come inside the lead may still be made smaller, shorter or
+    longer, as `extend` may make it longer."""
+    return (
+        size_refusal(policy, total_gpus)
+        or duration_refusal(policy, window.duration)
+        or horizon_refusal(policy, max(window.start, now) + window.duration, now)
+    )
+
+
 def horizon_refusal(policy: CalendarPolicy, end: int, now: int) -> str | None:
     """Why a booking may not end at `end`, judged at `now`, if it may not."""
     last = latest_end(policy, now)

@@ -9,6 +9,7 @@ extend or release.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from better_compute.engine import calendar as rules
@@ -132,13 +133,31 @@ def settle(
         settled = Settled(rsv, ask)
     else:
         settled = Settled(rsv)
+    _judge(ctx, rsv, pool_name, policy, rules.refusal)
+    return settled
+
+
+def _judge(
+    ctx: Ctx,
+    rsv: Reservation,
+    pool_name: str,
+    policy: CalendarPolicy | None,
+    rule: Callable[[CalendarPolicy, Window, int, int], str | None],
+) -> None:
+    """A calendar request's window judged by `rule` of the pool's policy: INVALID_INPUT naming
+    the limit it breaks. A request for now (no start) is never judged."""
     if rsv.start is None or policy is None:
-        return settled
+        return
     window = Window(rsv.start, rsv.start + rsv.duration_ms)
-    refused = rules.refusal(policy, window, rsv.quota_charge, ctx.now)
+    refused = rule(policy, window, rsv.quota_charge, ctx.now)
     if refused is not None:
         raise PolicyRefusal(f"pool {pool_name}'s calendar policy: {refused}")
-    return settled
+
+
+def admit_reshape(ctx: Ctx, rsv: Reservation, pool_name: str) -> None:
+    """`update`'s judgement of a new shape at the start the booking keeps: its size, duration
+    and end, not its lead again (rules.reshape_refusal)."""
+    _judge(ctx, rsv, pool_name, cal.policy(ctx.db.conn, rsv.pool_id), rules.reshape_refusal)
 
 
 def admit(
@@ -166,6 +185,12 @@ def record(ctx: Ctx, rsv: Reservation) -> None:
     policy = cal.policy(ctx.db.conn, rsv.pool_id)
     if policy is not None and policy.commit:
         cal.commit_reservation(ctx.db.conn, rsv.id, rsv.pool_id)
+
+
+def forget(ctx: Ctx, rsv: Reservation) -> None:
+    """A booking changed into a request for now (`update --start now` while pending) is no
+    calendar request: a `--commit` taken at its admission no longer makes it final."""
+    cal.uncommit_reservation(ctx.db.conn, rsv.id)
 
 
 def _range_ask(

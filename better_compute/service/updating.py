@@ -15,13 +15,13 @@ from dataclasses import dataclass, replace
 from better_compute.engine.sticky import keep
 from better_compute.errors import Conflict, InvalidInput
 from better_compute.lifecycle.tick import retry_window
-from better_compute.model import JsonValue, Plan, Reservation, State, Window
+from better_compute.model import JsonValue, Plan, ReleaseReason, Reservation, State, Window
 from better_compute.service import booking, budgets, calendar, placing, reading, windows
 from better_compute.service.admission import check_policy, check_quota, draft_of
 from better_compute.service.context import Ctx
 from better_compute.storage import repo, webhooks
 from better_compute.storage import updating as store
-from better_compute.timeparse import MAX_MS, check_time, iso, parse_time
+from better_compute.timeparse import MAX_MS, check_time, human_duration, iso, parse_time
 
 CHANGEABLE = frozenset({State.PENDING, State.PLACED})
 
@@ -65,6 +65,15 @@ def may_change(ctx: Ctx, rsv: Reservation) -> None:
     if rsv.preempt_deadline is not None:
         raise Conflict(f"cannot update {rsv.id}: it is being preempted")
     calendar.require_changeable(ctx, rsv, "update")
+    late = booking.overdue(ctx, rsv)
+    if late is not None:  # it is the tick's to release, as extend leaves an ended window
+        raise Conflict(
+            f"cannot update {rsv.id}: it has waited longer than pending.maxWaitMs"
+            f" ({human_duration(ctx.settings.pending_max_wait_ms)}); the next tick releases it"
+            " as timed out"
+            if late[0] == ReleaseReason.TIMEOUT
+            else f"cannot update {rsv.id}: the next tick releases it ({late[0].value})"
+        )
 
 
 def update(ctx: Ctx, rsv_id: str, change: Change) -> Reservation:
@@ -86,7 +95,10 @@ def update(ctx: Ctx, rsv_id: str, change: Change) -> Reservation:
             booking.record_outcome(ctx, placed, previous=new)
         else:
             _replan(ctx, old, new, window)
-        calendar.record(ctx, new)  # a --commit policy makes the changed booking final
+        if new.start is None:  # a request for now now: no --commit makes it final
+            calendar.forget(ctx, new)
+        else:  # a --commit policy makes the changed booking final
+            calendar.record(ctx, new)
         return repo.get_reservation(conn, rsv_id)
 
 
@@ -137,7 +149,10 @@ def _admit(ctx: Ctx, old: Reservation, new: Reservation, window: Window) -> None
     conn = ctx.db.conn
     check_policy(conn, ctx.who, draft_of(new))
     name = repo.pool_name(conn, new.pool_id)
-    calendar.admit(ctx, new, name)  # the pool's calendar policy
+    if new.start is not None and new.start == old.start:  # its start was judged at admission
+        calendar.admit_reshape(ctx, new, name)
+    else:
+        calendar.admit(ctx, new, name)  # the pool's calendar policy
     share = new.gpus or 1
     largest, fitting = repo.node_capacity(conn, new.pool_id, new.models, share)
     if share > largest:

@@ -78,6 +78,10 @@ def commit_reservation(conn: Conn, rsv_id: str, pool_id: str) -> None:
     )
 
 
+def uncommit_reservation(conn: Conn, rsv_id: str) -> None:
+    conn.execute("DELETE FROM calendar_commitments WHERE reservation_id = ?", (rsv_id,))
+
+
 def is_committed(conn: Conn, rsv_id: str) -> bool:
     row = conn.execute(
         "SELECT 1 FROM calendar_commitments WHERE reservation_id = ?", (rsv_id,)

@@ -6,6 +6,7 @@
   which `--commit` does not make final.
 - A pending reservation that has waited longer than pending.maxWaitMs is the tick's to time out:
   `update` refuses it (CONFLICT, nothing written) instead of placing it.
+- A series key reused with other flags is named as typed, not as its first occurrence's KEY#1.
 """
 
 from __future__ import annotations
@@ -65,3 +66,13 @@ def test_update_of_a_request_that_waited_too_long_is_refused_for_the_tick(solo: 
     solo.ok("tick", now=at(2 * MIN))
     timed_out = solo.ok("get", waiting["id"], now=at(2 * MIN))
     assert (timed_out["state"], timed_out["releaseReason"]) == ("released", "timeout")
+
+
+def test_a_series_key_reused_with_other_flags_is_named_as_typed(solo: Cli) -> None:
+    series = ("--gpus", "1", "--for", "1h", "--every", "1d")
+    _reserve(solo, "nightly", *series, "--count", "2")
+    error = solo.fails(
+        4, "reserve", "--tenant", "acme", "--key", "nightly", *series, "--count", "3"
+    )
+    assert error["message"].startswith("key 'nightly' was used by the series ser_")
+    assert "#" not in error["message"]

@@ -103,7 +103,7 @@ def reserve_series(ctx: Ctx, args: ReserveArgs, repeat: Repeat) -> list[Reservat
     whole = replace(args, series=repeat.written())
     with ctx.write() as conn:
         if args.key is not None:
-            again = booking.replayed(ctx, replace(whole, key=booking.occurrence_key(args.key, 1)))
+            again = _replayed_series(ctx, whole, args.key)
             if again is not None:
                 return _series_of(conn, again, args.key)
             if booking.replayed(ctx, args) is not None:
@@ -151,6 +151,21 @@ def reserve_series(ctx: Ctx, args: ReserveArgs, repeat: Repeat) -> list[Reservat
                     cal.set_series(conn, rsv.id, series_id)
                 booked.append(rsv)
         return cal.ids_in(conn, [r.id for r in booked])
+
+
+def _replayed_series(ctx: Ctx, whole: ReserveArgs, key: str) -> Reservation | None:
+    """The first occurrence of the series this key booked with the same command, if it did; a
+    CONFLICT naming the key as typed (not its first occurrence's `KEY#1`) if another command
+    used it."""
+    try:
+        return booking.replayed(ctx, replace(whole, key=booking.occurrence_key(key, 1)))
+    except Conflict:
+        first = repo.reservation_by_key(ctx.db.conn, whole.tenant, booking.occurrence_key(key, 1))
+        named = "" if first is None else f" {first[0].series_id or first[0].id}"
+        raise Conflict(
+            f"key {key!r} was used by the series{named} with other parameters (the request,"
+            " --every, --count or --until); use a new --key for a new series"
+        ) from None
 
 
 def _series_of(conn: Conn, first: Reservation, key: str) -> list[Reservation]:

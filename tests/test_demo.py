@@ -36,7 +36,7 @@ def test_the_tour_shows_every_scenario_and_leaves_nothing(scratch: Path) -> None
     assert "by preempting 1 spot reservation" in out
     # globex's own log shows the notice but never who (another tenant) preempted it
     globex_log = out.split("events --tenant globex")[1].split("$ better-compute")[0]
-    assert "reservation.preempting" in globex_log and '"by"' not in globex_log
+    assert "reservation.preempting" in globex_log and '"by": "rsv_' not in globex_log
     assert "pending" in out and "reservation.placed" in out  # the waiting job placed by tick
     assert "reservation.repaired" in out
     assert "dead-letter" in out or "gpu.h100.spot.hours" in out

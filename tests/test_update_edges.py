@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from conftest import HOUR, MIN, Cli, at
@@ -76,3 +77,34 @@ def test_a_series_key_reused_with_other_flags_is_named_as_typed(solo: Cli) -> No
     )
     assert error["message"].startswith("key 'nightly' was used by the series ser_")
     assert "#" not in error["message"]
+
+
+def test_an_import_logs_the_pools_tenants_and_caps_it_creates(solo: Cli, tmp_path: Any) -> None:
+    """A new tenant's cap was set without `quota.set` (an existing tenant's change had one), and
+    neither it nor a new pool had its `...created` event, as `tenant create` and `pool create` do.
+    Nodes stay summed up in `inventory.imported`: an import may bring thousands."""
+    since = solo.ok("events")[-1]["seq"]
+    doc = {
+        "pools": [
+            {
+                "name": "q",
+                "nodes": [{"name": "m1", "gpus": {"count": 2, "model": "h100"}}],
+            }
+        ],
+        "tenants": [{"id": "newco", "quota": {"gpus": 4}}, {"id": "acme", "quota": {"gpus": 5}}],
+    }
+    path = tmp_path / "inv.json"
+    path.write_text(json.dumps(doc))
+    solo.ok("inventory", "import", str(path))
+    events = solo.ok("events", "--since", since)
+    seen = [(e["type"], e["tenantId"], e["data"].get("gpus")) for e in events]
+    assert seen == [  # tenants in id order
+        ("pool.created", None, None),
+        ("quota.set", "acme", 5),
+        ("tenant.created", "newco", None),
+        ("quota.set", "newco", 4),
+        ("inventory.imported", None, None),
+    ]
+    solo.ok("inventory", "import", str(path))  # the same file again changes no cap: no quota.set
+    again = solo.ok("events", "--since", events[-1]["seq"])
+    assert [e["type"] for e in again] == ["inventory.imported"]

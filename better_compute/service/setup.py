@@ -152,9 +152,14 @@ def pool_create(ctx: Ctx, name: str, labels: Labels) -> str:
     with ctx.write() as conn:
         if repo.pool_name_taken(conn, name):
             raise Conflict(f"pool {name!r} already exists")
-        pool_id = repo.insert_pool(conn, name, labels)
-        ctx.event("pool.created", None, None, {"poolId": pool_id, "name": name})
-        return pool_id
+        return _new_pool(ctx, conn, name, labels)
+
+
+def _new_pool(ctx: Ctx, conn: Conn, name: str, labels: Labels) -> str:
+    """A pool, logged as `pool.created` (by `pool create` and by an import that names it)."""
+    pool_id = repo.insert_pool(conn, name, labels)
+    ctx.event("pool.created", None, None, {"poolId": pool_id, "name": name})
+    return pool_id
 
 
 def pool_set_auto_bind(ctx: Ctx, ref: str, auto_bind: bool | None) -> None:
@@ -433,8 +438,13 @@ def tenant_create(ctx: Ctx, tenant: str) -> None:
     with ctx.write() as conn:
         if repo.tenant_exists(conn, tenant):
             raise Conflict(f"tenant {tenant!r} already exists")
-        repo.insert_tenant(conn, tenant)
-        ctx.event("tenant.created", tenant, None, {"tenantId": tenant})
+        _new_tenant(ctx, conn, tenant)
+
+
+def _new_tenant(ctx: Ctx, conn: Conn, tenant: str) -> None:
+    """A tenant, logged as `tenant.created` (by `tenant create` and by an import that names it)."""
+    repo.insert_tenant(conn, tenant)
+    ctx.event("tenant.created", tenant, None, {"tenantId": tenant})
 
 
 def tenant_list(ctx: Ctx) -> list[str]:
@@ -688,7 +698,7 @@ def inventory_import(
             _pool_name(pool.name)
             found = repo.pool_id_named(conn, pool.name)
             if found is None:
-                pool_id = repo.insert_pool(conn, pool.name, pool.labels)
+                pool_id = _new_pool(ctx, conn, pool.name, pool.labels)
             else:
                 pool_id = found
                 repo.set_pool_labels(conn, pool_id, pool.labels)
@@ -699,16 +709,14 @@ def inventory_import(
                 counts["nodes"] += len(step)
                 if progress is not None:
                     progress(counts["nodes"], total)
-        for tenant in inv.tenants:
+        for tenant in inv.tenants:  # few, and each a change to who may book: each logged
             known = repo.tenant_exists(conn, tenant.id)
             if not known:
-                repo.insert_tenant(conn, tenant.id)
+                _new_tenant(ctx, conn, tenant.id)
             if tenant.quota_gpus is not None:
                 was = dict(repo.quotas(conn, tenant.id)).get("") if known else None
-                if known and was != tenant.quota_gpus:  # a change to a tenant's rules: logged
+                if was != tenant.quota_gpus:
                     _set_quota(ctx, conn, tenant.id, "", tenant.quota_gpus)
-                else:
-                    repo.set_quota(conn, tenant.id, "", tenant.quota_gpus)
             counts["tenants"] += 1
         ctx.event("inventory.imported", None, None, {k: v for k, v in counts.items()})
     return counts

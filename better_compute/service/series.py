@@ -157,10 +157,11 @@ def _replayed_series(ctx: Ctx, whole: ReserveArgs, key: str) -> Reservation | No
     """The first occurrence of the series this key booked with the same command, if it did; a
     CONFLICT naming the key as typed (not its first occurrence's `KEY#1`) if another command
     used it."""
+    first_key = booking.occurrence_key(key, 1)
     try:
-        return booking.replayed(ctx, replace(whole, key=booking.occurrence_key(key, 1)))
+        return booking.replayed(ctx, replace(whole, key=first_key))
     except Conflict:
-        first = repo.reservation_by_key(ctx.db.conn, whole.tenant, booking.occurrence_key(key, 1))
+        first = repo.reservation_by_key(ctx.db.conn, whole.tenant, first_key)
         named = "" if first is None else f" {first[0].series_id or first[0].id}"
         raise Conflict(
             f"key {key!r} was used by the series{named} with other parameters (the request,"

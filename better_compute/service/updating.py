@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from better_compute.engine.sticky import keep
 from better_compute.errors import Conflict, InvalidInput
 from better_compute.lifecycle.tick import retry_window
-from better_compute.model import JsonValue, Plan, ReleaseReason, Reservation, State, Window
+from better_compute.model import JsonValue, Plan, Reservation, State, Window
 from better_compute.service import booking, budgets, calendar, placing, reading, windows
 from better_compute.service.admission import check_policy, check_quota, draft_of
 from better_compute.service.context import Ctx
@@ -65,14 +65,14 @@ def may_change(ctx: Ctx, rsv: Reservation) -> None:
     if rsv.preempt_deadline is not None:
         raise Conflict(f"cannot update {rsv.id}: it is being preempted")
     calendar.require_changeable(ctx, rsv, "update")
-    late = booking.overdue(ctx, rsv)
-    if late is not None:  # it is the tick's to release, as extend leaves an ended window
+    # What is left to be overdue is a pending request's time-out (a placed one whose window
+    # began, or under a deadline, is refused above): the tick's to release, as extend leaves
+    # an ended window.
+    if booking.overdue(ctx, rsv) is not None:
         raise Conflict(
             f"cannot update {rsv.id}: it has waited longer than pending.maxWaitMs"
             f" ({human_duration(ctx.settings.pending_max_wait_ms)}); the next tick releases it"
             " as timed out"
-            if late[0] == ReleaseReason.TIMEOUT
-            else f"cannot update {rsv.id}: the next tick releases it ({late[0].value})"
         )
 
 
@@ -95,10 +95,10 @@ def update(ctx: Ctx, rsv_id: str, change: Change) -> Reservation:
             booking.record_outcome(ctx, placed, previous=new)
         else:
             _replan(ctx, old, new, window)
-        if new.start is None:  # a request for now now: no --commit makes it final
-            calendar.forget(ctx, new)
-        else:  # a --commit policy makes the changed booking final
+        if new.start is not None:  # a --commit policy makes the changed booking final
             calendar.record(ctx, new)
+        elif old.start is not None:  # moved to now: no --commit makes it final any more
+            calendar.forget(ctx, new)
         return repo.get_reservation(conn, rsv_id)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from functools import partial
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -62,7 +63,9 @@ def tick(
     if until is None:
         changes = ticking.tick(c)
     else:
-        end = parse_time(until, c.now)
+        parse_time(until, c.now)  # a bad TIME is refused before anything is read
+        # `+10m` without --now counts from where the first tick acts (service/ticking.py)
+        end = partial(parse_time, until) if c.asked is None else parse_time(until, c.now)
         with progress_bar(as_json, "ticking") as advance:
             changes = ticking.tick_until(c, end, step_ms, advance)
     now = c.now

@@ -103,9 +103,17 @@ def _shown(ctx: Ctx, first: int) -> list[Event]:
 
 
 def tick_until(
-    ctx: Ctx, until: int, step_ms: int, progress: Callable[[int, int], None] | None = None
+    ctx: Ctx,
+    until: int | Callable[[int], int],
+    step_ms: int,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[Event]:
     """The same as running tick at every step from now to `until` (both included).
+
+    `until` is an instant, or how to find it from the instant the ticks start at: a relative
+    `--until +10m` without `--now` counts from the instant the first tick acts at, which is read
+    with the write lock held (PRODUCT.md §2), not from the instant the command opened the ledger
+    at. Another writer may move the ledger on in between (two admins advancing time at once).
 
     On a real-clock ledger this moves the ledger's time ahead of the clock for good, so it is
     an admin's decision; on a manual clock it is how time passes.
@@ -118,6 +126,26 @@ def tick_until(
         require_admin(ctx.who, "tick ahead of the real clock (tick --until)")
     # An older --now would act at the ledger's time anyway (§2): the steps start there.
     first = max(ctx.now, state.last_at)
+    instants = _instants(first, until(first) if callable(until) else until, step_ms)
+    changes: list[Event] = []
+    ctx.db.let_writers_in(first=True)
+    real = state.mode == ledger.REAL
+    done = 0
+    while done < len(instants):
+        step = ctx.at(instants[done])
+        changes.extend(tick(step, admin_only=_written(instants, done + 1) if real else None))
+        ctx.now = step.now  # where the ledger acted last: what the command reports as now
+        done += 1
+        if done == 1 and callable(until) and step.now != instants[0]:
+            instants = _instants(step.now, until(step.now), step_ms)  # the same count
+        ctx.db.let_writers_in()  # ticks come back to back: a writer that waits goes first
+        if progress is not None:
+            progress(done, len(instants))
+    return changes
+
+
+def _instants(first: int, until: int, step_ms: int) -> list[int]:
+    """`first`, every step after it, and `until`; refused when `until` is before `first`."""
     if until < first:
         raise InvalidInput(
             f"--until {iso(until)} is before the ledger's time {iso(first)}: time only moves"
@@ -128,17 +156,7 @@ def tick_until(
     instants = list(range(first, until + 1, step_ms))
     if instants[-1] != until:
         instants.append(until)
-    changes: list[Event] = []
-    ctx.db.let_writers_in(first=True)
-    real = state.mode == ledger.REAL
-    for done, instant in enumerate(instants, start=1):
-        step = ctx.at(instant)
-        changes.extend(tick(step, admin_only=_written(instants, done) if real else None))
-        ctx.now = step.now  # where the ledger acted last: what the command reports as now
-        ctx.db.let_writers_in()  # ticks come back to back: a writer that waits goes first
-        if progress is not None:
-            progress(done, len(instants))
-    return changes
+    return instants
 
 
 def _written(instants: list[int], done: int) -> str:

@@ -25,6 +25,28 @@ def _plus_10m(base: int) -> int:
     return parse_time("+10m", base)
 
 
+def _another_admin_moves_the_ledger_first(run: Cli, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Before the first tick of the command under test takes the lock, another admin's `tick
+    --until +20m` (run in this process, through the same hook) commits. Returns the instants
+    the command under test's own ticks act at, filled as it runs."""
+    one_tick = ticking.tick
+    acted: list[int] = []
+    nested: list[bool] = []
+
+    def another_admin_first(step: Ctx, **kw: Any) -> list[Event]:
+        if not nested:
+            nested.append(True)
+            run.ok("tick", "--until", "+20m", "--step", "10m")
+            nested.append(False)
+        got = one_tick(step, **kw)
+        if not nested[-1]:  # not the other admin's own ticks
+            acted.append(step.now)
+        return got
+
+    monkeypatch.setattr(ticking, "tick", another_admin_first)
+    return acted
+
+
 def test_a_relative_until_counts_from_the_ledgers_time_when_it_moved_before(run: Cli) -> None:
     ctx = open_ctx(pgtest.ledger(str(run.db)), None, ME, None)  # opened at NOW
     try:
@@ -42,23 +64,27 @@ def test_a_relative_until_counts_from_where_the_first_tick_acted(
     """The other writer commits after this command read the ledger's time, before its first
     tick takes the lock: the first tick acts at the ledger's time, and +10m counts from it."""
     ctx = open_ctx(pgtest.ledger(str(run.db)), None, ME, None)
-    one_tick = ticking.tick
-    acted: list[int] = []
-
-    def another_admin_first(step: Ctx, **kw: Any) -> list[Event]:
-        if not acted:
-            run.ok("tick", "--until", "+20m", "--step", "10m")
-        got = one_tick(step, **kw)
-        acted.append(step.now)
-        return got
-
-    monkeypatch.setattr(ticking, "tick", another_admin_first)
+    acted = _another_admin_moves_the_ledger_first(run, monkeypatch)
     try:
         ticking.tick_until(ctx, _plus_10m, 5 * MINUTE)
     finally:
         ctx.db.close()
     assert acted == [NOW_MS + (20 + m) * MINUTE for m in (0, 5, 10)]
     assert ctx.now == NOW_MS + 30 * MINUTE
+
+
+@pytest.mark.parametrize("until", [str(NOW_MS + 5 * MINUTE), "2026-09-28T08:05:00Z"])
+def test_an_absolute_until_the_ledger_passed_while_waiting_acts_once_and_succeeds(
+    run: Cli, monkeypatch: pytest.MonkeyPatch, until: str
+) -> None:
+    """An instant written out is not moved (a review of the fix above: it was, and the command
+    wrote its first tick, then exited INVALID_INPUT). As before that fix, the tick that finds the
+    ledger past the instant acts at the ledger's time, and the rest add nothing."""
+    assert parse_time("2026-09-28T08:05:00Z", 0) == NOW_MS + 5 * MINUTE
+    acted = _another_admin_moves_the_ledger_first(run, monkeypatch)
+    doc = run.ok("tick", "--until", until, "--step", "1m", now=None)
+    assert doc["now"] == NOW_MS + 20 * MINUTE
+    assert set(acted) == {NOW_MS + 20 * MINUTE}
 
 
 def test_an_absolute_until_or_one_relative_to_now_given_stays_where_it_was(run: Cli) -> None:

@@ -25,7 +25,7 @@ from better_compute.cli.app import (
 from better_compute.errors import InvalidInput
 from better_compute.lazy import lazy
 from better_compute.model import Event, JsonValue
-from better_compute.timeparse import parse_duration, parse_time
+from better_compute.timeparse import is_relative, parse_duration, parse_time
 
 if TYPE_CHECKING:
     from better_compute.render import chart, human
@@ -65,7 +65,8 @@ def tick(
     else:
         parse_time(until, c.now)  # a bad TIME is refused before anything is read
         # `+10m` without --now counts from where the first tick acts (service/ticking.py)
-        end = partial(parse_time, until) if c.asked is None else parse_time(until, c.now)
+        relative = c.asked is None and is_relative(until)
+        end = partial(parse_time, until) if relative else parse_time(until, c.now)
         with progress_bar(as_json, "ticking") as advance:
             changes = ticking.tick_until(c, end, step_ms, advance)
     now = c.now

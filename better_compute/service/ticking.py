@@ -114,6 +114,8 @@ def tick_until(
     `--until +10m` without `--now` counts from the instant the first tick acts at, which is read
     with the write lock held (PRODUCT.md §2), not from the instant the command opened the ledger
     at. Another writer may move the ledger on in between (two admins advancing time at once).
+    An instant stays put: if the ledger passed it meanwhile, the first tick acts at the ledger's
+    time and the rest add nothing, as a tick with an older --now does.
 
     On a real-clock ledger this moves the ledger's time ahead of the clock for good, so it is
     an admin's decision; on a manual clock it is how time passes.
@@ -137,7 +139,8 @@ def tick_until(
         ctx.now = step.now  # where the ledger acted last: what the command reports as now
         done += 1
         if done == 1 and callable(until) and step.now != instants[0]:
-            instants = _instants(step.now, until(step.now), step_ms)  # the same count
+            # the same count of steps from where it acted (`now` or `+10m`: never before it)
+            instants = _instants(step.now, max(until(step.now), step.now), step_ms)
         ctx.db.let_writers_in()  # ticks come back to back: a writer that waits goes first
         if progress is not None:
             progress(done, len(instants))

@@ -8,9 +8,9 @@ groups over as four JSON arrays. Python then counts a mask's GPUs once per windo
 GPU (`fold_windows`). repo.booking_buckets's rows, one per GPU and sorted by SQLite, and
 `fold` are the path PostgreSQL takes (tests compare the two, and both with a count GPU by GPU).
 
-Both read what the ledger guarantees: no GPU is booked twice at one instant (tests/
-test_properties.py checks it after every step, past bookings included). On SQLite, while a
-node that left the pool still holds bookings of it (`_strays`), the plain rows are folded.
+The grouped read relies on what the ledger guarantees: no GPU is booked twice at one instant
+(tests/test_properties.py checks it after every step, past bookings included). On SQLite, while
+a node that left the pool still holds bookings of it (`_strays`), the plain rows are folded.
 """
 
 from __future__ import annotations

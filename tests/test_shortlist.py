@@ -549,5 +549,9 @@ def test_a_gang_plans_only_its_best_groups_and_answers_as_the_full_planner(
         fits = placing.gang_fits(ctx, pool_id, request, subject.id, ask.exclude, top_n=top_n)
         best = rank_gangs(request, all_fits)[:top_n]
         assert rank_gangs(request, fits)[:top_n] == best
+        # preview shows the best gang from the fits its plan chose from (placing.gang_plan)
+        outcome, chosen = placing.gang_plan(ctx, subject, WINDOW, ask.exclude)
+        assert outcome == placing.full_plan(ctx, subject, WINDOW, ask.exclude)
+        assert rank_gangs(request, chosen)[:1] == best[:1]
         planned = {plan.node_id for _, plan in fits}
         event(f"gang {'found' if best else 'none'}: planned {len(planned)} of {len(all_fits)} fits")

@@ -540,10 +540,13 @@ def preview(ctx: Ctx, args: ReserveArgs) -> Preview:
                 plans = sorted((plan for _, plan in fits), key=lambda p: (-p.score, p.node_id))
                 return Preview(True, tuple(plans[:top]), None, None, window, searched)
             outcome = placing.full_plan(ctx, draft, window)
-        else:
-            outcome = placing.plan(ctx, draft, window)
+            best = outcome.members if isinstance(outcome, Plan) else ()
+        else:  # a gang: the members of the best gang, from the fits its plan chose from
+            outcome, fits = placing.gang_plan(ctx, draft, window)
+            gangs = rank_gangs(request, fits) if isinstance(outcome, Plan) else []
+            best = gangs[0].members if gangs else ()
         if isinstance(outcome, Plan):
-            return Preview(True, _candidates(ctx, draft, window), None, None, window, searched)
+            return Preview(True, best, None, None, window, searched)
         preemptible = None
         if not args.spot and not args.node_lease:
             deadline = max(args.start or ctx.now, ctx.now + ctx.settings.spot_notice_ms)
@@ -566,14 +569,6 @@ def previewed(args: ReserveArgs, p: Preview) -> ReserveArgs:
         start_range=None,
         duration_range=None,
     )
-
-
-def _candidates(ctx: Ctx, draft: Reservation, window: Window) -> tuple[NodePlan, ...]:
-    """Gang: the members of the best gang (single nodes are answered in preview itself)."""
-    request = draft.request(window)
-    fits = placing.gang_fits(ctx, draft.pool_id, request, None, frozenset(), top_n=1)
-    gangs = rank_gangs(request, fits)
-    return gangs[0].members if gangs else ()
 
 
 # ---------------------------------------------------------------- reading

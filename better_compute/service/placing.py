@@ -43,12 +43,22 @@ def plan(
     request = rsv.request(window)
     seed, top_n = ctx.seed(rsv.id, window.start), ctx.settings.top_n
     if request.gang_size is not None:
-        fits = gang_fits(ctx, rsv.pool_id, request, rsv.id, exclude, top_n=max(1, top_n))
-        return pick_gang(request, fits, seed=seed, top_n=top_n)
+        return gang_plan(ctx, rsv, window, exclude)[0]
     fits = shortlisted_fits(ctx, rsv.pool_id, request, rsv.id, exclude, enough=max(1, top_n))
     if fits:
         return pick_single(fits, seed=seed, top_n=top_n)
     return full_plan(ctx, rsv, window, exclude)
+
+
+def gang_plan(
+    ctx: Ctx, rsv: Reservation, window: Window, exclude: frozenset[str] = frozenset()
+) -> tuple[Plan | NoFit, list[Fit]]:
+    """plan() of a gang, with the fits it chose from: enough for the best topN gangs, so the
+    best one (engine/gang.rank_gangs) too, which preview shows without planning again."""
+    request = rsv.request(window)
+    top_n = ctx.settings.top_n
+    fits = gang_fits(ctx, rsv.pool_id, request, rsv.id, exclude, top_n=max(1, top_n))
+    return pick_gang(request, fits, seed=ctx.seed(rsv.id, window.start), top_n=top_n), fits
 
 
 def full_plan(

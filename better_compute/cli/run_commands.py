@@ -28,6 +28,8 @@ from better_compute.model import Event, JsonValue
 from better_compute.timeparse import is_relative, parse_duration, parse_time
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from better_compute.render import chart, human
     from better_compute.render import json as js
     from better_compute.render import webhooks as hooks_view
@@ -63,10 +65,9 @@ def tick(
     if until is None:
         changes = ticking.tick(c)
     else:
-        parse_time(until, c.now)  # a bad TIME is refused before anything is read
-        # `+10m` without --now counts from where the first tick acts (service/ticking.py)
-        relative = c.asked is None and is_relative(until)
-        end = partial(parse_time, until) if relative else parse_time(until, c.now)
+        end: int | Callable[[int], int] = parse_time(until, c.now)  # a bad TIME: refused here
+        if c.asked is None and is_relative(until):  # `+10m` counts from the first tick's instant
+            end = partial(parse_time, until)
         with progress_bar(as_json, "ticking") as advance:
             changes = ticking.tick_until(c, end, step_ms, advance)
     now = c.now

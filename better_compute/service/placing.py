@@ -41,9 +41,9 @@ def plan(
     that is the same answer). A single-node request that fits nowhere asks full_plan, whose
     no-fit reason counts every node's refusal."""
     request = rsv.request(window)
-    seed, top_n = ctx.seed(rsv.id, window.start), ctx.settings.top_n
     if request.gang_size is not None:
         return gang_plan(ctx, rsv, window, exclude)[0]
+    seed, top_n = ctx.seed(rsv.id, window.start), ctx.settings.top_n
     fits = shortlisted_fits(ctx, rsv.pool_id, request, rsv.id, exclude, enough=max(1, top_n))
     if fits:
         return pick_single(fits, seed=seed, top_n=top_n)

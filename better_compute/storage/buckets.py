@@ -61,26 +61,17 @@ def _windows(
 
     One JSON array per column. On the big pool, with the fold, 53–55 ms against 65–68 for one
     packed integer a booking, sorted in Python (docs/speed.md, "timeline by window")."""
+    first, last = repo.bucket_span("")
     sql = (
         "SELECT json_group_array(node_id), json_group_array(f), json_group_array(l),"
         " json_group_array(m) FROM ("
-        "SELECT node_id, (CASE WHEN start > :from THEN start ELSE :from END - :from) / :step AS f,"
-        ' CASE WHEN "end" - :from - 1 < :count * :step THEN ("end" - :from - 1) / :step'
-        " ELSE :count - 1 END AS l, SUM(1 << atom) AS m FROM bookings"
+        f"SELECT node_id, {first} AS f, {last} AS l, SUM(1 << atom) AS m FROM bookings"
         " WHERE node_id IN (SELECT name FROM nodes WHERE pool_id = :pool)"
         # `+`: the pool's test must not steer SQLite off the nodes' index (bookings_node_window)
         ' AND "end" > :from AND "end" < :bound AND start < :to AND +pool_id = :pool'
         ' GROUP BY node_id, "end", start ORDER BY node_id, "end", start)'
     )
-    args = {
-        "pool": pool_id,
-        "from": window.start,
-        "to": window.end,
-        "bound": window.end + repo.longest_booking(conn, pool_id),
-        "step": step,
-        "count": count,
-    }
-    columns = conn.execute(sql, args).fetchone()
+    columns = conn.execute(sql, repo.bucket_args(conn, pool_id, window, step, count)).fetchone()
     nodes, firsts, lasts, masks = (json.loads(c) for c in columns)
     return zip(nodes, firsts, lasts, masks, strict=True)
 

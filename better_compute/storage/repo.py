@@ -1318,6 +1318,34 @@ def move_bookings_end(conn: Conn, rsv_id: str, old_end: int, new_end: int) -> No
     )
 
 
+def bucket_span(alias: str) -> tuple[str, str]:
+    """SQL for a booking's first and last bucket of a window of `:count` buckets `:step` wide
+    from `:from` (the last ends at the window's end), for the timeline's two reads (this one and
+    storage/buckets.py's windows). `alias`: how the booking's columns are named ("b." or "")."""
+    start, end = f"{alias}start", f'{alias}"end"'
+    return (
+        f"(CASE WHEN {start} > :from THEN {start} ELSE :from END - :from) / :step",
+        f"CASE WHEN {end} - :from - 1 < :count * :step THEN ({end} - :from - 1) / :step"
+        " ELSE :count - 1 END",
+    )
+
+
+def bucket_args(
+    conn: Conn, pool_id: str, window: Window, step: int, count: int
+) -> dict[str, object]:
+    """The parameters of bucket_span's SQL and of the overlap test both reads make: a booking
+    overlaps the window when it ends after `:from` (and before `:bound`, the window's end plus
+    the pool's longest booking, which keeps the read on the index) and starts before `:to`."""
+    return {
+        "pool": pool_id,
+        "from": window.start,
+        "to": window.end,
+        "bound": window.end + longest_booking(conn, pool_id),
+        "step": step,
+        "count": count,
+    }
+
+
 def booking_buckets(
     conn: Conn, pool_id: str, window: Window, step: int, tenant: str | None = None
 ) -> Iterator[tuple[str, int, int, int]]:
@@ -1325,11 +1353,9 @@ def booking_buckets(
     given): the indexes of the first and last of the window's `step`-wide buckets it overlaps
     (the last bucket ends at the window's end), ordered by node, atom, first. For the timeline."""
     count = -(-(window.end - window.start) // step)
+    first, last = bucket_span("b.")
     sql = (
-        "SELECT b.node_id, b.atom,"
-        " (CASE WHEN b.start > :from THEN b.start ELSE :from END - :from) / :step,"
-        ' CASE WHEN b."end" - :from - 1 < :count * :step THEN (b."end" - :from - 1) / :step'
-        " ELSE :count - 1 END FROM bookings b WHERE"
+        f"SELECT b.node_id, b.atom, {first}, {last} FROM bookings b WHERE"
         # A tenant's: its own bookings through their tenant's index (migration 13), not every
         # booking of the pool's window looked up in the reservations (`|| ''` keeps SQLite off
         # the pool's index, on both backends' syntax).
@@ -1340,14 +1366,7 @@ def booking_buckets(
         )
         + ' AND b."end" > :from AND b."end" < :bound AND b.start < :to'
     )
-    args: dict[str, object] = {
-        "pool": pool_id,
-        "from": window.start,
-        "to": window.end,
-        "bound": window.end + longest_booking(conn, pool_id),
-        "step": step,
-        "count": count,
-    }
+    args = bucket_args(conn, pool_id, window, step, count)
     if tenant is not None:
         args["tenant"] = tenant
     # Plain tuples, read as consumed: a week holds a hundred thousand of these rows, and the

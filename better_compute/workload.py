@@ -114,6 +114,8 @@ def parse_openb(text: str, base: int, compress: Fraction = Fraction(1)) -> Workl
         gpus = csv_int(row, "num_gpu", line, 0, MAX_GPUS)
         created = csv_int(row, "creation_time", line, 0, MAX_MS // 1000)
         deleted = csv_int(row, "deletion_time", line, 0, MAX_MS // 1000)
+        if "gpu_milli" in row:  # not needed (a shared GPU is taken whole), but checked: a bad
+            csv_int(row, "gpu_milli", line, 0, 1000)  # one is a damaged file, not a task
         if gpus == 0 or deleted <= created:
             skipped += 1
             continue

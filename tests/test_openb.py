@@ -265,6 +265,12 @@ def test_task_rows_map_as_the_data_readme_says() -> None:
         ("p-0,1,1,one,1000,,LS,Running,0,600,0", "line 2: num_gpu must be"),
         ("p-0,1,1,1,1000,,LS,Running,-5,600,0", "line 2: creation_time must be"),
         ("p-0,1,1,1,1000,A 100,LS,Running,0,600,0", "line 2: gpu_spec"),
+        # a hostile review: gpu_milli is not needed (a shared GPU is taken whole), and a bad
+        # one was accepted; it is a damaged file, whether the task has GPUs or not
+        ("p-0,1,1,1,abc,,LS,Running,0,600,0", "line 2: gpu_milli must be an integer from 0"),
+        ("p-0,1,1,1,-5,,LS,Running,0,600,0", "line 2: gpu_milli must be"),
+        ("p-0,1,1,0,,,LS,Running,0,600,0", "line 2: gpu_milli must be"),
+        ("p-0,1,1,1,1001,,LS,Running,0,600,0", "line 2: gpu_milli must be"),
     ],
 )
 def test_a_bad_task_row_names_its_line(row: str, message: str) -> None:

@@ -343,11 +343,24 @@ def test_refused_requests_are_never_placed_and_the_replay_goes_on(fleet: Cli, db
         {"at": "+2m", "tenant": "acme", "gpus": 1, "duration": "1h", "model": "a100"},  # no a100
         {"at": "+3m", "tenant": "globex", "gpus": 1, "duration": "1h"},
     ]
-    report = fleet.ok(
+    code, report, err = fleet(
         "simulate", "--workload", write_jsonl(db_dir / "w.jsonl", lines), "--format", "jsonl",
         now=None,
     )  # fmt: skip
+    assert code == 0, err
     assert (report["requests"], report["placedAtOnce"], report["neverPlaced"]) == (4, 2, 2)
+    # A hostile review: a typo (a model no node has) on every line read as "never placed" and
+    # nothing else. The refusals are counted on stderr, with the first one's line and reason.
+    assert err == (
+        "warning: 2 request(s) refused while replaying, counted as never placed; the first,"
+        " line 2: QUOTA_EXCEEDED: tenant 'acme' holds 2 of its 2-GPU quota in all pools; this"
+        " request needs 1 more\n"
+    ), err
+    _code, _report, quiet = fleet(
+        "simulate", "--workload", write_jsonl(db_dir / "v.jsonl", lines[3:]), "--format", "jsonl",
+        now=None,
+    )  # fmt: skip
+    assert quiet == "", quiet  # nothing refused: no warning
 
 
 # ---------------------------------------------------------------- refusals

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
@@ -42,3 +43,8 @@ def simulate(
     with progress_bar(as_json, "replaying requests") as advance:
         report = service.simulate(c, workload, fmt, k, until, pool, advance)
     emit(as_json, js.simulation(report), lambda: human.simulation(report))
+    if report.refused:  # counted as never placed: say why, or a typo looks like no capacity
+        sys.stderr.write(
+            f"warning: {report.refused} request(s) refused while replaying, counted as never"
+            f" placed; the first, {report.first_refusal}\n"
+        )

@@ -89,6 +89,10 @@ class Report:
     utilisation: tuple[Utilisation, ...]
     wall_seconds: float
     requests_per_second: float
+    #: Requests refused while replaying (counted as never placed), and the first one's line and
+    #: reason: for the warning the command prints, not in the JSON (PRODUCT.md §7's keys).
+    refused: int = 0
+    first_refusal: str | None = None
 
 
 @dataclass
@@ -101,6 +105,7 @@ class _Run:
     lo_seq: int | None = None
     hi_seq: int | None = None
     refused: int = 0
+    first_refusal: str | None = None
     #: Requests whose transaction has committed: a replay that stops says how far it got.
     done: int = 0
     #: Requests whose idempotency key returned a reservation that already existed (made earlier
@@ -356,16 +361,17 @@ def _arrivals_and_ticks(
         arrival, j = plan[i][0].at, i
         while j < len(plan) and plan[j][0].at == arrival:
             j += 1
-        at_arrival = [args for _, args in plan[i:j]]
+        at_arrival = plan[i:j]
         starts_now = False  # a request of this instant was placed to start at it
-        for k, args in enumerate(at_arrival):
+        for k, (request, args) in enumerate(at_arrival):
             caught_up = k > 0
             while True:
                 with _transaction(ctx):  # this request's transaction
                     if not caught_up:  # what fell due since the previous request
                         caught_up = due.tick_through(arrival, first=True, within=TRAILING_HOLD_S)
                     if caught_up:
-                        starts_now = _reserve(_at(ctx, arrival), args, run, fleet) or starts_now
+                        placed = _reserve(_at(ctx, arrival), request.line, args, run, fleet)
+                        starts_now = placed or starts_now
                         if k == len(at_arrival) - 1:
                             due.after = arrival - 1  # the arrivals may have made something due
                             due.tick_through(arrival, first=False, due_now=starts_now)
@@ -470,9 +476,10 @@ class _Due:
         self.after = due
 
 
-def _reserve(ctx: Ctx, args: ReserveArgs, run: _Run, fleet: Fleet) -> bool:
-    """One request; True when it was placed to start at the instant it asked to act at (a
-    clock moved ahead by another process acts later, and the due lookup finds when)."""
+def _reserve(ctx: Ctx, line: int, args: ReserveArgs, run: _Run, fleet: Fleet) -> bool:
+    """One request (the workload's line `line`); True when it was placed to start at the
+    instant it asked to act at (a clock moved ahead by another process acts later, and the due
+    lookup finds when)."""
     ctx.fleet = fleet
     # Inside the write transaction: a reservation not newer than this was there before the call
     # (its key's, whoever made it: another writer may use a key between two requests). Without
@@ -480,10 +487,12 @@ def _reserve(ctx: Ctx, args: ReserveArgs, run: _Run, fleet: Fleet) -> bool:
     newest = None if args.key is None else store.last_reservation_seq(ctx.db.conn)
     try:
         rsv = booking.reserve(ctx, args, read_back=False)
-    except REFUSALS:
+    except REFUSALS as exc:
         with ctx.db.read() as conn:
             fleet.after_rollback(conn)
         run.refused += 1
+        if run.first_refusal is None:
+            run.first_refusal = f"line {line}: {exc.code}: {exc.message}"
         return False
     if newest is not None and rsv.seq <= newest:  # a key that was used already
         run.retried += 1
@@ -563,6 +572,8 @@ def _report(
         utilisation=buckets,
         wall_seconds=round(wall, 3),
         requests_per_second=round(requests / wall, 1) if wall > 0 else 0.0,
+        refused=run.refused,
+        first_refusal=run.first_refusal,
     )
 
 

@@ -152,8 +152,17 @@ def _what(value: object) -> str:
     return text if len(text) <= 40 else text[:39] + "…"
 
 
+def _whole(value: object) -> object:
+    """A JSON number with nothing after the point (`3600000.0`, as a writer of floats emits a
+    whole number) as the integer it is, up to 2**53, beyond which a float holds no exact whole
+    number; anything else as it is, to be checked and refused."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
+        return int(value)
+    return value
+
+
 def _int(d: dict[str, object], key: str, lo: int, hi: int) -> int | None:
-    value = d.get(key)
+    value = _whole(d.get(key))
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
@@ -163,7 +172,7 @@ def _int(d: dict[str, object], key: str, lo: int, hi: int) -> int | None:
 
 def _instant(d: dict[str, object], key: str, base: int) -> int | None:
     """Epoch ms, or the CLI's TIME forms (`+2h` counts from the ledger's instant)."""
-    value = d.get(key)
+    value = _whole(d.get(key))
     if value is None:
         return None
     if isinstance(value, int) and not isinstance(value, bool):
@@ -183,7 +192,7 @@ def _relative_text(value: object) -> str | None:
 
 
 def _duration(d: dict[str, object]) -> int:
-    value = d.get("duration")
+    value = _whole(d.get("duration"))
     if isinstance(value, int) and not isinstance(value, bool):
         if value <= 0:
             raise InvalidInput(f"duration must be more than 0 ms, got {value}")

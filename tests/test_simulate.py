@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 from conftest import MIN, NOW, NOW_MS, SEC, Cli, init_db
 
-from better_compute.errors import Unavailable
+from better_compute.errors import InvalidInput, Unavailable
 from better_compute.service import simulate as simulate_service
 from better_compute.timeparse import iso
+from better_compute.workload import parse_jsonl
 
 MACHINE_KEYS = ("wallSeconds", "requestsPerSecond")
 REPORT_KEYS = [
@@ -477,6 +478,28 @@ def test_null_is_absent_for_every_optional_key(fleet: Cli, db_dir: Path) -> None
     report = fleet.ok("simulate", "--workload", path, "--format", "jsonl")
     assert (report["requests"], report["placedAtOnce"]) == (1, 1)
     assert fleet.ok("list", "--tenant", "acme")[0]["spot"] is False
+
+
+def test_a_whole_number_written_as_a_float_is_that_integer() -> None:
+    """A hostile review: `"duration": 3600000.0` (what a writer of floats emits, pandas for a
+    column with a gap) was refused as "must be whole milliseconds". A whole float up to 2**53
+    is the integer; a fraction, a boolean or a float beyond exact integers is still refused."""
+    floats = {"at": float(NOW_MS + MIN), "gpus": 2.0, "duration": 3600000.0, "gang": 2.0}
+    ints = {key: int(value) for key, value in floats.items()}
+    got = [
+        parse_jsonl(json.dumps({"tenant": "acme", **d}), NOW_MS).requests[0] for d in (floats, ints)
+    ]
+    assert got[0] == got[1] and (got[0].gpus, got[0].duration_ms, got[0].gang) == (2, 3_600_000, 2)
+    line = {"at": "+1h", "tenant": "acme", "gpus": 1, "duration": "1h"}
+    for bad, said in [
+        ({"gpus": 1.5}, "gpus must be an integer from 1 to 64, got 1.5"),
+        ({"gpus": True}, "gpus must be an integer from 1 to 64, got true"),
+        ({"duration": 1.5}, "duration must be whole milliseconds"),
+        ({"duration": 1e16}, "duration must be whole milliseconds"),
+    ]:
+        with pytest.raises(InvalidInput) as caught:
+            parse_jsonl(json.dumps({**line, **bad}), NOW_MS)
+        assert caught.value.message.startswith(f"line 1: {said}"), caught.value.message
 
 
 def test_simulate_refuses_a_real_clock_ledger_and_non_admins(db_dir: Path) -> None:

@@ -756,7 +756,7 @@ def test_a_key_another_writer_used_during_the_replay_is_not_counted_as_the_runs(
     real = simulate._reserve
     made: list[str] = []
 
-    def after_the_first_request(ctx: Any, args: Any, run: Any, fleet_: Any) -> bool:
+    def after_the_first_request(ctx: Any, line: int, args: Any, run: Any, fleet_: Any) -> bool:
         if not made:  # the first request: a user books between its commit and the next one
             original = ctx.db.let_writers_in
 
@@ -767,7 +767,7 @@ def test_a_key_another_writer_used_during_the_replay_is_not_counted_as_the_runs(
                                          "1h", "--key", "k", now="+1m")["id"])  # fmt: skip
 
             monkeypatch.setattr(ctx.db, "let_writers_in", then_a_user)
-        return bool(real(ctx, args, run, fleet_))
+        return bool(real(ctx, line, args, run, fleet_))
 
     monkeypatch.setattr(simulate, "_reserve", after_the_first_request)
     report = fleet.ok("simulate", "--workload", workload, "--format", "jsonl", now=None)

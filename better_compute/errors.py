@@ -49,6 +49,15 @@ class Unavailable(BetterComputeError):
     exit_code = 7
 
 
+class Replaced(Unavailable):
+    """The ledger's file was replaced under the command (`restore`, `init --force`): still
+    UNAVAILABLE. A replay says its requests went with the file it replaced (`path`)."""
+
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+
+
 class Damaged(Unavailable):
     """A ledger file of ours that cannot be opened: malformed, or a schema better-compute did not
     make. Still UNAVAILABLE; `init --force` and `restore` say how to replace it."""

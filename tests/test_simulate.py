@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MIN, NOW, NOW_MS, SEC, Cli, init_db
+from conftest import ME, MIN, NOW, NOW_MS, SEC, Cli, init_db
 
 from better_compute.errors import InvalidInput, Unavailable
 from better_compute.service import simulate as simulate_service
@@ -774,6 +774,115 @@ def test_a_key_another_writer_used_during_the_replay_is_not_counted_as_the_runs(
     assert (report["requests"], report["placedAtOnce"], report["skipped"]) == (1, 1, 1)
     assert report["gpuHoursBooked"] == 1.0
     assert len(fleet.ok("list")) == 2 and made
+
+
+def _after_the_first_request(monkeypatch: pytest.MonkeyPatch, act: Any) -> list[bool]:
+    """Run `act()` once, as another writer, between the replay's first request and the next:
+    where the replay lets waiting writers in. Returns a list that holds True once it ran."""
+    from better_compute.service import simulate
+
+    real, ran = simulate._reserve, list[bool]()
+
+    def first_then(ctx: Any, line: int, args: Any, run: Any, fleet_: Any) -> bool:
+        if not ran:
+            original = ctx.db.let_writers_in
+
+            def then_act(*a: Any, **k: Any) -> None:
+                original(*a, **k)
+                if not ran:
+                    ran.append(True)
+                    act()
+
+            monkeypatch.setattr(ctx.db, "let_writers_in", then_act)
+        return bool(real(ctx, line, args, run, fleet_))
+
+    monkeypatch.setattr(simulate, "_reserve", first_then)
+    return ran
+
+
+def _filled_then_one_more() -> list[dict[str, Any]]:
+    """The small fleet's 16 GPUs taken at the start, then a request that must wait."""
+    full = [{"at": NOW_MS, "tenant": "acme", "gpus": 4, "duration": "2h"} for _ in range(4)]
+    return [*full, {"at": NOW_MS + MIN, "tenant": "acme", "gpus": 4, "duration": "1h"}]
+
+
+def test_a_setting_another_writer_changes_applies_from_then_on(
+    fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hostile review: `config set` during a replay was ignored for the rest of it (the
+    settings were read once). The request that waits after it is retried at the new pace."""
+    ran = _after_the_first_request(
+        monkeypatch, lambda: fleet.ok("config", "set", "pending.retryMs", "600000", now=None)
+    )
+    work = write_jsonl(db_dir / "w.jsonl", _filled_then_one_more())
+    report = fleet.ok("simulate", "--workload", work, "--format", "jsonl", "--until", "+5m")
+    assert ran and (report["placedAtOnce"], report["neverPlaced"]) == (4, 1), report
+    pending = [e for e in fleet.ok("events") if e["type"] == "reservation.pending"]
+    assert [e["data"]["nextAttemptAt"] - e["at"] for e in pending] == [600_000], pending
+
+
+def test_a_pool_added_meanwhile_does_not_change_where_requests_go(
+    fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hostile review: a second pool created during a replay made every later request that
+    names no pool refused ("several pools exist"), counted as never placed. Requests go to the
+    pool the run began with."""
+    ran = _after_the_first_request(monkeypatch, lambda: fleet.ok("pool", "create", "east"))
+    work = write_jsonl(db_dir / "w.jsonl", _filled_then_one_more()[:4])
+    code, report, err = fleet("simulate", "--workload", work, "--format", "jsonl")
+    assert ran and code == 0 and err == "", err
+    assert (report["placedAtOnce"], report["neverPlaced"]) == (4, 0), report
+
+
+def test_an_admin_removed_meanwhile_stops_the_replay(
+    fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hostile review: once its principal was no longer an admin, every later request was
+    refused FORBIDDEN one by one and counted as never placed, exit 0. A replay is admin-only:
+    it stops, saying what the ledger holds."""
+    ran = _after_the_first_request(
+        monkeypatch, lambda: fleet.ok("--as", "admin", "admin", "remove", ME, now=None)
+    )
+    work = write_jsonl(db_dir / "w.jsonl", _filled_then_one_more())
+    err = fleet.fails(6, "simulate", "--workload", work, "--format", "jsonl", "--until", "+5m")
+    assert ran and err["message"].startswith(
+        f"{ME!r} is no longer an admin: it was removed while it replayed; a replay is"
+        " admin-only; the replay stopped at request 2 of 5"
+    ), err
+    assert len(fleet.ok("list")) == 1  # the first request, and nothing after
+
+
+def test_usage_counts_over_the_runs_span_when_another_tick_goes_past_until(
+    fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hostile review: another writer's `tick` past `--until` made the replay's later request
+    start after the run's end, and its open usage window counted negative (end - start)."""
+    ran = _after_the_first_request(monkeypatch, lambda: fleet.ok("tick", now="+2h"))
+    lines = [
+        {"at": NOW_MS + m * MIN, "tenant": "acme", "gpus": 1, "duration": "10h"} for m in (0, 1)
+    ]
+    work = write_jsonl(db_dir / "w.jsonl", lines)
+    report = fleet.ok("simulate", "--workload", work, "--format", "jsonl", "--until", "+30m")
+    assert ran and report["placedAtOnce"] == 2, report
+    assert report["gpuHoursUsed"] == 0.5, report  # the first, over the run's half hour
+
+
+@pytest.mark.sqlite_only(reason="replaces the ledger file")
+def test_a_ledger_replaced_meanwhile_says_the_runs_work_went_with_it(
+    fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hostile review: after `init --force` (or `restore`) during a replay, the error said
+    both "nothing was written, run it again" and that the requests before were in the ledger,
+    which now held none of them."""
+    ran = _after_the_first_request(monkeypatch, lambda: fleet.ok("init", "--force"))
+    work = write_jsonl(db_dir / "w.jsonl", _filled_then_one_more())
+    err = fleet.fails(7, "simulate", "--workload", work, "--format", "jsonl", "--until", "+5m")
+    assert ran and err["message"] == (
+        f"database {fleet.db} was replaced while the replay ran (`restore`, or `init --force`):"
+        " the 1 request it had replayed, and their ticks, went with the file it replaced;"
+        " nothing more was written"
+    ), err
+    assert fleet.ok("list") == []
 
 
 def test_a_replay_that_stops_midway_says_what_the_ledger_holds(

@@ -67,6 +67,11 @@ class Ctx:
         with self.db.read() as conn:
             return repo.load_settings(conn)
 
+    def forget_settings(self) -> None:
+        """Read the settings again on next use: another process committed since they were read
+        (a replay's transactions; service/simulate.py). Copies made before keep theirs."""
+        self.__dict__.pop("settings", None)
+
     def at(self, instant: int, *, system: bool | None = None) -> Ctx:
         """The same command acting at another explicit instant (a step of `tick --until`)."""
         return replace(
@@ -97,10 +102,16 @@ class Ctx:
             return
         self.require_still_admin(conn)
 
-    def require_still_admin(self, conn: Conn, written: str = "nothing was written") -> None:
+    def require_still_admin(
+        self,
+        conn: Conn,
+        written: str = "nothing was written",
+        when: str = "while this command waited for the ledger",
+    ) -> None:
         """_still_admin's check, also for admin-only work done as the system: each step of
         `tick --until` on a real clock is a transaction of its own, and `admin remove` may
-        commit between two of them. `written`: what the refusal says the command wrote."""
+        commit between two of them. `written`: what the refusal says the command wrote;
+        `when`: when the admin was removed, as it says."""
         who = self.who
         needed = [n for n in (who.acting_admin, who.name if who.admin else None) if n]
         if not needed or who is SYSTEM_PRINCIPAL:
@@ -110,10 +121,7 @@ class Ctx:
         admins = ledger.admins(conn)
         for name in needed if admins else ():
             if name not in admins:
-                raise Forbidden(
-                    f"{name!r} is no longer an admin: it was removed while this command waited"
-                    f" for the ledger; {written}"
-                )
+                raise Forbidden(f"{name!r} is no longer an admin: it was removed {when}; {written}")
         self.db.memo[_ADMIN_MEMO] = True
 
     def act(self) -> None:

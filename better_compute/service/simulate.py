@@ -21,7 +21,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from better_compute import clock
@@ -32,6 +32,7 @@ from better_compute.errors import (
     InvalidInput,
     NotFound,
     QuotaExceeded,
+    Replaced,
 )
 from better_compute.model import SERIES_MARK, State, evolve
 from better_compute.service import booking, setup, ticking
@@ -151,8 +152,16 @@ def simulate(
     checked = [(r, _args(r, pool, notice)) for r in workload.requests]
     pool_ids = _check_pools(ctx, checked, pool)
     _check_keys(ctx, checked)
-    plan = [(r, args) for r, args in checked if until is None or r.at < until]
-    asked_pools = {pool_ids[args.pool] for _, args in plan}
+    # Each request goes to the pool its line (or --pool, or the ledger's only pool) named when
+    # the run began, by id: a pool another writer adds, renames or deletes meanwhile changes
+    # nothing of where the workload goes ("several pools exist" refused every request after an
+    # import added a second pool, a hostile review found).
+    plan = [
+        (r, replace(args, pool=pool_ids[args.pool]))
+        for r, args in checked
+        if until is None or r.at < until
+    ]
+    asked_pools = {str(args.pool) for _, args in plan}
     _create_tenants(ctx.at(base), sorted({r.tenant for r, _ in plan}))  # those sent only
     run = _Run(base, first_event, set())
     try:
@@ -173,6 +182,13 @@ def _stopped(
     now holds, since running the same workload again would replay those requests twice."""
     if run.done == 0:
         return exc
+    if isinstance(exc, Replaced):  # its work is in the file it replaced, not in this ledger
+        return Replaced(
+            f"database {exc.path} was replaced while the replay ran (`restore`, or `init"
+            f" --force`): the {run.done} request{'s' if run.done > 1 else ''} it had replayed,"
+            " and their ticks, went with the file it replaced; nothing more was written",
+            exc.path,
+        )
     said = exc.message.removesuffix("; try again")  # as it stands, that would make them twice
     if run.done < len(plan):
         stopped = (
@@ -342,7 +358,11 @@ def _transaction(ctx: Ctx) -> Iterator[None]:
     its previous transaction read, unless another process has committed since: the replay
     itself writes none of them (storage/settled.py)."""
     with ctx.db.write():
-        settled.seen(ctx.db.conn, store.data_version_of(ctx.db))
+        if settled.seen(ctx.db.conn, store.data_version_of(ctx.db)):
+            ctx.forget_settings()  # another process committed: a `config set`, maybe
+        # A replay is admin-only: an admin removed meanwhile stops it (FORBIDDEN), where its
+        # requests' own check would refuse them one by one, as if the fleet were full.
+        ctx.require_still_admin(ctx.db.conn, "a replay is admin-only", when="while it replayed")
         yield
 
 
@@ -550,8 +570,10 @@ def _report(
             waits.append(max(0, start - asked[rid]))
         spans = [(p, s, e) for rid, p, s, e in store.booking_spans(conn, lo, hi) if rid in asked]
         booked_ms = sum(e - s for _p, s, e in spans)
+        # Over the run's span: another writer's `tick` past `--until` opens and closes windows
+        # after its end (an open one counted negative, a hostile review found).
         used_ms = sum(
-            g * ((end if e is None else e) - s)
+            g * max(0, min(end, end if e is None else e) - s)
             for rid, g, s, e in store.usage_spans(conn, lo, hi)
             if rid in asked
         )

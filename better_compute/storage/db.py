@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from better_compute import clock
-from better_compute.errors import Damaged, Forbidden, InvalidInput, Unavailable
+from better_compute.errors import Damaged, Forbidden, InvalidInput, Replaced, Unavailable
 from better_compute.storage import files
 from better_compute.storage.conn import SQLITE, Commits, Ledger
 from better_compute.storage.schema import (
@@ -433,9 +433,10 @@ class Database:
     def require_same_file(self) -> None:
         """UNAVAILABLE when the path no longer names the file this connection opened."""
         if file_identity(self._where) != self.identity:
-            raise Unavailable(
+            raise Replaced(
                 f"database {self.path} was replaced while this command waited; nothing was"
-                " written, run it again"
+                " written, run it again",
+                str(self.path),
             )
 
     @contextmanager
@@ -447,7 +448,9 @@ class Database:
         self._begin("BEGIN")
         try:
             if file_identity(self._where) != self.identity:
-                raise Unavailable(f"database {self.path} was replaced; run the command again")
+                raise Replaced(
+                    f"database {self.path} was replaced; run the command again", str(self.path)
+                )
             yield self.conn
         finally:
             if self.conn.in_transaction:  # SQLite may have ended it already after an error

@@ -35,12 +35,15 @@ def holding(conn: Conn) -> Iterator[None]:
         del _held[id(conn)]
 
 
-def seen(conn: Conn, version: int) -> None:
+def seen(conn: Conn, version: int) -> bool:
     """A replay's transaction read the data version `version` (inside it, with the write lock
-    held): the answers kept stand if it is the one they were read at, else they are dropped."""
+    held): the answers kept stand if it is the one they were read at, else they are dropped.
+    True when they were (or nothing was kept yet): the caller drops what it keeps itself."""
     held = _held.get(id(conn))
     if held is not None and held[0] != version:
         _held[id(conn)] = (version, {})
+        return True
+    return held is None
 
 
 def kept(conn: Conn, key: Hashable, read: Callable[[], _T]) -> _T:

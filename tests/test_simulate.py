@@ -922,6 +922,32 @@ def test_a_replay_that_stops_midway_says_what_the_ledger_holds(
     assert err["message"].endswith("; try again")  # nothing of it was committed
 
 
+def test_an_interrupted_replay_says_how_far_it_got(
+    fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hostile review: Ctrl-C exited 130 saying nothing, while the requests before it stay in
+    the ledger and the same workload again would make them twice."""
+    lines = [{"at": f"+{m}m", "tenant": "acme", "gpus": 1, "duration": "1h"} for m in range(5)]
+    one_request = simulate_service._reserve
+    calls: list[int] = []
+
+    def ctrl_c_at_the_third(*args: Any) -> bool:
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return one_request(*args)
+
+    monkeypatch.setattr(simulate_service, "_reserve", ctrl_c_at_the_third)
+    work = write_jsonl(db_dir / "w.jsonl", lines)
+    code, out, err = fleet("simulate", "--workload", work, "--format", "jsonl", now=None)
+    assert (code, out) == (130, ""), (code, out, err)
+    assert err.startswith(
+        "interrupted: the replay stopped at request 3 of 5 (arriving at"
+        f" {iso(NOW_MS + 2 * MIN)}): the 2 before it are in the ledger"
+    ), err
+    assert len(fleet.ok("list")) == 2
+
+
 def test_a_full_disk_midway_says_changes_were_committed(
     fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

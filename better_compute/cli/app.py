@@ -199,7 +199,11 @@ def handled(fn: F) -> F:
                     " (`better-compute events`) before running it again"
                 )
             _fail(Unavailable(f"database {G.db!r} cannot be used: {exc}{then}"), as_json)
-        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+        except KeyboardInterrupt as exc:  # Ctrl-C; a use case may say what stands (simulate)
+            for note in getattr(exc, "__notes__", ()):
+                sys.stderr.write(f"interrupted: {note}\n")
+            raise
+        except (typer.Exit, typer.Abort):
             raise
         except BrokenPipeError:  # the reader went away (`| head`): not a bug, and no message
             _reader_gone()

@@ -169,6 +169,10 @@ def simulate(
             end = _replay(ctx, plan, run, until, progress)
     except BetterComputeError as exc:
         raise _stopped(exc, run, plan) from None
+    except KeyboardInterrupt as exc:  # Ctrl-C: what is committed stays; the CLI says how far
+        if run.done:
+            exc.add_note(_how_far(run, plan))
+        raise
     with ctx.db.read():
         requests = len(plan) - run.retried
         return _report(ctx, run, workload, requests, end, clock.elapsed_s() - began, asked_pools)
@@ -190,19 +194,22 @@ def _stopped(
             exc.path,
         )
     said = exc.message.removesuffix("; try again")  # as it stands, that would make them twice
+    return type(exc)(f"{said}; {_how_far(run, plan)}")
+
+
+def _how_far(run: _Run, plan: list[tuple[Request, ReserveArgs]]) -> str:
+    """Where a replay that committed some of its requests stopped, and what to do next."""
     if run.done < len(plan):
-        stopped = (
+        return (
             f"the replay stopped at request {run.done + 1} of {len(plan)} (arriving at"
             f" {iso(plan[run.done][0].at)}): the {run.done} before it are in the ledger with"
             " their ticks (`better-compute list`), so the same workload again would make them"
             " twice; replay the lines after them, or restore a backup from before the run"
         )
-    else:
-        stopped = (
-            f"the replay stopped in the ticks after its last request: all {len(plan)} requests"
-            " are in the ledger (`better-compute list`); `tick` moves it on from there"
-        )
-    return type(exc)(f"{said}; {stopped}")
+    return (
+        f"the replay stopped in the ticks after its last request: all {len(plan)} requests"
+        " are in the ledger (`better-compute list`); `tick` moves it on from there"
+    )
 
 
 def _args(r: Request, pool: str | None, spot_notice_ms: int) -> ReserveArgs:
@@ -395,11 +402,12 @@ def _arrivals_and_ticks(
                         if k == len(at_arrival) - 1:
                             due.after = arrival - 1  # the arrivals may have made something due
                             due.tick_through(arrival, first=False, due_now=starts_now)
+                if caught_up:  # committed: counted before standing aside, where Ctrl-C may come
+                    run.done = i + 1
                 ctx.db.let_writers_in()
                 if caught_up:
                     break
             i += 1
-            run.done = i
             if progress is not None:
                 progress(i, len(plan))
     more = True

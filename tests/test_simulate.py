@@ -885,6 +885,20 @@ def test_a_ledger_replaced_meanwhile_says_the_runs_work_went_with_it(
     assert fleet.ok("list") == []
 
 
+def _raising_at(monkeypatch: pytest.MonkeyPatch, n: int, exc: BaseException) -> None:
+    """The replay's n-th request raises `exc` instead of reserving (1: the first)."""
+    one_request = simulate_service._reserve
+    calls: list[int] = []
+
+    def raising(*args: Any) -> bool:
+        calls.append(1)
+        if len(calls) == n:
+            raise exc
+        return one_request(*args)
+
+    monkeypatch.setattr(simulate_service, "_reserve", raising)
+
+
 def test_a_replay_that_stops_midway_says_what_the_ledger_holds(
     fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -892,16 +906,8 @@ def test_a_replay_that_stops_midway_says_what_the_ledger_holds(
     third request leaves the first two committed, and "try again" would make them twice."""
     lines = [{"at": f"+{m}m", "tenant": "acme", "gpus": 1, "duration": "1h"} for m in range(5)]
     work = write_jsonl(db_dir / "w.jsonl", lines)
-    one_request = simulate_service._reserve
-    calls: list[int] = []
-
-    def locked_at_the_third(*args: Any) -> bool:
-        calls.append(1)
-        if len(calls) == 3:
-            raise Unavailable("database sim.db stayed locked past the busy timeout; try again")
-        return one_request(*args)
-
-    monkeypatch.setattr(simulate_service, "_reserve", locked_at_the_third)
+    locked = Unavailable("database sim.db stayed locked past the busy timeout; try again")
+    _raising_at(monkeypatch, 3, locked)
     err = fleet.fails(7, "simulate", "--workload", work, "--format", "jsonl", now=None)
     assert err["message"] == (
         "database sim.db stayed locked past the busy timeout; the replay stopped at request 3"
@@ -910,14 +916,8 @@ def test_a_replay_that_stops_midway_says_what_the_ledger_holds(
         " twice; replay the lines after them, or restore a backup from before the run"
     )
     assert len(fleet.ok("list")) == 2
-    monkeypatch.setattr(simulate_service, "_reserve", one_request)
-    calls.clear()
     first = write_jsonl(db_dir / "first.jsonl", lines[:1])
-
-    def locked_at_once(*args: Any) -> bool:
-        raise Unavailable("database sim.db stayed locked past the busy timeout; try again")
-
-    monkeypatch.setattr(simulate_service, "_reserve", locked_at_once)
+    _raising_at(monkeypatch, 1, locked)
     err = fleet.fails(7, "simulate", "--workload", first, "--format", "jsonl", now=None)
     assert err["message"].endswith("; try again")  # nothing of it was committed
 
@@ -928,16 +928,7 @@ def test_an_interrupted_replay_says_how_far_it_got(
     """A hostile review: Ctrl-C exited 130 saying nothing, while the requests before it stay in
     the ledger and the same workload again would make them twice."""
     lines = [{"at": f"+{m}m", "tenant": "acme", "gpus": 1, "duration": "1h"} for m in range(5)]
-    one_request = simulate_service._reserve
-    calls: list[int] = []
-
-    def ctrl_c_at_the_third(*args: Any) -> bool:
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return one_request(*args)
-
-    monkeypatch.setattr(simulate_service, "_reserve", ctrl_c_at_the_third)
+    _raising_at(monkeypatch, 3, KeyboardInterrupt())
     work = write_jsonl(db_dir / "w.jsonl", lines)
     code, out, err = fleet("simulate", "--workload", work, "--format", "jsonl", now=None)
     assert (code, out) == (130, ""), (code, out, err)
@@ -952,16 +943,7 @@ def test_a_full_disk_midway_says_changes_were_committed(
     fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lines = [{"at": f"+{m}m", "tenant": "acme", "gpus": 1, "duration": "1h"} for m in range(3)]
-    one_request = simulate_service._reserve
-    calls: list[int] = []
-
-    def full_at_the_second(*args: Any) -> bool:
-        calls.append(1)
-        if len(calls) == 2:
-            raise sqlite3.OperationalError("database or disk is full")
-        return one_request(*args)
-
-    monkeypatch.setattr(simulate_service, "_reserve", full_at_the_second)
+    _raising_at(monkeypatch, 2, sqlite3.OperationalError("database or disk is full"))
     work = write_jsonl(db_dir / "w.jsonl", lines)
     err = fleet.fails(7, "simulate", "--workload", work, "--format", "jsonl", now=None)
     assert err["message"].endswith(

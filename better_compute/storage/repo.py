@@ -1333,17 +1333,12 @@ def bucket_span(alias: str) -> tuple[str, str]:
 def bucket_args(
     conn: Conn, pool_id: str, window: Window, step: int, count: int
 ) -> dict[str, object]:
-    """The parameters of bucket_span's SQL and of the overlap test both reads make: a booking
-    overlaps the window when it ends after `:from` (and before `:bound`, the window's end plus
-    the pool's longest booking, which keeps the read on the index) and starts before `:to`."""
-    return {
-        "pool": pool_id,
-        "from": window.start,
-        "to": window.end,
-        "bound": window.end + longest_booking(conn, pool_id),
-        "step": step,
-        "count": count,
-    }
+    """The parameters of bucket_span's SQL and of the overlap test both reads make (a booking
+    overlaps the window when it ends after `:from`, and before `:bound`, and starts before
+    `:to`): window_params's, no reservation ignored, and the buckets'."""
+    params = window_params(conn, pool_id, window, None)
+    del params["ignore"]
+    return {**params, "step": step, "count": count}
 
 
 def booking_buckets(

@@ -32,7 +32,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import tuple_row
 from psycopg.types.numeric import Int8Dumper
 
-from better_compute.errors import Conflict, Forbidden, InvalidInput, Unavailable
+from better_compute.errors import Conflict, Forbidden, InvalidInput, Replaced, Unavailable
 from better_compute.storage.conn import POSTGRES, Commits
 from better_compute.storage.schema import MIGRATIONS, SCHEMA_VERSION, migration_text
 
@@ -467,9 +467,10 @@ class PgDatabase:
         if self.meta_oid is None or meta_oid is None:
             self.meta_oid = self.meta_oid or meta_oid
         elif meta_oid != self.meta_oid:
-            raise Unavailable(
+            raise Replaced(
                 f"database {self.where} was replaced (init --force) since this command opened"
-                " it; nothing of its transaction in progress was written: run the command again"
+                " it; nothing of its transaction in progress was written: run the command again",
+                self.where,
             )
 
     @contextmanager

@@ -376,8 +376,8 @@ def _interrupts_held() -> Iterator[None]:
     before = signal.signal(signal.SIGINT, lambda signum, _frame: said.append(signum))
     try:
         yield
-    finally:
-        signal.signal(signal.SIGINT, before)
+    finally:  # None: a handler not set from Python, which cannot be put back; the default
+        signal.signal(signal.SIGINT, signal.SIG_DFL if before is None else before)
     if said:
         raise KeyboardInterrupt
 

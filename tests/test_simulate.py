@@ -740,42 +740,6 @@ def test_the_ticks_of_a_quiet_stretch_commit_a_share_at_a_time(
     assert fleet.ok("events") == copy.ok("events")
 
 
-def test_a_key_another_writer_used_during_the_replay_is_not_counted_as_the_runs(
-    fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Another writer books with a key between two of the replay's requests; the replay's
-    later line with that key gets that reservation back. It is a retry (skipped), and its hours
-    are not the run's: the report counted it as placed (a reviewer ran two replays at once)."""
-    from better_compute.service import simulate
-
-    lines = [
-        {"at": NOW_MS, "tenant": "acme", "gpus": 1, "duration": "1h"},
-        {"at": NOW_MS + MIN, "tenant": "acme", "gpus": 2, "duration": "1h", "key": "k"},
-    ]
-    workload = write_jsonl(db_dir / "keys.jsonl", lines)
-    real = simulate._reserve
-    made: list[str] = []
-
-    def after_the_first_request(ctx: Any, line: int, args: Any, run: Any, fleet_: Any) -> bool:
-        if not made:  # the first request: a user books between its commit and the next one
-            original = ctx.db.let_writers_in
-
-            def then_a_user(*a: Any, **k: Any) -> None:
-                original(*a, **k)
-                if not made:
-                    made.append(fleet.ok("reserve", "--tenant", "acme", "--gpus", "2", "--for",
-                                         "1h", "--key", "k", now="+1m")["id"])  # fmt: skip
-
-            monkeypatch.setattr(ctx.db, "let_writers_in", then_a_user)
-        return bool(real(ctx, line, args, run, fleet_))
-
-    monkeypatch.setattr(simulate, "_reserve", after_the_first_request)
-    report = fleet.ok("simulate", "--workload", workload, "--format", "jsonl", now=None)
-    assert (report["requests"], report["placedAtOnce"], report["skipped"]) == (1, 1, 1)
-    assert report["gpuHoursBooked"] == 1.0
-    assert len(fleet.ok("list")) == 2 and made
-
-
 def _after_the_first_request(monkeypatch: pytest.MonkeyPatch, act: Any) -> list[bool]:
     """Run `act()` once, as another writer, between the replay's first request and the next:
     where the replay lets waiting writers in. Returns a list that holds True once it ran."""
@@ -798,6 +762,31 @@ def _after_the_first_request(monkeypatch: pytest.MonkeyPatch, act: Any) -> list[
 
     monkeypatch.setattr(simulate, "_reserve", first_then)
     return ran
+
+
+def test_a_key_another_writer_used_during_the_replay_is_not_counted_as_the_runs(
+    fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer books with a key between two of the replay's requests; the replay's
+    later line with that key gets that reservation back. It is a retry (skipped), and its hours
+    are not the run's: the report counted it as placed (a reviewer ran two replays at once)."""
+    lines = [
+        {"at": NOW_MS, "tenant": "acme", "gpus": 1, "duration": "1h"},
+        {"at": NOW_MS + MIN, "tenant": "acme", "gpus": 2, "duration": "1h", "key": "k"},
+    ]
+    workload = write_jsonl(db_dir / "keys.jsonl", lines)
+    made: list[str] = []
+    _after_the_first_request(  # a user books between the first request's commit and the next
+        monkeypatch,
+        lambda: made.append(
+            fleet.ok("reserve", "--tenant", "acme", "--gpus", "2", "--for", "1h", "--key", "k",
+                     now="+1m")["id"]
+        ),
+    )  # fmt: skip
+    report = fleet.ok("simulate", "--workload", workload, "--format", "jsonl", now=None)
+    assert (report["requests"], report["placedAtOnce"], report["skipped"]) == (1, 1, 1)
+    assert report["gpuHoursBooked"] == 1.0
+    assert len(fleet.ok("list")) == 2 and made
 
 
 def _filled_then_one_more() -> list[dict[str, Any]]:

@@ -973,6 +973,33 @@ def test_ctrl_c_during_a_requests_transaction_comes_once_it_is_counted(
     assert len(fleet.ok("list")) == 2
 
 
+def test_an_ignored_sigint_stays_ignored_through_a_replay(
+    fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replay started with SIGINT ignored (`nohup`, a job started in the background by a
+    shell) neither turns a SIGINT into an interrupt nor leaves a handler of its own behind."""
+    one_request, calls = simulate_service._reserve, list[int]()
+
+    def sigint_in_the_second(*args: Any) -> bool:
+        calls.append(1)
+        placed = bool(one_request(*args))
+        if len(calls) == 2:
+            signal.raise_signal(signal.SIGINT)
+        return placed
+
+    monkeypatch.setattr(simulate_service, "_reserve", sigint_in_the_second)
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        lines = [{"at": f"+{m}m", "tenant": "acme", "gpus": 1, "duration": "1h"} for m in range(5)]
+        work = write_jsonl(db_dir / "w.jsonl", lines)
+        code, _out, err = fleet("simulate", "--workload", work, "--format", "jsonl", now=None)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert code == 0, err
+    assert len(fleet.ok("list")) == 5
+
+
 def test_a_full_disk_midway_says_changes_were_committed(
     fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from types import FrameType
 
 from better_compute import clock
 from better_compute.errors import (
@@ -350,8 +351,9 @@ def _replay(
     do."""
     fleet = Fleet()  # the pools in memory between requests, checked in each transaction
     due = _Due(ctx, fleet, run.start - 1, until)  # what is due at or after the start is ahead
-    with settled.holding(ctx.db.conn):
-        _arrivals_and_ticks(ctx, plan, run, due, fleet, progress)
+    interrupts = _Interrupts()
+    with settled.holding(ctx.db.conn), interrupts.installed():
+        _arrivals_and_ticks(ctx, plan, run, due, fleet, interrupts, progress)
         if until is not None and due.last < until:
             with _transaction(ctx):  # the settings and rights as they stand now, as before each
                 ticking.tick_in(_with(_at(ctx, until, system=True), fleet))
@@ -362,24 +364,53 @@ def _replay(
     return due.last
 
 
-@contextmanager
-def _interrupts_held() -> Iterator[None]:
-    """Ctrl-C (SIGINT) waits for the end of the block: a request's transaction, which commits
-    in well under a second (its ticks stop at TRAILING_HOLD_S), and the count of requests done.
-    Else an interrupt just after COMMIT (which Python raises once the call returns) told one
-    request fewer than the ledger holds, and replaying "the lines after them" made it twice (a
-    review caught it 1 time in 18). Outside the main thread, signals are not ours to handle."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    said: list[int] = []
-    before = signal.signal(signal.SIGINT, lambda signum, _frame: said.append(signum))
-    try:
-        yield
-    finally:  # None: a handler not set from Python, which cannot be put back; the default
-        signal.signal(signal.SIGINT, signal.SIG_DFL if before is None else before)
-    if said:
-        raise KeyboardInterrupt
+class _Interrupts:
+    """Ctrl-C (SIGINT) during a `held()` block waits for its end: a request's transaction,
+    which commits in well under a second (its ticks stop at TRAILING_HOLD_S), and the count of
+    requests done. Else an interrupt just after COMMIT (which Python raises once the call
+    returns) told one request fewer than the ledger holds, and replaying "the lines after them"
+    made it twice (a review caught it 1 time in 18). Outside a block, the handler that was
+    there acts. One handler for the whole replay (`installed`), not one per request: setting
+    one costs two system calls. Outside the main thread, or when SIGINT has no Python handler
+    (ignored, or the default), signals are not ours to handle."""
+
+    def __init__(self) -> None:
+        self.holding = False
+        self.said = False
+        self.before: Callable[[int, FrameType | None], object] | None = None
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.holding:
+            self.said = True
+        elif self.before is not None:
+            self.before(signum, frame)
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        before = None
+        if threading.current_thread() is threading.main_thread():
+            before = signal.getsignal(signal.SIGINT)
+        if not callable(before):
+            yield
+            return
+        self.before = before
+        signal.signal(signal.SIGINT, self._handle)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, before)
+            self.before = None
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+        if self.said:
+            self.said = False
+            raise KeyboardInterrupt
 
 
 @contextmanager
@@ -402,6 +433,7 @@ def _arrivals_and_ticks(
     run: _Run,
     due: _Due,
     fleet: Fleet,
+    interrupts: _Interrupts,
     progress: Callable[[int, int], None] | None,
 ) -> None:
     """_replay's transactions: each request with the ticks due before it, then the ticks due
@@ -416,7 +448,7 @@ def _arrivals_and_ticks(
         for k, (request, args) in enumerate(at_arrival):
             caught_up = k > 0
             while True:
-                with _interrupts_held():  # Ctrl-C comes once the commit is counted
+                with interrupts.held():  # Ctrl-C comes once the commit is counted
                     with _transaction(ctx):  # this request's transaction
                         if not caught_up:  # what fell due since the previous request
                             caught_up = due.tick_through(

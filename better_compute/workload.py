@@ -23,7 +23,13 @@ from better_compute.inventory import (
     keys_once,
     normal_model,
 )
-from better_compute.timeparse import MAX_MS, is_relative, parse_duration, parse_time
+from better_compute.timeparse import (
+    MAX_DURATION_MS,
+    MAX_MS,
+    is_relative,
+    parse_duration,
+    parse_time,
+)
 
 #: The one tenant of an openb replay: the trace names no users or teams.
 OPENB_TENANT = "openb"
@@ -154,9 +160,11 @@ def _what(value: object) -> str:
 
 def _whole(value: object) -> object:
     """A JSON number with nothing after the point (`3600000.0`, as a writer of floats emits a
-    whole number) as the integer it is, up to 2**53, beyond which a float holds no exact whole
-    number; anything else as it is, to be checked and refused."""
-    if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
+    whole number) as the integer it is; anything else as it is, to be checked and refused.
+    Beyond 2**53 a float holds no exact whole number, but no field takes one that large (epoch
+    ms there is the year 285,000): the range check that follows refuses it for what it is, too
+    large ("too long"), not as a fraction."""
+    if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
 
@@ -196,7 +204,9 @@ def _duration(d: dict[str, object]) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         if value <= 0:
             raise InvalidInput(f"duration must be more than 0 ms, got {value}")
-        text, shown = f"{value}ms", f"{value} ms"
+        # Any count past the longest duration reads as one past it: too long, whatever its
+        # digits (a DURATION's number has a bounded length).
+        text, shown = f"{min(value, MAX_DURATION_MS + 1)}ms", f"{_what(value)} ms"
     elif value is None:
         raise InvalidInput("duration is required: milliseconds or a DURATION such as 3h")
     elif not isinstance(value, str):

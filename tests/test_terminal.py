@@ -10,6 +10,7 @@ import os
 import pty
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -390,6 +391,20 @@ def test_a_standard_input_not_open_for_reading_is_bad_input(db_dir: Path) -> Non
             env=_env(db),
         )
     assert proc.returncode == 2 and b"cannot be read" in proc.stderr
+
+
+def test_python_dash_m_runs_the_command(db_dir: Path) -> None:
+    """`python -m better_compute` is the `better-compute` command (a virtualenv not activated):
+    the same version, the same program name in its help and errors, the same exit codes."""
+    env = _env(db_dir / "m.db")
+    entry = [sys.executable, "-m", "better_compute"]
+    done = subprocess.run([*entry, "--version"], capture_output=True, text=True, env=env)
+    installed = version("better-compute")
+    assert (done.returncode, done.stdout) == (0, f"better-compute {installed}\n"), done
+    done = subprocess.run([*entry, "nosuch"], capture_output=True, text=True, env=env)
+    assert done.returncode == 2 and "see `better-compute --help`" in done.stderr, done
+    done = subprocess.run([*entry, "--json", "pool", "list"], capture_output=True, env=env)
+    assert done.returncode == 7 and b"run `better-compute init` first" in done.stderr, done
 
 
 def test_version_to_a_reader_gone_or_a_full_disk_ends_as_every_command_does(

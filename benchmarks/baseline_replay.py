@@ -22,8 +22,9 @@ from dataclasses import asdict, dataclass
 from fractions import Fraction
 from pathlib import Path
 
+from better_compute.errors import InvalidInput
 from better_compute.inventory import parse_openb_nodes
-from better_compute.workload import Request, parse_openb
+from better_compute.workload import Request, parse_compress, parse_openb
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "openb"
 T0 = 1_790_582_400_000
@@ -110,13 +111,30 @@ def load(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--compress", default="100")
-    parser.add_argument("--tasks", type=Path, default=DATA / "openb_pod_list_default.csv")
-    parser.add_argument("--nodes", type=Path, default=DATA / "openb_node_list_gpu_node.csv")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--compress",
+        default="100",
+        help="arrivals K times faster, as simulate's --compress (K >= 1)",
+    )
+    parser.add_argument(
+        "--tasks", type=Path, default=DATA / "openb_pod_list_default.csv", help="openb task list"
+    )
+    parser.add_argument(
+        "--nodes", type=Path, default=DATA / "openb_node_list_gpu_node.csv", help="openb node list"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     args = parser.parse_args()
-    nodes, tasks = load(args.tasks, args.nodes, Fraction(args.compress))
+    try:  # simulate's own checks: the floor replays only what simulate would
+        compress = parse_compress(args.compress)
+        nodes, tasks = load(args.tasks, args.nodes, compress)
+    except InvalidInput as exc:
+        parser.error(exc.message)
+    except OSError as exc:  # the data is beside the repository by default: say where it looked
+        parser.error(f"cannot read {exc.filename}: {exc.strerror}; give --tasks and --nodes")
     cpu = time.process_time()
     out = replay(nodes, tasks)
     cpu = time.process_time() - cpu

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections import Counter
 from fractions import Fraction
 from pathlib import Path
@@ -340,3 +342,25 @@ def test_replay_of_the_openb_default_list_at_compress_100(empty: Cli, db_dir: Pa
     assert placed + report["neverPlaced"] == report["requests"]
     assert 0 < report["gpuHoursUsed"] <= report["gpuHoursBooked"]
     assert empty.ok("list", "--state", "pending", "--state", "placed", "--state", "active") == []
+
+
+BASELINE = Path(__file__).resolve().parent.parent / "benchmarks" / "baseline_replay.py"
+
+
+@pytest.mark.parametrize("compress", ["0", "-5", "1/3", "abc"])
+def test_the_floor_refuses_what_simulate_refuses(tmp_path: Path, compress: str) -> None:
+    """benchmarks/baseline_replay.py replays only what simulate would: a --compress simulate
+    refuses is a usage error there too (a hostile review: 0 gave a ZeroDivisionError traceback,
+    -5 a backwards replay that looked normal), and missing data says which flags give it."""
+    tasks = tmp_path / "tasks.csv"
+    tasks.write_text(TASK_HEADER)
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text(NODE_HEADER + "n1,1000,1000,8,V100M16\n")
+    run = [sys.executable, str(BASELINE), "--tasks", str(tasks), "--nodes", str(nodes)]
+    done = subprocess.run([*run, "--compress", compress], capture_output=True, text=True)
+    assert done.returncode == 2 and "--compress must be a number of at least 1" in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    done = subprocess.run([*run[:2], "--tasks", str(tmp_path / "no.csv")], capture_output=True)
+    assert done.returncode == 2 and b"give --tasks and --nodes" in done.stderr, done.stderr
+    done = subprocess.run([*run, "--json"], capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout)["placed_at_once"] == 0  # a task list with no task

@@ -78,7 +78,19 @@ class Workload:
     """Requests in arrival order (ties in file order), and the rows skipped as no request."""
 
     requests: tuple[Request, ...]
-    skipped: int
+    #: When each row skipped as no request would have arrived (compressed as arrivals are): a
+    #: replay that stops at --until counts those before it, as it counts its requests.
+    skipped_at: tuple[int, ...] = ()
+
+    @property
+    def skipped(self) -> int:
+        return len(self.skipped_at)
+
+    def skipped_before(self, until: int | None) -> int:
+        """The rows skipped as no request that arrive before `until` (all of them for None)."""
+        if until is None:
+            return self.skipped
+        return sum(1 for at in self.skipped_at if at < until)
 
 
 def parse_compress(text: str) -> Fraction:
@@ -115,7 +127,7 @@ def parse_openb(text: str, base: int, compress: Fraction = Fraction(1)) -> Workl
     `gpu_spec` (`V100M16|V100M32`) lists the accepted models. Tasks without GPUs, and tasks whose
     deletion is not after their creation, are skipped and counted."""
     requests: list[Request] = []
-    skipped = 0
+    skipped: list[int] = []
     for line, row in csv_rows(text, OPENB_COLUMNS, "the openb task list"):
         gpus = csv_int(row, "num_gpu", line, 0, MAX_GPUS)
         created = csv_int(row, "creation_time", line, 0, MAX_MS // 1000)
@@ -123,7 +135,7 @@ def parse_openb(text: str, base: int, compress: Fraction = Fraction(1)) -> Workl
         if "gpu_milli" in row:  # not needed (a shared GPU is taken whole), but checked: a bad
             csv_int(row, "gpu_milli", line, 0, 1000)  # one is a damaged file, not a task
         if gpus == 0 or deleted <= created:
-            skipped += 1
+            skipped.append(_arrive(base, base + created * 1000, compress))
             continue
         models = tuple(normal_model(m.strip()) for m in row["gpu_spec"].split("|") if m.strip())
         for model in models:
@@ -147,7 +159,7 @@ def parse_openb(text: str, base: int, compress: Fraction = Fraction(1)) -> Workl
             )
         )
     requests.sort(key=lambda r: (r.at, r.line))
-    return Workload(tuple(requests), skipped)
+    return Workload(tuple(requests), tuple(skipped))
 
 
 # ---------------------------------------------------------------- JSON Lines
@@ -323,4 +335,4 @@ def parse_jsonl(text: str, base: int, compress: Fraction = Fraction(1)) -> Workl
         except BetterComputeError as exc:
             raise InvalidInput(f"line {line}: {exc.message}") from None
     requests.sort(key=lambda r: (r.at, r.line))
-    return Workload(tuple(requests), 0)
+    return Workload(tuple(requests))

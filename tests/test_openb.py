@@ -364,3 +364,33 @@ def test_the_floor_refuses_what_simulate_refuses(tmp_path: Path, compress: str) 
     assert done.returncode == 2 and b"give --tasks and --nodes" in done.stderr, done.stderr
     done = subprocess.run([*run, "--json"], capture_output=True, text=True, check=True)
     assert json.loads(done.stdout)["placed_at_once"] == 0  # a task list with no task
+
+
+def test_until_counts_the_skipped_rows_it_replayed(empty: Cli, db_dir: Path) -> None:
+    """A review: `--until` counted every GPU-less row of the file as skipped (1,089 beside one
+    request replayed); it counts those that arrive before TIME, as `requests` does."""
+    nodes = db_dir / "nodes.csv"
+    nodes.write_text(NODE_HEADER + "n1,1000,1000,8,V100M16\n")
+    empty.ok("inventory", "import", "--format", "openb-nodes", str(nodes))
+    rows = [  # (num_gpu, creation, deletion): GPU-less rows at 0 s, 600 s and 7,200 s
+        (1, 0, 60),
+        (0, 0, 60),
+        (0, 600, 660),
+        (1, 700, 800),
+        (0, 7200, 7300),
+        (1, 7300, 7400),
+    ]
+    tasks = db_dir / "tasks.csv"
+    tasks.write_text(
+        TASK_HEADER
+        + "".join(
+            f"t{i},1,1,{g},1000,,LS,Running,{c},{d},{c}\n" for i, (g, c, d) in enumerate(rows)
+        )
+    )
+    work = ["simulate", "--workload", str(tasks), "--format", "openb"]
+    report = empty.ok(*work, "--until", "+1h")
+    assert (report["requests"], report["skipped"]) == (2, 2)
+    report = empty.ok(
+        *work[:3], "--format", "openb"
+    )  # the rest of the file, from the ledger's time
+    assert report["skipped"] == 3  # a whole file without --until: every GPU-less row

@@ -46,7 +46,7 @@ from better_compute.service.fleet import Fleet
 from better_compute.storage import fitlevels, ledger, repo, settled
 from better_compute.storage import simulation as store
 from better_compute.timeparse import iso, parse_time
-from better_compute.workload import Request, Workload, parse_workload
+from better_compute.workload import Request, parse_workload
 
 HOUR_MS = 3_600_000
 #: How long one transaction of the ticks after the last arrival may hold the write lock: they
@@ -177,8 +177,9 @@ def simulate(
             exc.add_note(_how_far(run, plan))
         raise
     with ctx.db.read():
-        requests = len(plan) - run.retried
-        return _report(ctx, run, workload, requests, end, clock.elapsed_s() - began, asked_pools)
+        requests, skipped = len(plan) - run.retried, workload.skipped_before(until)
+        wall = clock.elapsed_s() - began
+        return _report(ctx, run, requests, skipped, end, wall, asked_pools)
 
 
 def _stopped(
@@ -593,13 +594,14 @@ def _reserve(ctx: Ctx, line: int, args: ReserveArgs, run: _Run, fleet: Fleet) ->
 def _report(
     ctx: Ctx,
     run: _Run,
-    workload: Workload,
     requests: int,
+    skipped: int,
     end: int,
     wall: float,
     pools: set[str],
 ) -> Report:
-    """`pools`: those the requests went to, whether or not anything was booked in them."""
+    """`requests` and `skipped`: the rows replayed (those before --until) as requests and as no
+    request. `pools`: those the requests went to, whether or not anything was booked in them."""
     conn = ctx.db.conn
     placed_at_once = placed_later = cut_back = requeued = 0
     waits: list[int] = []
@@ -650,7 +652,7 @@ def _report(
         placed_at_once=placed_at_once,
         placed_after_waiting=placed_later,
         never_placed=requests - placed_at_once - placed_later,
-        skipped=workload.skipped + run.retried,
+        skipped=skipped + run.retried,
         cut_back=cut_back,
         requeued=requeued,
         wait_mean_ms=round(sum(waits) / len(waits)) if waits else 0,

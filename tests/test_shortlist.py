@@ -35,6 +35,7 @@ from better_compute.model import (
 )
 from better_compute.service import placing, setup
 from better_compute.service.context import Ctx
+from better_compute.service.fleet import Fleet
 from better_compute.storage import repo
 from better_compute.storage.db import Database
 
@@ -520,6 +521,16 @@ def test_preemption_plans_the_same_on_the_nodes_it_could_use(
             groups = group_fits(request, fits)[0].values()
             fits = [fit for members in groups if len(members) >= ask.gang for fit in members]
         assert {p.node_id for _, p in fits} <= {s.node.name for s in some}
+        # The same from the fleet a replay keeps in memory (engine/fleet.PoolIndex), whose
+        # candidates skip no group: every node that could take a share.
+        pool = Fleet().index(db.conn, pool_id, WINDOW.start)
+        named = pool.preemption_candidates(WINDOW, subject.id, request.gpus or 0)
+        kept = plan_preemption(request, pool.snapshots(WINDOW, subject.id, named))
+        assert isinstance(kept, Plan) == isinstance(full, Plan)
+        if isinstance(full, Plan):
+            assert kept == full
+        free_spot_fits, _ = plan_nodes(request, everything, free_spot=True)
+        assert {p.node_id for _, p in free_spot_fits} <= set(named)
         victims = bool(full.victims) if isinstance(full, Plan) else False
         event(f"{'plan' if isinstance(full, Plan) else 'no fit'}, {victims=}")
 

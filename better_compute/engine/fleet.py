@@ -436,6 +436,31 @@ class PoolIndex:
             )
         return result
 
+    def preemption_candidates(self, window: Window, ignore: str | None, share: int) -> list[str]:
+        """The nodes, by name, that preemption's planning (engine/preempt.py) could plan a
+        share of `share` GPUs on: usable, out of maintenance in the window, and with `share`
+        healthy GPUs that no booking but live spot work holds then. The filters refuse every
+        other node whatever spot work is freed (free_atoms with free_spot leaves exactly the
+        healthy atoms no regular booking holds), so the plans made from these nodes' snapshots
+        are the plans made from all of them: storage's preemption_snapshots, from memory. In
+        a full pool most nodes hold regular work, and a pending request retried every 30 s
+        built every node's snapshot to find that out."""
+        found = []
+        for name in sorted(self.nodes):
+            static = self.nodes[name]
+            if not static.usable or len(static.healthy) < share:
+                continue
+            if self._blocked(name, window) is not None:
+                continue
+            regular = {
+                b[2]
+                for b in self._overlapping(name, window)
+                if b[3] != ignore and not (b[4] and b[5])
+            }
+            if len(static.healthy - regular) >= share:
+                found.append(name)
+        return found
+
     # ------------------------------------------------------------ answers that stay true
 
     def _still(self, booked: Iterable[tuple[int, int]], window: Window) -> int:

@@ -61,7 +61,8 @@ def try_preempt(ctx: Ctx, rsv: Reservation) -> Reservation | None:
     if pool is not None and pool.nothing_to_preempt(key, window):
         return None  # nothing changed since a retry found nothing
     if pool is not None:
-        snaps = pool.snapshots(window, rsv.id)
+        names = pool.preemption_candidates(window, rsv.id, rsv.gpus or 0)
+        snaps = pool.snapshots(window, rsv.id, names)
     else:
         snaps = placing.preemption_snapshots(ctx, rsv.pool_id, rsv.request(window), rsv.id)
     option = plan_preemption(

@@ -955,22 +955,28 @@ def test_an_interrupted_replay_says_how_far_it_got(
     assert len(fleet.ok("list")) == 2
 
 
-def test_ctrl_c_during_a_requests_transaction_comes_once_it_is_counted(
-    fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A review: Ctrl-C just after a request's COMMIT told one request fewer than the ledger
-    held (1 run in 18), and replaying the lines after them made that one twice. SIGINT waits
-    for the transaction and the count: here it comes while the second request is booked."""
+def _sigint_in_the_second_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real SIGINT raised while the replay's second request is booked, inside its
+    transaction, before its commit."""
     one_request, calls = simulate_service._reserve, list[int]()
 
-    def ctrl_c_in_the_second(*args: Any) -> bool:
+    def sigint_in_the_second(*args: Any) -> bool:
         calls.append(1)
         placed = bool(one_request(*args))
         if len(calls) == 2:
             signal.raise_signal(signal.SIGINT)
         return placed
 
-    monkeypatch.setattr(simulate_service, "_reserve", ctrl_c_in_the_second)
+    monkeypatch.setattr(simulate_service, "_reserve", sigint_in_the_second)
+
+
+def test_ctrl_c_during_a_requests_transaction_comes_once_it_is_counted(
+    fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review: Ctrl-C just after a request's COMMIT told one request fewer than the ledger
+    held (1 run in 18), and replaying the lines after them made that one twice. SIGINT waits
+    for the transaction and the count: here it comes while the second request is booked."""
+    _sigint_in_the_second_request(monkeypatch)
     lines = [{"at": f"+{m}m", "tenant": "acme", "gpus": 1, "duration": "1h"} for m in range(5)]
     work = write_jsonl(db_dir / "w.jsonl", lines)
     code, _out, err = fleet("simulate", "--workload", work, "--format", "jsonl", now=None)
@@ -983,16 +989,7 @@ def test_an_ignored_sigint_stays_ignored_through_a_replay(
 ) -> None:
     """A replay started with SIGINT ignored (`nohup`, a job started in the background by a
     shell) neither turns a SIGINT into an interrupt nor leaves a handler of its own behind."""
-    one_request, calls = simulate_service._reserve, list[int]()
-
-    def sigint_in_the_second(*args: Any) -> bool:
-        calls.append(1)
-        placed = bool(one_request(*args))
-        if len(calls) == 2:
-            signal.raise_signal(signal.SIGINT)
-        return placed
-
-    monkeypatch.setattr(simulate_service, "_reserve", sigint_in_the_second)
+    _sigint_in_the_second_request(monkeypatch)
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         lines = [{"at": f"+{m}m", "tenant": "acme", "gpus": 1, "duration": "1h"} for m in range(5)]

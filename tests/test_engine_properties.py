@@ -12,7 +12,7 @@ from better_compute.engine.explain import explain
 from better_compute.engine.fit import plan_node
 from better_compute.engine.gang import gang_candidates
 from better_compute.engine.place import place
-from better_compute.engine.preempt import plan_preemption
+from better_compute.engine.preempt import enough_in_name_order, plan_preemption
 from better_compute.model import Atom, Node, NodeSnapshot, NoFit, Plan, Request, Window
 
 FABRICS = [("c1", 1), ("c1", 1), ("c1", 2), ("c2", 1), (None, None)]
@@ -181,3 +181,29 @@ def test_preemption_frees_only_spot_work_and_names_its_victims(
     assert result.victims == tuple(sorted(victims))
     if isinstance(normal, Plan):
         assert result.victims == ()
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.integers(0, 14).flatmap(
+        lambda n: st.tuples(*(snapshots(f"node-{i:02d}") for i in range(n)))
+    ),
+    requests(),
+    st.integers(1, 5),
+    st.integers(1, 4),
+)
+def test_preemption_plans_the_same_from_enough_snapshots_in_name_order(
+    snaps: tuple[NodeSnapshot, ...], request: Request, batch: int, max_plans: int
+) -> None:
+    """enough_in_name_order keeps the batches (in node-name order) up to the one where
+    `max_plans` nodes fit a single-node request: preemption's plan from them is its plan from
+    every snapshot (the first `max_plans` fitting nodes by name are all it compares)."""
+    ordered = sorted(snaps, key=lambda s: s.node.name)
+    batches = [ordered[i : i + batch] for i in range(0, len(ordered), batch)]
+    some = enough_in_name_order(request, batches, max_plans)
+    assert some == ordered[: len(some)]
+    full = plan_preemption(request, ordered, max_plans=max_plans)
+    short = plan_preemption(request, some, max_plans=max_plans)
+    assert isinstance(short, Plan) == isinstance(full, Plan)
+    if isinstance(full, Plan):
+        assert short == full

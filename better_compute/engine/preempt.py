@@ -6,8 +6,9 @@ kept (with `victims == ()`) so the caller can tell that normal placement would h
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
+from better_compute.engine.filters import refusal
 from better_compute.engine.fit import plan_nodes
 from better_compute.engine.gang import no_gang_fits, rank_gangs
 from better_compute.engine.place import no_node_fits, single_plan
@@ -21,11 +22,15 @@ def _name(plan: Plan, *, gang: bool) -> str:
     return (plan.group or "") if gang else plan.members[0].node_id
 
 
+#: The plans preemption compares at most (plan_preemption).
+MAX_PLANS = 64
+
+
 def plan_preemption(
     request: Request,
     snapshots: Sequence[NodeSnapshot],
     *,
-    max_plans: int = 64,
+    max_plans: int = MAX_PLANS,
 ) -> Plan | NoFit:
     """The plan preempting the fewest spot reservations, then the best score, then the name.
 
@@ -53,3 +58,23 @@ def _normal_no_fit(request: Request, snapshots: Sequence[NodeSnapshot]) -> NoFit
     if request.gang_size is not None:
         return no_gang_fits(request, fits)
     return no_node_fits(len(snapshots), refused)
+
+
+def enough_in_name_order(
+    request: Request, batches: Iterable[Sequence[NodeSnapshot]], max_plans: int = MAX_PLANS
+) -> list[NodeSnapshot]:
+    """The snapshots plan_preemption needs of `batches` (every node's snapshot, batch after
+    batch, in node-name order) for the same answer as from all of them: a single-node request
+    compares only the plans of its first `max_plans` fitting nodes by name, so the batches up
+    to the one where that many fit are enough; a gang ranks every group, so it takes them all.
+    A caller that builds the snapshots batch by batch builds no more than that: a regular
+    request that waits on a pool full of spot work is tried again every 30 s."""
+    taken: list[NodeSnapshot] = []
+    fitting = 0
+    for batch in batches:
+        taken.extend(batch)
+        if request.gang_size is None:
+            fitting += sum(1 for snap in batch if refusal(request, snap, free_spot=True) is None)
+            if fitting >= max(1, max_plans):
+                break
+    return taken

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 from hypothesis import HealthCheck, event, example, given, settings
@@ -23,7 +24,7 @@ from better_compute.engine import shortlist
 from better_compute.engine.fit import plan_nodes
 from better_compute.engine.gang import group_fits, rank_gangs
 from better_compute.engine.place import rank_single
-from better_compute.engine.preempt import plan_preemption
+from better_compute.engine.preempt import MAX_PLANS, plan_preemption
 from better_compute.model import (
     Atom,
     Binding,
@@ -498,16 +499,21 @@ def spot_gang_worlds(draw: st.DrawFn) -> tuple[list[NodeSpec], list[BookingSpec]
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-@given(st.one_of(worlds(), gang_worlds(), spot_gang_worlds()))
-@example(_TWO_RACKS_OF_SPOT)
+@given(st.one_of(worlds(), gang_worlds(), spot_gang_worlds()), st.sampled_from([1, 2, 64]))
+@example(_TWO_RACKS_OF_SPOT, 64)
 def test_preemption_plans_the_same_on_the_nodes_it_could_use(
-    world: tuple[list[NodeSpec], list[BookingSpec], Ask],
+    world: tuple[list[NodeSpec], list[BookingSpec], Ask], batch: int
 ) -> None:
     """placing.preemption_snapshots reads only the nodes that could take a share were every
-    spot booking freed (a gang's: only in groups with enough of them); preemption's plan on
-    them is its plan on the whole pool."""
+    spot booking freed (a gang's: only in groups with enough of them; a single-node request's:
+    only until enough fit), from SQL and from a replay's fleet; preemption's plan on them is its
+    plan on the whole pool."""
     ask = world[2]
-    with written(world) as (db, pool_id, subject, ctx):
+    # Read `batch` nodes at a time (64 outside tests): the batches join up in name order.
+    with (
+        written(world) as (db, pool_id, subject, ctx),
+        patch.object(placing, "PREEMPTION_BATCH", batch),
+    ):
         request = subject.request(WINDOW)
         everything = repo.snapshots(db.conn, pool_id, WINDOW, ignore_reservation=subject.id)
         some = placing.preemption_snapshots(ctx, pool_id, request, subject.id)
@@ -520,15 +526,19 @@ def test_preemption_plans_the_same_on_the_nodes_it_could_use(
         if ask.gang:  # the fits of every group that could offer a gang
             groups = group_fits(request, fits)[0].values()
             fits = [fit for members in groups if len(members) >= ask.gang for fit in members]
+        else:  # the first fitting nodes by name: all a single-node request compares
+            fits = fits[:MAX_PLANS]
         assert {p.node_id for _, p in fits} <= {s.node.name for s in some}
         # The same from the fleet a replay keeps in memory (engine/fleet.PoolIndex), whose
         # candidates skip no group: every node that could take a share.
         pool = Fleet().index(db.conn, pool_id, WINDOW.start)
-        named = pool.preemption_candidates(WINDOW, subject.id, request.gpus or 0)
-        kept = plan_preemption(request, pool.snapshots(WINDOW, subject.id, named))
+        kept = plan_preemption(
+            request, placing.preemption_snapshots(ctx, pool_id, request, subject.id, pool)
+        )
         assert isinstance(kept, Plan) == isinstance(full, Plan)
         if isinstance(full, Plan):
             assert kept == full
+        named = pool.preemption_candidates(WINDOW, subject.id, request.gpus or 0)
         free_spot_fits, _ = plan_nodes(request, everything, free_spot=True)
         assert {p.node_id for _, p in free_spot_fits} <= set(named)
         victims = bool(full.victims) if isinstance(full, Plan) else False

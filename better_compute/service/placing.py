@@ -11,6 +11,7 @@ from better_compute.engine.fit import Fit, plan_nodes
 from better_compute.engine.fleet import PoolIndex
 from better_compute.engine.gang import gang_size, pick_gang
 from better_compute.engine.place import pick_single, place
+from better_compute.engine.preempt import enough_in_name_order
 from better_compute.model import (
     Condition,
     NodeSnapshot,
@@ -281,27 +282,51 @@ def _fit_rows(
     )
 
 
+#: Nodes whose snapshots preemption's planning reads at a time (preemption_snapshots).
+PREEMPTION_BATCH = 64
+
+
 def preemption_snapshots(
-    ctx: Ctx, pool_id: str, request: Request, ignore: str | None
+    ctx: Ctx,
+    pool_id: str,
+    request: Request,
+    ignore: str | None,
+    pool: PoolIndex | None = None,
 ) -> list[NodeSnapshot]:
-    """The nodes preemption's planning (engine/preempt.py) can find a plan on, by name: those
-    that could take a share were every spot booking in the window freed. The others it would
-    refuse whatever it frees, and its answer is the same without them (a no-fit's reason is
-    not used): a pool of 4,000 nodes is not built for a request that finds nothing to preempt
-    (a pending gang, at every retry). A gang's members come only from topology groups with at
-    least `size` such nodes: no other group can offer a gang."""
-    rows = _fit_rows(ctx, pool_id, request, ignore, free_spot=True)
-    if request.gang_size is None:
-        names = sorted(name for name, _, _ in rows)
+    """The snapshots preemption's planning (engine/preempt.py) needs for the answer it would give
+    from the whole pool, by name; from `pool` when the command keeps one in memory (fleet_pool),
+    else from SQL.
+
+    Only the nodes that could take a share were every spot booking in the window freed: the
+    others it would refuse whatever it frees (a no-fit's reason is not used). A gang's members
+    come only from topology groups with at least `size` such nodes: no other group can offer a
+    gang. A single-node request compares the plans of its first fitting nodes by name only
+    (engine/preempt.enough_in_name_order), so those are read PREEMPTION_BATCH at a time until
+    that many fit. A pool of 4,000 nodes is not built for a request that finds nothing to
+    preempt (a pending gang, at every retry), nor for a regular request waiting on a pool full
+    of spot work, whose first 64 fitting nodes are all it needs."""
+    window = request.window
+
+    def read(names: list[str]) -> list[NodeSnapshot]:
+        if pool is not None:
+            return pool.snapshots(window, ignore, names)
+        return repo.snapshots(ctx.db.conn, pool_id, window, ignore_reservation=ignore, names=names)
+
+    if pool is not None:
+        names = pool.preemption_candidates(window, ignore, request.gpus or 0)
     else:
-        groups = _groups(ctx, pool_id, request.topology_key, rows).values()
-        size = request.gang_size
-        names = sorted(c.name for members in groups if len(members) >= size for c in members)
-    if not names:
-        return []
-    return repo.snapshots(
-        ctx.db.conn, pool_id, request.window, ignore_reservation=ignore, names=names
+        rows = _fit_rows(ctx, pool_id, request, ignore, free_spot=True)
+        names = sorted(name for name, _, _ in rows)
+    if request.gang_size is not None:
+        if pool is None:
+            groups = _groups(ctx, pool_id, request.topology_key, rows).values()
+            size = request.gang_size
+            names = sorted(c.name for members in groups if len(members) >= size for c in members)
+        return read(names) if names else []
+    batches = (
+        read(names[i : i + PREEMPTION_BATCH]) for i in range(0, len(names), PREEMPTION_BATCH)
     )
+    return enough_in_name_order(request, batches)
 
 
 #: At most this many nodes, in name order, are read looking for perfect fits (shortlist.perfect)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from better_compute.engine.preempt import enough_in_name_order, plan_preemption
+from better_compute.engine.preempt import plan_preemption
 from better_compute.errors import BetterComputeError
 from better_compute.lifecycle import states
 from better_compute.model import (
@@ -26,8 +26,6 @@ from better_compute.storage import locks, repo, webhooks
 from better_compute.timeparse import MAX_MS
 
 OTHER_TENANT = "preempted by a non-spot reservation"
-#: Snapshots a replay builds at a time for preemption's planning (enough_in_name_order).
-BATCH = 64
 
 
 def notice(victim: Reservation, by: Reservation) -> tuple[str, dict[str, JsonValue]]:
@@ -62,15 +60,7 @@ def try_preempt(ctx: Ctx, rsv: Reservation) -> Reservation | None:
     key = (rsv.id, rsv.request(Window(0, rsv.duration_ms)))
     if pool is not None and pool.nothing_to_preempt(key, window):
         return None  # nothing changed since a retry found nothing
-    if pool is not None:
-        names = pool.preemption_candidates(window, rsv.id, rsv.gpus or 0)
-        batches = (
-            pool.snapshots(window, rsv.id, names[i : i + BATCH])
-            for i in range(0, len(names), BATCH)
-        )
-        snaps = enough_in_name_order(rsv.request(window), batches)
-    else:
-        snaps = placing.preemption_snapshots(ctx, rsv.pool_id, rsv.request(window), rsv.id)
+    snaps = placing.preemption_snapshots(ctx, rsv.pool_id, rsv.request(window), rsv.id, pool)
     option = plan_preemption(
         rsv.request(window),
         snaps,

@@ -538,7 +538,7 @@ def test_preemption_plans_the_same_on_the_nodes_it_could_use(
         assert isinstance(kept, Plan) == isinstance(full, Plan)
         if isinstance(full, Plan):
             assert kept == full
-        named = pool.preemption_candidates(WINDOW, subject.id, request.gpus or 0)
+        named = pool.preemption_candidates(request, subject.id)
         free_spot_fits, _ = plan_nodes(request, everything, free_spot=True)
         assert {p.node_id for _, p in free_spot_fits} <= set(named)
         victims = bool(full.victims) if isinstance(full, Plan) else False

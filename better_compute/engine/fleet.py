@@ -436,19 +436,24 @@ class PoolIndex:
             )
         return result
 
-    def preemption_candidates(self, window: Window, ignore: str | None, share: int) -> list[str]:
-        """The nodes, by name, that preemption's planning (engine/preempt.py) could plan a
-        share of `share` GPUs on: usable, out of maintenance in the window, and with `share`
-        healthy GPUs that no booking but live spot work holds then. The filters refuse every
-        other node whatever spot work is freed (free_atoms with free_spot leaves exactly the
-        healthy atoms no regular booking holds), so the plans made from these nodes' snapshots
-        are the plans made from all of them: storage's preemption_snapshots, from memory. In
-        a full pool most nodes hold regular work, and a pending request retried every 30 s
-        built every node's snapshot to find that out."""
+    def preemption_candidates(self, request: Request, ignore: str | None) -> list[str]:
+        """The nodes, by name, that preemption's planning (engine/preempt.py) could plan the
+        request's share on: usable, out of maintenance in the window, of models it accepts, and
+        with the share in healthy GPUs that no booking but live spot work holds then. The
+        filters refuse every other node whatever spot work is freed (free_atoms with free_spot
+        leaves exactly the healthy atoms no regular booking holds), so the plans made from these
+        nodes' snapshots are the plans made from all of them (service/placing's
+        preemption_snapshots reads the same from SQL, less the models). In a full pool most
+        nodes hold regular work, and a pending request retried every 30 s built every node's
+        snapshot to find that out."""
+        window, share = request.window, request.gpus or 0
+        accepted = {m.casefold() for m in request.models} if request.models else None
         found = []
         for name in sorted(self.nodes):
             static = self.nodes[name]
             if not static.usable or len(static.healthy) < share:
+                continue
+            if accepted is not None and not static.models <= accepted:
                 continue
             if self._blocked(name, window) is not None:
                 continue

@@ -313,7 +313,7 @@ def preemption_snapshots(
         return repo.snapshots(ctx.db.conn, pool_id, window, ignore_reservation=ignore, names=names)
 
     if pool is not None:
-        names = pool.preemption_candidates(window, ignore, request.gpus or 0)
+        names = pool.preemption_candidates(request, ignore)
     else:
         rows = _fit_rows(ctx, pool_id, request, ignore, free_spot=True)
         names = sorted(name for name, _, _ in rows)

@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
+from better_compute.engine.filters import refusal
 from better_compute.engine.fit import plan_node
 from better_compute.engine.place import no_node_fits
 from better_compute.engine.scorers import TOPOLOGY_MAX, fill
@@ -515,6 +516,7 @@ class PoolIndex:
         if key not in self._refusals and len(self._refusals) >= MEMO_KEYS:
             self._refusals.clear()
         memo = self._refusals.setdefault(key, {})
+        accepted = {m.casefold() for m in request.models} if request.models else None
         refused = []
         for name in sorted(self.nodes):
             gen = self.node_gen.get(name, 0)
@@ -522,17 +524,28 @@ class PoolIndex:
             if hit is not None and hit[1] == gen and hit[3] <= window.start < hit[2]:
                 refused.append((name, hit[0]))
                 continue
+            static, said = self.nodes[name], None
             if name in exclude:
-                reason = "excluded"
-            else:
+                said = "excluded"
+            elif not static.usable or (accepted is not None and not static.models <= accepted):
+                said = self._refusal_by_node(request, name, window)  # its bookings unread
+            if said is None:
                 result = plan_node(request, self.snapshots(window, ignore, [name])[0])
                 if not isinstance(result, str):
                     del self._refusals[key]  # it fits: placed now, never asked again
                     return None
-                reason = result
-            memo[name] = (reason, gen, self._node_still(name, window), window.start)
-            refused.append((name, reason))
+                said = result
+            memo[name] = (said, gen, self._node_still(name, window), window.start)
+            refused.append((name, said))
         return no_node_fits(len(self.nodes), refused)
+
+    def _refusal_by_node(self, request: Request, name: str, window: Window) -> str | None:
+        """The filters' reason for a node they refuse before counting its free GPUs (in
+        maintenance in the window, cordoned, unreachable, or of a model the request refuses):
+        the same as from its snapshot, without reading its bookings, which those checks never
+        look at. None when they would go on to count them."""
+        bare = NodeSnapshot(self.nodes[name].node, frozenset(), (), self._blocked(name, window))
+        return refusal(request, bare)
 
     def nothing_to_preempt(self, key: object, window: Window) -> bool:
         """Whether preemption planning found nothing for `key` on this very pool (no booking

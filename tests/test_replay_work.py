@@ -113,12 +113,14 @@ def _release_in_full(ctx: Ctx) -> None:
 def _plain(mp: pytest.MonkeyPatch) -> None:
     """The shortcuts off: every tick reads steps 1 to 5 and every expiring notice in full,
     releases through booking.finish, saves every move with repo.save_reservation and reads
-    every node's reachability again in step 5."""
+    every node's reachability and every binding row again in step 5."""
     mp.setattr(tickwork, "due_first", lambda *a: tickwork.Due(True, True, True, True, True))
     mp.setattr(ticking, "_release_due", _release_in_full)
     mp.setattr(ticking, "_save_move", lambda ctx, rsv: repo.save_reservation(ctx.db.conn, rsv))
     bind = ticking._bind
-    mp.setattr(ticking, "_bind", lambda ctx, moved, _known: bind(ctx, moved, {}))
+    mp.setattr(
+        ticking, "_bind", lambda ctx, moved, _known, **_kw: bind(ctx, moved, {}, others=True)
+    )
 
     def everywhere(
         conn: Any, now: int, by: int, _t: int, _s: int, states: Any

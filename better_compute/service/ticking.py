@@ -90,7 +90,7 @@ def _steps(ctx: Ctx) -> Looked | None:
     reach: dict[str, bool] = {}  # nodes step 3 found reachable or not, for step 5
     placed = _repair_due(ctx, reach) if due.starting or due.retrying else []
     binding = _start_binding(ctx, placed)
-    active = _bind(ctx, binding, reach) if due.binding or binding else {}
+    active = _bind(ctx, binding, reach, others=due.binding) if due.binding or binding else {}
     return notices.give_due(ctx, [r for r in placed if r.id not in binding], active)
 
 
@@ -383,15 +383,18 @@ def _auto_bind(ctx: Ctx, pool_id: str) -> bool:
 
 
 def _bind(
-    ctx: Ctx, moved: dict[str, Reservation], known: dict[str, bool]
+    ctx: Ctx, moved: dict[str, Reservation], known: dict[str, bool], *, others: bool = True
 ) -> dict[str, Reservation]:
     """Step 5: autoBind reachable nodes; a reservation with every allocation bound is active.
     `moved`: those step 4 has just moved to binding, their rows not yet written (this step
     writes each one's state: active, or binding when it must wait); the others binding are
-    read. `known`: nodes whose reachability this tick has read (only the others are read).
-    Returns those it made active, as stored."""
+    read, unless `others` says there are none (due_first saw no binding row, and steps 1 to 4
+    write none: a replay's tick that starts what was just placed asks nothing more).
+    `known`: nodes whose reachability this tick has read (only the others are read). Returns
+    those it made active, as stored."""
     conn = ctx.db.conn
-    waiting = tickwork.reservations_named(conn, tickwork.ids_in_state(conn, State.BINDING.value))
+    binding = tickwork.ids_in_state(conn, State.BINDING.value) if others else []
+    waiting = tickwork.reservations_named(conn, binding)
     auto: dict[str, bool] = {}
     active: dict[str, Reservation] = {}
     for rsv in sorted([*waiting, *moved.values()], key=lambda r: r.seq):

@@ -361,7 +361,7 @@ class PoolIndex:
         window, whole = request.window, request.node_lease
         need = request.gpus or 0
         least = max(need, 1)
-        accepted = {m.casefold() for m in request.models} if request.models else None
+        accepted = _accepting(request)
         skip = {name for name, _ in self.by_rsv.get(ignore, ())} if ignore is not None else set()
         if window.start == self.horizon:  # current bookings all overlap the window
             families = self.buckets
@@ -374,7 +374,7 @@ class PoolIndex:
         for (gpus, free, busy, models), names in families.items():
             if not names or gpus < least:
                 continue
-            if accepted is not None and not models <= accepted:
+            if not _takes(models, accepted):
                 continue
             share = gpus if whole else need
             if free < share:
@@ -386,7 +386,7 @@ class PoolIndex:
             static = self.nodes[name]
             if not static.usable or static.gpus < least:
                 continue
-            if accepted is not None and not static.models <= accepted:
+            if not _takes(static.models, accepted):
                 continue
             if len(static.healthy) < (static.gpus if whole else need):
                 continue
@@ -448,13 +448,13 @@ class PoolIndex:
         nodes hold regular work, and a pending request retried every 30 s built every node's
         snapshot to find that out."""
         window, share = request.window, request.gpus or 0
-        accepted = {m.casefold() for m in request.models} if request.models else None
+        accepted = _accepting(request)
         found = []
         for name in sorted(self.nodes):
             static = self.nodes[name]
             if not static.usable or len(static.healthy) < share:
                 continue
-            if accepted is not None and not static.models <= accepted:
+            if not _takes(static.models, accepted):
                 continue
             if self._blocked(name, window) is not None:
                 continue
@@ -516,7 +516,7 @@ class PoolIndex:
         if key not in self._refusals and len(self._refusals) >= MEMO_KEYS:
             self._refusals.clear()
         memo = self._refusals.setdefault(key, {})
-        accepted = {m.casefold() for m in request.models} if request.models else None
+        accepted = _accepting(request)
         refused = []
         for name in sorted(self.nodes):
             gen = self.node_gen.get(name, 0)
@@ -527,7 +527,7 @@ class PoolIndex:
             static, said = self.nodes[name], None
             if name in exclude:
                 said = "excluded"
-            elif not static.usable or (accepted is not None and not static.models <= accepted):
+            elif not static.usable or not _takes(static.models, accepted):
                 said = self._refusal_by_node(request, name, window)  # its bookings unread
             if said is None:
                 result = plan_node(request, self.snapshots(window, ignore, [name])[0])
@@ -592,6 +592,17 @@ class PoolIndex:
                 if len(_accepted(s.node, models)) >= share
             }
         return self._topology[asked]
+
+
+def _accepting(request: Request) -> set[str] | None:
+    """The models the request accepts, casefolded as a node's are kept; None: any model."""
+    return {m.casefold() for m in request.models} if request.models else None
+
+
+def _takes(models: frozenset[str], accepted: set[str] | None) -> bool:
+    """Whether a node of these models (casefolded) may take a request accepting `accepted`:
+    the filters refuse a node with any GPU of a model the request does not name."""
+    return accepted is None or models <= accepted
 
 
 def _accepted(node: Node, models: Sequence[str]) -> list[Atom]:

@@ -306,22 +306,27 @@ def preemption_snapshots(
     preempt (a pending gang, at every retry), nor for a regular request waiting on a pool full
     of spot work, whose first 64 fitting nodes are all it needs."""
     window = request.window
-
-    def read(names: list[str]) -> list[NodeSnapshot]:
-        if pool is not None:
-            return pool.snapshots(window, ignore, names)
-        return repo.snapshots(ctx.db.conn, pool_id, window, ignore_reservation=ignore, names=names)
-
     if pool is not None:
         names = pool.preemption_candidates(request, ignore)
+
+        def read(chunk: list[str]) -> list[NodeSnapshot]:
+            return pool.snapshots(window, ignore, chunk)
+
     else:
         rows = _fit_rows(ctx, pool_id, request, ignore, free_spot=True)
-        names = sorted(name for name, _, _ in rows)
-    if request.gang_size is not None:
-        if pool is None:
+        if request.gang_size is None:
+            names = sorted(name for name, _, _ in rows)
+        else:
             groups = _groups(ctx, pool_id, request.topology_key, rows).values()
             size = request.gang_size
             names = sorted(c.name for members in groups if len(members) >= size for c in members)
+
+        def read(chunk: list[str]) -> list[NodeSnapshot]:
+            return repo.snapshots(
+                ctx.db.conn, pool_id, window, ignore_reservation=ignore, names=chunk
+            )
+
+    if request.gang_size is not None:
         return read(names) if names else []
     batches = (
         read(names[i : i + PREEMPTION_BATCH]) for i in range(0, len(names), PREEMPTION_BATCH)

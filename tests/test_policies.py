@@ -162,3 +162,35 @@ def test_policy_changes_are_events_with_who(run: Cli) -> None:
     assert types[-2:] == ["policy.set", "policy.deleted"]
     assert events[-2]["data"]["principal"] == "bob" and events[-2]["data"]["maxGpus"] == 8
     assert events[-2]["data"]["by"] == ME and events[-1]["data"]["by"] == ME
+
+
+def test_a_key_another_principal_used_is_judged_by_the_callers_own_policy(run: Cli) -> None:
+    """A replayed key returns the reservation only to a principal whose own policy admits the
+    request (a hostile review: a spot-only principal was told its regular request was booked);
+    a retry of one's own request still returns it after a limit is lowered."""
+    run.ok("policy", "set", "--tenant", "acme", "--principal", "ci-bot", "--spot-only")
+    run.ok("policy", "set", "--tenant", "acme", "--principal", "zed", "--max-gpus", "8")
+    code, admins, err = reserve(run, None, "--gpus", "2", key="nightly")
+    assert code == 0, err
+    message = refused_key(run, "ci-bot", "nightly", "--gpus", "2")
+    assert "spot-only" in message
+    code, mine, err = reserve(run, "zed", "--gpus", "6", key="zk")
+    assert code == 0, err
+    run.ok("policy", "set", "--tenant", "acme", "--principal", "zed", "--max-gpus", "2")
+    code, again, err = reserve(run, "zed", "--gpus", "6", key="zk")
+    assert code == 0, err
+    assert isinstance(mine, dict) and isinstance(again, dict) and again["id"] == mine["id"]
+    run.ok("policy", "set", "--tenant", "acme", "--principal", "ci-bot", "--max-gpus", "8")
+    code, same, err = reserve(run, "ci-bot", "--gpus", "2", key="nightly")
+    assert code == 0, err  # now its policy admits the request: the reservation, as it is
+    assert isinstance(admins, dict) and isinstance(same, dict) and same["id"] == admins["id"]
+    ids = sorted(r["id"] for r in run.ok("list", "--tenant", "acme"))
+    assert ids == sorted([admins["id"], mine["id"]])  # nothing new was booked
+
+
+def refused_key(run: Cli, who: str, key: str, *flags: str) -> str:
+    err = run.fails(
+        FORBIDDEN, "--as", who, "reserve", "--tenant", "acme", "--for", "1h", "--key", key, *flags
+    )
+    assert err["code"] == "FORBIDDEN"
+    return err["message"]

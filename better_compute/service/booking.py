@@ -380,7 +380,10 @@ def replayed(ctx: Ctx, args: ReserveArgs) -> Reservation | None:
     """A key already used by the tenant: the same request returns its reservation as it is (even
     if a policy's limits or the pools changed since), other parameters are a CONFLICT (PRODUCT.md
     §7). Only to a principal that acts for the tenant: to anyone else a key is no way to learn
-    whether it was used (admission refuses them as if it was not)."""
+    whether it was used (admission refuses them as if it was not). A key another principal used
+    is this principal's request too, judged by its own policy (§6): a spot-only principal is
+    not told that the regular reservation it asked for is booked. A retry of one's own request
+    is not judged again, so a limit lowered since does not turn a success into a refusal."""
     if args.key is None:
         return None
     conn = ctx.db.conn
@@ -399,6 +402,8 @@ def replayed(ctx: Ctx, args: ReserveArgs) -> Reservation | None:
             f"key {args.key!r} was used by {rsv.id} with other parameters;"
             " use a new --key for a new request"
         )
+    if rsv.principal != ctx.principal:
+        check_policy(conn, ctx.who, _draft(args, pool_id, _charge(ctx, args, pool_id)))
     return rsv
 
 

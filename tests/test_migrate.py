@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import uuid
 from pathlib import Path
 from typing import Any
@@ -174,6 +175,31 @@ def test_a_copy_that_differs_from_the_source_is_not_kept(
     target = db_dir / "lossy.db"
     error = run.fails(7, "migrate", "--to", target)
     assert "the copy of table 'events' differs from the source" in error["message"]
+    assert not target.exists()
+
+
+@pytest.mark.sqlite_only(reason="reads the SQLite source as damaged")
+def test_a_damaged_source_is_named_and_nothing_is_said_committed(
+    run: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A source SQLite cannot read midway through the copy: UNAVAILABLE naming the source's
+    table (not "cannot write the new database … (disk full?)"), nothing at the target's name,
+    and no word of committed changes: the new file's own commits went with it. A hostile review
+    read "after some of the command's changes were committed" after a damaged page."""
+    _busy_ledger(run)
+    rows = copy.plain_rows
+
+    def damaged(conn: Any, sql: str, parameters: Any) -> Any:
+        if " FROM events " in sql:
+            raise sqlite3.DatabaseError("database disk image is malformed")
+        return rows(conn, sql, parameters)
+
+    monkeypatch.setattr(copy, "plain_rows", damaged)
+    target = db_dir / "from-damaged.db"
+    error = run.fails(7, "migrate", "--to", target)
+    assert error["message"].startswith("cannot read table 'events' of ")
+    assert "database disk image is malformed; nothing was copied" in error["message"]
+    assert "committed" not in error["message"]
     assert not target.exists()
 
 

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sqlite3
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 from better_compute.errors import Conflict, Unavailable
 from better_compute.storage import ledger
-from better_compute.storage.conn import SQLITE, Conn, Ledger, dialect, plain_rows
+from better_compute.storage.conn import SQLITE, Conn, Ledger, dialect, plain_rows, where
 from better_compute.storage.create import create_ledger
 from better_compute.storage.db import ledger_exists, principal_at, sqlite_tools
 
@@ -111,7 +112,18 @@ def _rows(conn: Conn, table: str, columns: list[str]) -> Iterator[tuple[Any, ...
     order = ", ".join(f'"{c}"{_BYTES if c in text else ""} NULLS FIRST' for c in columns)
     own = _OWN_ROWS.get(table)
     at = columns.index(own[0]) if own is not None else -1
-    for row in plain_rows(conn, f"SELECT {listed} FROM {table} ORDER BY {order}", ()):
+    rows: Iterator[Any] | None = None
+    while True:
+        try:
+            if rows is None:
+                rows = plain_rows(conn, f"SELECT {listed} FROM {table} ORDER BY {order}", ())
+            row = next(rows)
+        except StopIteration:
+            return
+        except sqlite3.DatabaseError as exc:  # the source's own damage, not the new file's
+            raise Unavailable(
+                f"cannot read table {table!r} of {where(conn)!r}: {exc}; nothing was copied"
+            ) from None
         if own is None or row[at] != own[1]:
             yield tuple(row)
 

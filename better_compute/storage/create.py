@@ -13,7 +13,7 @@ from typing import Any
 
 from better_compute.errors import Conflict, InvalidInput
 from better_compute.storage import files, replace
-from better_compute.storage.conn import Ledger
+from better_compute.storage.conn import Commits, Ledger
 from better_compute.storage.db import (
     Database,
     _configure,
@@ -84,6 +84,11 @@ def create_database(
         if fill is not None:
             fill(db)
 
-    temp = replace.build_temp(target, mode, build)
+    made = Commits.made
+    try:
+        temp = replace.build_temp(target, mode, build)
+    except BaseException:  # its commits were to a file that never took the name: none stands
+        Commits.made = made  # (cli/app.handled would say "some changes were committed")
+        raise
     replace.swap_in(target, temp, replacing=kind == "ours")
     return open_database(path)

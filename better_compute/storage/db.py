@@ -452,9 +452,13 @@ class Database:
                     f"database {self.path} was replaced; run the command again", str(self.path)
                 )
             yield self.conn
-        finally:
+        except BaseException:
             if self.conn.in_transaction:  # SQLite may have ended it already after an error
-                self.conn.execute("COMMIT")
+                with contextlib.suppress(sqlite3.Error):  # the body's error is the one to tell
+                    self.conn.execute("ROLLBACK")
+            raise
+        if self.conn.in_transaction:
+            self.conn.execute("COMMIT")
 
     @contextmanager
     def savepoint(self, name: str) -> Iterator[None]:

@@ -48,6 +48,26 @@ def test_tick_at_the_start_binds_and_activates_in_one_tick(run: Cli) -> None:
     assert run.ok("get", rsv["id"]) == got
 
 
+def test_released_at_the_instant_it_started_it_keeps_that_instant(run: Cli) -> None:
+    """Made active by a tick at T and released at T, a reservation keeps `during` {T, T} beside
+    its bound allocation and its usage window of that instant (a review found `during: null`);
+    one cancelled before its start keeps none, and one released later keeps what it held."""
+    rsv = reserve(run, "a", "--gpus", "4", "--for", "2h")
+    run.ok("tick")
+    done = run.ok("release", rsv["id"])
+    assert (done["state"], done["releaseReason"]) == ("released", "released")
+    assert done["during"] == {"start": NOW_MS, "end": NOW_MS}
+    assert all(a["bound"] for a in done["allocations"])
+    windows = [u for u in run.ok("usage", "--dead-letter") if u["reservationId"] == rsv["id"]]
+    assert [(u["start"], u["end"]) for u in windows] == [(NOW_MS, NOW_MS)]
+    ahead = reserve(run, "b", "--gpus", "4", "--for", "2h", "--start", "+1h")
+    assert run.ok("cancel", ahead["id"])["during"] is None
+    later = reserve(run, "c", "--gpus", "4", "--for", "2h")
+    run.ok("tick")
+    kept = run.ok("release", later["id"], now=at(30 * MIN))["during"]
+    assert kept == {"start": NOW_MS, "end": NOW_MS + 30 * MIN}
+
+
 def test_tick_before_the_start_leaves_a_calendar_reservation_placed(run: Cli) -> None:
     rsv = reserve(run, "a", "--gpus", "4", "--for", "2h", "--start", "+1h")
     assert changes(run, at(44 * MIN)) == []

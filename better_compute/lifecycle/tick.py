@@ -63,8 +63,11 @@ def ended_at(during: Window | None, deadline: int | None, now: int) -> int | Non
 
 def kept_window(during: Window | None, at: int) -> Window | None:
     """The window a reservation released at `at` keeps, as booking.finish writes it: none when
-    it had not begun (it held no time at all), else cut back to `at`."""
-    if during is None or during.start >= at:
+    it had not begun (it held no time at all), else cut back to `at`. Released at the instant
+    it began, it keeps that instant (`{start: T, end: T}`): it may have been made active then,
+    with a bound allocation and a usage window of that instant (PRODUCT.md §7: a released
+    reservation keeps the time it really held; a review found `during: null` beside them)."""
+    if during is None or during.start > at:
         return None
     return Window(during.start, at) if during.end > at else during
 

@@ -14,7 +14,7 @@ from better_compute.engine.search import Ask
 from better_compute.errors import Conflict, InvalidInput
 from better_compute.inventory import MAX_LABEL_KEY, MODEL_RE, normal_model
 from better_compute.lifecycle import states
-from better_compute.lifecycle.tick import release_due, retry_window, timed_out
+from better_compute.lifecycle.tick import kept_window, release_due, retry_window, timed_out
 from better_compute.model import (
     NVLINK_ALL,
     SERIES_MARK,
@@ -597,10 +597,7 @@ def finish(ctx: Ctx, rsv: Reservation, reason: ReleaseReason, at: int) -> Reserv
     repo.end_bookings(conn, rsv.id, at)
     metering.close_windows(conn, rsv.id, at)
     done = states.released(rsv, reason)
-    if done.during is not None and done.during.start >= at:
-        done = evolve(done, during=None)  # released before it began: it held no time at all
-    elif done.during is not None and done.during.end > at:
-        done = evolve(done, during=Window(done.during.start, at))
+    done = evolve(done, during=kept_window(done.during, at))
     repo.save_reservation(conn, done)
     data: dict[str, JsonValue] = {"reason": reason.value}
     by = rsv.preempted_by if reason == ReleaseReason.PREEMPTED else None

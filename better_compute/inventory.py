@@ -52,6 +52,9 @@ class InventoryNode:
     fabric_clique: int | None = None
     #: The KEEP_NODE keys the file left out (their fields above hold the defaults).
     omitted: frozenset[str] = field(default=frozenset(), compare=False)
+    #: Its JSON path in the file (`pools[0].nodes[2]`), for errors found against the ledger
+    #: after parsing sorted the nodes; "" when it came from no JSON file.
+    at: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,9 @@ class InventoryPool:
 class InventoryTenant:
     id: str
     quota_gpus: int | None = None
+    #: The path of a quota the file gave as none (null, {} or {"gpus": null}), else "": an
+    #: import cannot remove a tenant's cap, so it refuses that, where it used to keep the cap.
+    no_cap_at: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -216,7 +222,9 @@ def _node(value: object, path: str) -> InventoryNode:
         cluster = _name(f.get("cluster"), _at(fpath, "cluster"))
         clique = _int(f.get("clique"), _at(fpath, "clique"), 0, MAX_INT)
     omitted = ({"labels"} - d.keys()) | ({"fabric", "nvlinkGroups"} - g.keys())
-    return InventoryNode(name, labels, count, model, groups, cluster, clique, frozenset(omitted))
+    return InventoryNode(
+        name, labels, count, model, groups, cluster, clique, frozenset(omitted), path
+    )
 
 
 def _unique(seen: dict[str, str], kind: str, name: str, path: str) -> None:
@@ -264,7 +272,8 @@ def parse_inventory(doc: object) -> Inventory:
             q = _object(d["quota"], _at(path, "quota"), ("gpus",))
             if q.get("gpus") is not None:
                 gpus = _int(q["gpus"], f"{path}.quota.gpus", 0, MAX_INT)
-        tenants.append(InventoryTenant(tid, gpus))
+        said_none = "quota" in d and gpus is None  # null, {} or {"gpus": null}
+        tenants.append(InventoryTenant(tid, gpus, _at(path, "quota") if said_none else ""))
     return Inventory(
         tuple(sorted(pools, key=lambda p: p.name)), tuple(sorted(tenants, key=lambda t: t.id))
     )

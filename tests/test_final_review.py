@@ -59,7 +59,7 @@ def test_import_never_changes_what_live_bookings_rely_on(run: Any, tmp_path: Pat
     doc["pools"][0]["nodes"][0]["gpus"] = {"count": 16, "model": "h100"}  # no nvlinkGroups: 1
     code, _, err = _import(run, tmp_path, doc)
     assert code == 2 and json.loads(err)["error"]["message"] == (
-        "pools[west].nodes[west-01].gpus.nvlinkGroups: west-01 holds live bookings and GPU 4"
+        "pools[0].nodes[0].gpus.nvlinkGroups: west-01 holds live bookings and GPU 4"
         " would leave its NVLink group; give nvlinkGroups with 4 GPUs a group, as now (left out,"
         " it is 1 group)"
     )

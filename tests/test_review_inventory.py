@@ -123,7 +123,7 @@ def test_node_names_that_differ_only_in_case_are_one_host(db_dir: Path, tmp_path
         {"name": "GPU-1", "gpus": {"count": 8, "model": "h100"}},
     ]}]}  # fmt: skip
     error = cli.fails(2, "inventory", "import", _file(tmp_path, "both.json", both))
-    assert error["message"].startswith("pools[a].nodes[GPU-1].name: the file names 'gpu-1' too")
+    assert error["message"].startswith("pools[0].nodes[1].name: the file names 'gpu-1' too")
     csv = tmp_path / "nodes.csv"
     csv.write_text(
         "sn,cpu_milli,memory_mib,gpu,model\ngpu-1,1000,1000,8,V100\nGPU-1,1000,1000,8,V100\n"
@@ -175,3 +175,26 @@ def test_an_inventory_pool_named_like_an_id_names_its_path(run: Cli, tmp_path: P
         2, "inventory", "import", _file(tmp_path, "p.json", {"pools": [{"name": "pool_x"}]})
     )
     assert error["message"].startswith('pools[0].name: pool name "pool_x" may not start with pool_')
+
+
+def test_a_quota_given_as_none_is_refused_where_a_cap_would_stay(
+    db_dir: Path, tmp_path: Path
+) -> None:
+    """`"quota": null` (or `{}`) for a tenant with a cap was counted as imported and kept the
+    cap (a review); an import cannot remove a cap, so it now says so and applies nothing. For a
+    tenant without one, none is what it has: accepted."""
+    cli = Cli(init_db(db_dir / "caps.db"))
+    cli.ok("tenant", "create", "capped")
+    cli.ok("quota", "set", "--tenant", "capped", "--gpus", "32")
+    before = cli.ok("inventory", "export")
+    for none in (None, {}, {"gpus": None}):
+        doc = {
+            "pools": [{"name": "p9"}],
+            "tenants": [{"id": "fresh"}, {"id": "capped", "quota": none}],
+        }
+        error = cli.fails(2, "inventory", "import", _file(tmp_path, "none.json", doc))
+        assert error["message"].startswith("tenants[1].quota: says no cap, but tenant 'capped'")
+        assert cli.ok("inventory", "export") == before  # nothing applied: no pool, no tenant
+    doc = {"pools": [], "tenants": [{"id": "fresh", "quota": None}]}
+    assert cli.ok("inventory", "import", _file(tmp_path, "fresh.json", doc))["tenants"] == 1
+    assert {"id": "fresh"} in cli.ok("inventory", "export")["tenants"]

@@ -713,10 +713,15 @@ def inventory_import(
             known = repo.tenant_exists(conn, tenant.id)
             if not known:
                 _new_tenant(ctx, conn, tenant.id)
-            if tenant.quota_gpus is not None:
-                was = dict(repo.quotas(conn, tenant.id)).get("") if known else None
-                if was != tenant.quota_gpus:
-                    _set_quota(ctx, conn, tenant.id, "", tenant.quota_gpus)
+            was = dict(repo.quotas(conn, tenant.id)).get("") if known else None
+            if tenant.quota_gpus is not None and was != tenant.quota_gpus:
+                _set_quota(ctx, conn, tenant.id, "", tenant.quota_gpus)
+            elif tenant.no_cap_at and was is not None:
+                raise InvalidInput(
+                    f"{tenant.no_cap_at}: says no cap, but tenant {tenant.id!r} has a cap of"
+                    f' {was} GPUs, which an import cannot remove; give {{"gpus": N}}, or'
+                    " leave quota out to keep it"
+                )
             counts["tenants"] += 1
         ctx.event("inventory.imported", None, None, {k: v for k, v in counts.items()})
     return counts
@@ -735,8 +740,8 @@ def _import_nodes(
     known = bulk.node_pools(conn, [n.name for n in nodes])
     for node in nodes:
         if node.name in known:
-            # Parsed inventories are sorted, so the path names the pool and node, not indexes.
-            path = f"pools[{pool_name}].nodes[{node.name}]"
+            # The node's path in the file; an openb list's nodes have none: named instead.
+            path = node.at or f"pools[{pool_name}].nodes[{node.name}]"
             _update_node(conn, pool_id, known[node.name], node, path, live)
     fresh = [(n.name, n.labels, _atoms(n)) for n in nodes if n.name not in known]
     bulk.insert_nodes(ctx.db, pool_id, fresh)
@@ -746,8 +751,10 @@ def _require_one_host_each(conn: Conn, inv: Inventory) -> None:
     """A node the ledger does not have yet may not differ only in case from another node, in
     the ledger or in the file: node names are host names (README). Pairs a ledger already holds
     (made before this rule) stay importable, so a ledger's own export imports again."""
-    pool_of = {n.name: p.name for p in inv.pools for n in p.nodes}
-    names = list(pool_of)
+    path_of = {
+        n.name: n.at or f"pools[{p.name}].nodes[{n.name}]" for p in inv.pools for n in p.nodes
+    }
+    names = list(path_of)
     new = sorted(set(names) - set(bulk.node_pools(conn, names)))
     in_ledger = bulk.same_but_case(conn, new)
     folded: dict[str, list[str]] = {}
@@ -762,7 +769,7 @@ def _require_one_host_each(conn: Conn, inv: Inventory) -> None:
         else:
             continue
         raise InvalidInput(
-            f"pools[{pool_of[name]}].nodes[{name}].name: {where}; node names are host names,"
+            f"{path_of[name]}.name: {where}; node names are host names,"
             " which do not differ by case alone"
         )
 

@@ -508,18 +508,18 @@ class _Due:
         nothing was committed since: this process commits only that transaction in between, and
         another process's commit changes the data version (storage/simulation.data_version)."""
         settings = self.ctx.settings
-        with self.ctx.db.read() as conn:
-            version = store.data_version_of(self.ctx.db)
-            if reuse and self.known is not None and self.known[:2] == (version, self.after):
-                due = self.known[2]
-            else:
-                due = store.next_due(
-                    conn,
-                    self.after,
-                    settings.repair_lead_ms,
-                    settings.pending_max_wait_ms,
-                    settings.notice_expiring_ms,
-                )
+        conn = self.ctx.db.conn  # always inside the replay's write transaction (no read() CM)
+        version = store.data_version_of(self.ctx.db)
+        if reuse and self.known is not None and self.known[:2] == (version, self.after):
+            due = self.known[2]
+        else:
+            due = store.next_due(
+                conn,
+                self.after,
+                settings.repair_lead_ms,
+                settings.pending_max_wait_ms,
+                settings.notice_expiring_ms,
+            )
         self.known = (version, self.after, due)
         return None if due is None or (self.until is not None and due > self.until) else due
 

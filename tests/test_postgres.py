@@ -7,6 +7,7 @@ are about what only PostgreSQL has: the server's roles as principals, GRANTs, UR
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import sys
@@ -252,6 +253,27 @@ def test_a_role_without_the_grants_is_forbidden_not_a_bug(role: str) -> None:
     result = invoke(["--db", pgtest.as_role(url, role), "list"])
     assert result.exit_code == 6, result.stderr
     assert "the server refused your role" in result.stderr
+
+
+@postgres
+def test_a_role_whose_transactions_are_read_only_is_unavailable_not_a_bug(role: str) -> None:
+    """default_transaction_read_only (maintenance), as on a standby after a failover: writes
+    are UNAVAILABLE with nothing written, reads work (a review found INTERNAL, "a bug")."""
+    url = _ledger()
+    _json(invoke(["--db", url, "--now", NOW, "--json", "init", "--demo"]))
+    pgtest.sql(url, *grants(url.rsplit("%3D", 1)[1], role))
+    pgtest.sql(url, f"ALTER ROLE {role} SET default_transaction_read_only = on")
+    mine = pgtest.as_role(url, role)
+    for args in (["reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h"], ["tick"]):
+        result = invoke(["--db", mine, "--json", *args])
+        assert result.exit_code == 7, result.stderr
+        assert "takes no writes now" in _json_error(result.stderr), result.stderr
+    assert _json(invoke(["--db", mine, "--json", "list"])) == []
+    assert pgtest.sql(url, "SELECT count(*) FROM reservations") == [(0,)]
+
+
+def _json_error(stderr: str) -> str:
+    return str(json.loads(stderr)["error"]["message"])
 
 
 @postgres

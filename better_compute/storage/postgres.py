@@ -551,6 +551,12 @@ def mapped(where: str) -> Iterator[None]:
     except pg_errors.InsufficientPrivilege as exc:
         detail = " ".join(str(exc).split())[:200]
         raise Forbidden(f"the server refused your role ({detail}): {_who_can(detail)}") from None
+    except pg_errors.ReadOnlySqlTransaction:  # a standby after a failover, or maintenance
+        raise Unavailable(
+            f"database {where} takes no writes now (a standby, or default_transaction_read_only"
+            " set for this role or database): nothing was written; reads work, and changes work"
+            " on the primary or once writes are allowed again"
+        ) from None
     except psycopg.OperationalError as exc:
         detail = " ".join(str(exc).split())[:300]
         raise Unavailable(f"database {where} cannot be used: {detail}") from None

@@ -197,3 +197,18 @@ def test_a_request_placed_from_a_preemption_deadline_is_judged_there(run: Cli) -
     assert a["state"] == "pending" and a["conditions"][0]["reason"] == "NoCapacity"
     notices = ("reservation.preempting", "reservation.preempted")
     assert not [e for e in run.ok("events") if e["type"] in notices]
+
+
+def test_a_refusal_shows_the_excess_that_hundredths_would_hide(run: Cli) -> None:
+    """12 of 16 booked and a request of 4 GPU-hours and 1 s: to the hundredth it read "needs 4
+    more", which fits exactly and would be admitted (a review); the figures get the places that
+    show the excess, and a plain refusal keeps its hundredths."""
+    run.ok("quota", "set", "--tenant", "acme", "--gpu-hours", "16", "--period", "1d")
+    reserve(run, 4, "now", 3)
+    args = ("reserve", "--tenant", "acme", "--gpus", "1", "--for", "4h1s")
+    msg = run.fails(5, *args)["message"]
+    assert msg.startswith("tenant 'acme' has booked 12 of its 16") and "needs 4.0003 more" in msg
+    assert "needs 5 more" in refused(run, 1, "now", 5)
+    run.ok("quota", "set", "--tenant", "acme", "--gpu-hours", "0", "--period", "1d")
+    msg = run.fails(5, "reserve", "--tenant", "acme", "--gpus", "1", "--for", "1s")["message"]
+    assert "has booked 12 of its 0" in msg and "needs 0.0003 more" in msg

@@ -90,11 +90,30 @@ def check(
             where = (
                 f"pool {repo.pool_name(conn, budget.pool_id)}" if budget.pool_id else "all pools"
             )
+            booked, whole, more = _shown(spent, budget.gpu_ms, need)
             raise QuotaExceeded(
-                f"tenant {tenant!r} has booked {hours(spent):g} of its {hours(budget.gpu_ms):g}"
+                f"tenant {tenant!r} has booked {booked} of its {whole}"
                 f" GPU-hour budget in {where} over the {human_duration(budget.period_ms)}"
-                f" {_named(period)}; this request needs {hours(need):g} more"
+                f" {_named(period)}; this request needs {more} more"
             )
+
+
+def _shown(spent: int, budget: int, need: int) -> tuple[str, str, str]:
+    """A refusal's three figures in GPU-hours: to the hundredth, as `quota show` gives them,
+    unless that rounding hides the excess (12 of 16 booked and 4 more needed reads as fitting
+    exactly, which is admitted: 4.0003 does not) or the request (needs 0 more); then to as many
+    places as show them (one GPU-second is 0.0003 GPU-hours, one GPU-millisecond 0.0000003)."""
+    places = 2
+    while places < 7:
+        booked, whole, more = (round(x / HOUR_MS, places) for x in (spent, budget, need))
+        if booked + more > whole and more > 0:
+            break
+        places += 1
+    text = [
+        f"{round(x / HOUR_MS, places):.{places}f}".rstrip("0").rstrip(".")
+        for x in (spent, budget, need)
+    ]
+    return text[0], text[1], text[2]
 
 
 def _named(period: Window) -> str:

@@ -185,7 +185,9 @@ def test_a_pending_reservation_placed_later_is_judged_on_its_budget_again(run: C
 
 def test_a_request_placed_from_a_preemption_deadline_is_judged_there(run: Cli) -> None:
     """Admitted for a window from now, a request that preempts spot work books from the
-    notice's deadline: where its GPU-time may take the tenant over its budget."""
+    notice's deadline: where its GPU-time may take the tenant over its budget. Then it waits
+    `BudgetExceeded` (it said NoCapacity until its first retry), and preview promises no
+    preemption (it did: a review)."""
     run.ok("config", "set", "capacity.spotNoticeMs", str(30 * MIN))
     run.ok("quota", "set", "--tenant", "acme", "--gpu-hours", "8", "--period", "2h")
     run.ok("quota", "set", "--tenant", "globex", "--gpus", "100")
@@ -193,8 +195,12 @@ def test_a_request_placed_from_a_preemption_deadline_is_judged_there(run: Cli) -
     run.ok("reserve", *spot)
     b = reserve(run, 8, "+2h", 1)  # after the spot work: placed
     assert b["state"] == "placed"
+    ask = ("--tenant", "acme", "--gpus", "8", "--for", "1h")
+    seen = run.ok("preview", *ask)
+    assert (seen["fits"], seen["preemptible"]) == (False, None)
     a = reserve(run, 8, "now", 1)  # [0, 1h) meets no period with b; [30m, 90m) would
-    assert a["state"] == "pending" and a["conditions"][0]["reason"] == "NoCapacity"
+    assert a["state"] == "pending" and a["conditions"][0]["reason"] == "BudgetExceeded"
+    assert "has booked 8 of its 8" in a["conditions"][0]["message"]
     notices = ("reservation.preempting", "reservation.preempted")
     assert not [e for e in run.ok("events") if e["type"] in notices]
 

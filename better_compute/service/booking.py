@@ -293,8 +293,12 @@ def _pend_or_preempt(
     """What a request that fits nowhere now becomes: placed by preempting spot work (regular
     requests only), or pending with why."""
     preempted = try_preempt(ctx, rsv)  # None at once for work that may not preempt
-    if preempted is not None:
+    if isinstance(preempted, Reservation):
         return preempted
+    if preempted is not None:  # a preemption would place it where its budget does not hold
+        return placing.unschedulable(
+            rsv, "BudgetExceeded", preempted, ctx.now, ctx.settings.retry_ms
+        )
     return placing.unschedulable(rsv, reason_kind, reason, ctx.now, ctx.settings.retry_ms)
 
 
@@ -553,13 +557,15 @@ def preview(ctx: Ctx, args: ReserveArgs) -> Preview:
         if isinstance(outcome, Plan):
             return Preview(True, best, None, None, window, searched)
         preemptible = None
-        if not args.spot and not args.node_lease:
+        if may_preempt(draft):  # what reserve's try_preempt would do, without doing it
             deadline = max(args.start or ctx.now, ctx.now + ctx.settings.spot_notice_ms)
             late = Window(deadline, deadline + args.duration_ms)
-            snaps = placing.preemption_snapshots(ctx, pool["id"], draft.request(late), None)
-            option = plan_preemption(draft.request(late), snaps)
-            if isinstance(option, Plan) and option.victims:
-                preemptible = (len(option.victims), deadline)
+            if late.end <= MAX_MS:
+                snaps = placing.preemption_snapshots(ctx, pool["id"], draft.request(late), None)
+                option = plan_preemption(draft.request(late), snaps)
+                over = budgets.over_budget(conn, draft, late, ctx.now)
+                if isinstance(option, Plan) and option.victims and over is None:
+                    preemptible = (len(option.victims), deadline)
         return Preview(False, (), outcome.reason, preemptible, window, searched)
 
 

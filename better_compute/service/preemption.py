@@ -44,8 +44,11 @@ def may_preempt(rsv: Reservation) -> bool:
     return not rsv.spot and not rsv.node_lease
 
 
-def try_preempt(ctx: Ctx, rsv: Reservation) -> Reservation | None:
-    """Place `rsv` from the deadline by preempting spot reservations, or return None untouched."""
+def try_preempt(ctx: Ctx, rsv: Reservation) -> Reservation | str | None:
+    """Place `rsv` from the deadline by preempting spot reservations; or leave it untouched:
+    None when nothing could be preempted, or (str) why its GPU-hour budget holds it back from
+    the window a preemption would give it (admitted for a window from now, from the deadline
+    it may not fit): it waits `BudgetExceeded`, as preview then promises no preemption."""
     if not may_preempt(rsv):
         return None
     conn = ctx.db.conn
@@ -54,8 +57,6 @@ def try_preempt(ctx: Ctx, rsv: Reservation) -> Reservation | None:
     window = Window(deadline, deadline + rsv.duration_ms)
     if window.end > MAX_MS:
         return None  # from the deadline it would end after the end of time
-    if budgets.over_budget(conn, rsv, window, ctx.now) is not None:
-        return None  # admitted for a window from now: from the deadline it may not fit
     pool = placing.fleet_pool(ctx, rsv.pool_id, window)  # a long-running command's memory
     key = (rsv.id, rsv.request(Window(0, rsv.duration_ms)))
     if pool is not None and pool.nothing_to_preempt(key, window):
@@ -69,6 +70,9 @@ def try_preempt(ctx: Ctx, rsv: Reservation) -> Reservation | None:
         if pool is not None:
             pool.found_nothing_to_preempt(key, window)
         return None
+    over = budgets.over_budget(conn, rsv, window, ctx.now)
+    if over is not None:
+        return over
     try:
         with ctx.db.savepoint("preempt"):
             if not locks.lock_victims(conn, option.victims):

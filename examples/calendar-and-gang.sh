@@ -12,7 +12,8 @@ run=$(better-compute --json reserve --tenant acme --pool west --gpus 8 --gang 3 
       --topology-key fabric.domain --for 3d --start +1d --key pretrain-7 |
       python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
 better-compute get "$run"
-# A GPU under the booking fails: BookingRepair moves the whole gang, on one fabric, same window.
+# A GPU under the booking fails: BookingRepair moves that member to a healthy node of the same
+# fabric (or the whole gang to another fabric when this one has no room), same window.
 node=$(better-compute --json get "$run" | python3 -c 'import json,sys; print(json.load(sys.stdin)["allocations"][0]["nodeId"])')
 better-compute device quarantine "$node:0" --reason xid-79
 better-compute repair "$run"

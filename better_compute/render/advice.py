@@ -104,7 +104,8 @@ def policy_human(p: CalendarPolicy | None, pool: str) -> RenderableType:
 
     if p is None:
         return Text(f"pool {pool}: no calendar policy")
-    table = table_of("limit", "value", title=f"calendar policy of pool {pool}")
+    title = f"calendar policy of pool {pool}"
+    table = table_of("limit", "value", title=title, min_width=len(title))  # title on one line
     for name, value in describe(p):
         table.add_row(name, value)
     return table

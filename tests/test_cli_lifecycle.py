@@ -385,6 +385,27 @@ def test_timeline_chart_fits_in_80_columns(solo: Cli) -> None:
     assert max(len(line) for line in wide.splitlines()) <= 100
 
 
+def test_list_keeps_every_value_whole_at_any_width(run: Cli) -> None:
+    """A review read `08:00–08:0` over `6` at 80 columns and a tenant one letter a line at 40:
+    ids, states and windows stay on one line while the table fits with the other columns
+    folded; narrower, the table's plain lines wrap between words, never inside one."""
+    reserve(run, "a", "--gpus", "8", "--gang", "4", "--for", "1h", "--name", "nightly-eval")
+    reserve(run, "b", "--gpus", "4", "--for", "2h", "--start", "+1h")
+    listed = run.ok("list")
+    words = {w for r in listed for w in (r["id"], r["tenantId"], r["state"], "08:00–09:00")}
+    for width in (80, 60, 40):
+        code, text, err = run("list", json=False, env={"COLUMNS": str(width)})
+        assert code == 0, err
+        shown = set(text.split())
+        assert words <= shown, (width, sorted(words - shown), text)
+        assert max(len(line) for line in text.splitlines()) <= width, text
+    run.ok("reserve", "--tenant", "globex", "--gpus", "8", "--for", "1h", "--spot")
+    run.ok("tick")
+    code, text, err = run("usage", "--dead-letter", json=False, env={"COLUMNS": "80"})
+    assert code == 0 and "gpu.h100.spot.hours" in text, err
+    assert "…" not in text, text  # the tenant folds, never `glob…`
+
+
 # ---------------------------------------------------------------- determinism
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
@@ -145,13 +145,54 @@ PLAIN_ROWS = 500
 
 def plain_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A borderless table as text, columns two spaces apart, the last one not padded."""
-    widths = [max([len(c), *(len(row[i]) for row in rows)]) for i, c in enumerate(columns)]
+    widths = _widths(columns, rows)
 
     def line(cells: Sequence[str]) -> str:
         padded = [cell.ljust(width) for cell, width in zip(cells[:-1], widths, strict=False)]
         return "  ".join([*padded, cells[-1]])
 
     return "\n".join([title, line(columns), *(line(row) for row in rows)])
+
+
+def _widths(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
+    return [max([len(c), *(len(row[i]) for row in rows)]) for i, c in enumerate(columns)]
+
+
+#: The narrowest a folded column is squeezed to before a table turns to plain lines.
+FOLD_MIN = 7
+
+
+class Fitted:
+    """A table whose values stay whole at any width: the rich table while its `whole` columns
+    (ids, states, windows) fit unfolded beside the others folded no narrower than FOLD_MIN;
+    else `plain_table`'s lines, wrapped between words, never inside one. Squeezed further, rich
+    folded a window `08:00–08:0` over `6` and a tenant one letter a line (a review at 40 and 80
+    columns)."""
+
+    def __init__(
+        self,
+        table: Table,
+        title: str,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[str]],
+        whole: Iterable[str],
+    ) -> None:
+        self.table, self.title, self.columns, self.rows = table, title, columns, rows
+        keep = set(whole)
+        widths = _widths(columns, rows)
+        self.minimum = 2 * (len(columns) - 1) + sum(
+            w if c in keep else min(w, FOLD_MIN) for c, w in zip(columns, widths, strict=True)
+        )
+        for column, name in zip(table.columns, columns, strict=True):
+            column.no_wrap = name in keep
+            column.overflow = "fold"
+            column.min_width = None if name in keep else min(FOLD_MIN, len(name))
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if self.minimum <= options.max_width:
+            yield self.table
+        else:
+            yield Text(plain_table(self.title, self.columns, self.rows))  # wrapped at spaces
 
 
 def reservations(rows: Iterable[Reservation | ListedReservation]) -> RenderableType:
@@ -175,15 +216,13 @@ def reservations(rows: Iterable[Reservation | ListedReservation]) -> RenderableT
     ]
     if len(cells) > PLAIN_ROWS:
         return plain_table(title, columns, cells)
-    table = table_of(title=title)
-    for col in columns:  # a narrow terminal folds a tenant or node name, never cuts it to `…`
-        table.add_column(col, no_wrap=col in ("id", "state"), overflow="fold")
+    table = table_of(*columns, title=title)
     state = columns.index("state")
     for row in cells:  # plain strings are shown as written: the console reads no markup
         table.add_row(
             *row[:state], Text(row[state], style=STATE_STYLE[row[state]]), *row[state + 1 :]
         )
-    return table
+    return Fitted(table, title, columns, cells, whole=("id", "state", window))
 
 
 def preview(p: Preview) -> RenderableType:
@@ -335,7 +374,9 @@ def usage(rows: Sequence[UsageWindow], dead_letter: bool) -> RenderableType:
     table = table_of(title=title, padding=(0, 1, 0, 0))  # seven columns: tighter gaps
     for col in columns:  # the meter: the exact name `meter create` needs
         nowrap = col in ("meter", "reservation", "node", window)
-        table.add_column(col, no_wrap=nowrap, justify="right" if col == "gpu-h" else "left")
+        table.add_column(  # a tenant folds, never `glob…`
+            col, no_wrap=nowrap, justify="right" if col == "gpu-h" else "left", overflow="fold"
+        )
     for row in cells:
         table.add_row(*row)
     return Group(table, summary)

@@ -75,6 +75,31 @@ def test_a_killed_runs_temp_copies_go_at_the_next_backup_or_restore_even_refused
     assert leftovers(db_dir) == []
 
 
+@pytest.mark.sqlite_only(reason="temp copies of a ledger file")
+def test_tick_removes_a_killed_replaces_temp_copy_of_the_ledger(run: Cli, db_dir: Path) -> None:
+    """A killed `init --force` or `restore` left its temp copy (and its -wal, -shm) beside the
+    ledger through every command but the next replace (a review); cron's tick removes it. A
+    live process's copy stays: its replace is still running."""
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    name = run.db.name
+    stale = [
+        db_dir / f".{name}.bc-tmp-{int(dead.stdout)}-2badf00d{s}" for s in ("", "-wal", "-shm")
+    ]
+    live = db_dir / f".{name}.bc-tmp-{os.getpid()}-3badf00d"
+    for path in (*stale, live):
+        path.write_bytes(b"x" * 1024)
+    run.ok("list")
+    assert all(path.exists() for path in stale)  # a read sweeps nothing
+    run.ok("tick")
+    assert [p for p in stale if p.exists()] == [] and live.exists()
+    live.unlink()
+
+
 def test_backup_reports_what_it_copied_and_refuses_to_overwrite(run: Cli, db_dir: Path) -> None:
     rid = reserve(run, "a")
     dest = db_dir / "copy.db"

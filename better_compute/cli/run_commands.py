@@ -71,6 +71,7 @@ def tick(
         with progress_bar(as_json, "ticking") as advance:
             changes = ticking.tick_until(c, end, step_ms, advance)
     now = c.now
+    ticking.sweep(c)
     sent = delivery.deliver(c, hooks_view.body)  # after the lifecycle committed
     doc: dict[str, JsonValue] = {"now": now, "changes": [js.event(e) for e in changes]}
     lines = [human.event_line(e) for e in changes] or [_nothing_seen(c, "nothing to do")]

@@ -88,6 +88,11 @@ class Ledger(Protocol):
 
     def principal(self, os_user: str) -> str: ...
 
+    def sweep_temps(self) -> None:
+        """Remove what killed processes left beside the ledger (a file backend's temp copies
+        of an `init --force` or `restore`); nothing on a server."""
+        ...
+
     def insert_rows(
         self, table: str, columns: Sequence[str], rows: Iterable[Sequence[object]]
     ) -> None: ...

@@ -259,6 +259,11 @@ class Database:
         """On SQLite the operating system is the authority: the process's user acts."""
         return os_user
 
+    def sweep_temps(self) -> None:
+        """Temp copies of this ledger whose process died (storage/replace): a killed `init
+        --force` or `restore` left one, up to a ledger's size, until the next replace."""
+        files.sweep_stale(Path(os.path.realpath(self._where)))
+
     def set_busy_timeout(self, busy_timeout_ms: int) -> None:
         self._busy_ms = int(busy_timeout_ms)
         self.conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")

@@ -358,6 +358,9 @@ class PgDatabase:
     def writing(self) -> bool:
         return self.conn.writing
 
+    def sweep_temps(self) -> None:
+        """A server's ledger leaves no files beside it."""
+
     def set_busy_timeout(self, busy_timeout_ms: int) -> None:
         """SQLite's busy timeout is PostgreSQL's lock_timeout: how long a lock may be awaited."""
         self.conn.raw.execute(f"SET lock_timeout = {int(busy_timeout_ms)}")

@@ -563,8 +563,11 @@ def preview(ctx: Ctx, args: ReserveArgs) -> Preview:
             if late.end <= MAX_MS:
                 snaps = placing.preemption_snapshots(ctx, pool["id"], draft.request(late), None)
                 option = plan_preemption(draft.request(late), snaps)
-                over = budgets.over_budget(conn, draft, late, ctx.now)
-                if isinstance(option, Plan) and option.victims and over is None:
+                if (
+                    isinstance(option, Plan)
+                    and option.victims
+                    and budgets.over_budget(conn, draft, late, ctx.now) is None
+                ):
                     preemptible = (len(option.victims), deadline)
         return Preview(False, (), outcome.reason, preemptible, window, searched)
 

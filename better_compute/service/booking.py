@@ -42,7 +42,7 @@ from better_compute.service import (
 )
 from better_compute.service.admission import Draft, check_policy, check_quota, draft_of
 from better_compute.service.context import Ctx
-from better_compute.service.preemption import may_preempt, try_preempt
+from better_compute.service.preemption import may_preempt, preemption_window, try_preempt
 from better_compute.storage import finding as finding_store
 from better_compute.storage import fleet, repo, simulation
 from better_compute.storage.conn import Conn, Row
@@ -557,18 +557,16 @@ def preview(ctx: Ctx, args: ReserveArgs) -> Preview:
         if isinstance(outcome, Plan):
             return Preview(True, best, None, None, window, searched)
         preemptible = None
-        if may_preempt(draft):  # what reserve's try_preempt would do, without doing it
-            deadline = max(args.start or ctx.now, ctx.now + ctx.settings.spot_notice_ms)
-            late = Window(deadline, deadline + args.duration_ms)
-            if late.end <= MAX_MS:
-                snaps = placing.preemption_snapshots(ctx, pool["id"], draft.request(late), None)
-                option = plan_preemption(draft.request(late), snaps)
-                if (
-                    isinstance(option, Plan)
-                    and option.victims
-                    and budgets.over_budget(conn, draft, late, ctx.now) is None
-                ):
-                    preemptible = (len(option.victims), deadline)
+        late = preemption_window(ctx, draft) if may_preempt(draft) else None
+        if late is not None:  # what reserve's try_preempt would do, without doing it
+            snaps = placing.preemption_snapshots(ctx, pool["id"], draft.request(late), None)
+            option = plan_preemption(draft.request(late), snaps)
+            if (
+                isinstance(option, Plan)
+                and option.victims
+                and budgets.over_budget(conn, draft, late, ctx.now) is None
+            ):
+                preemptible = (len(option.victims), late.start)
         return Preview(False, (), outcome.reason, preemptible, window, searched)
 
 

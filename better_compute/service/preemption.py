@@ -44,6 +44,15 @@ def may_preempt(rsv: Reservation) -> bool:
     return not rsv.spot and not rsv.node_lease
 
 
+def preemption_window(ctx: Ctx, rsv: Reservation) -> Window | None:
+    """The window preempting spot work gives `rsv`: from the notice's deadline (or its own later
+    start) for its duration; None when that would end after the end of time. `preview` asks
+    the same of its draft."""
+    deadline = max(rsv.start or ctx.now, ctx.now + ctx.settings.spot_notice_ms)
+    window = Window(deadline, deadline + rsv.duration_ms)
+    return None if window.end > MAX_MS else window
+
+
 def try_preempt(ctx: Ctx, rsv: Reservation) -> Reservation | str | None:
     """Place `rsv` from the deadline by preempting spot reservations; or leave it untouched:
     None when nothing could be preempted, or (str) why its GPU-hour budget holds it back from
@@ -53,10 +62,9 @@ def try_preempt(ctx: Ctx, rsv: Reservation) -> Reservation | str | None:
         return None
     conn = ctx.db.conn
     locks.lock_pool(ctx.db, rsv.pool_id)
-    deadline = max(rsv.start or ctx.now, ctx.now + ctx.settings.spot_notice_ms)
-    window = Window(deadline, deadline + rsv.duration_ms)
-    if window.end > MAX_MS:
-        return None  # from the deadline it would end after the end of time
+    window = preemption_window(ctx, rsv)
+    if window is None:
+        return None
     pool = placing.fleet_pool(ctx, rsv.pool_id, window)  # a long-running command's memory
     key = (rsv.id, rsv.request(Window(0, rsv.duration_ms)))
     if pool is not None and pool.nothing_to_preempt(key, window):
@@ -78,7 +86,7 @@ def try_preempt(ctx: Ctx, rsv: Reservation) -> Reservation | str | None:
             if not locks.lock_victims(conn, option.victims):
                 raise _Abort("a victim is locked by another transaction")
             for victim_id in option.victims:
-                _give_notice(ctx, repo.get_reservation(conn, victim_id), rsv, deadline)
+                _give_notice(ctx, repo.get_reservation(conn, victim_id), rsv, window.start)
             return placing.commit(ctx, rsv, option, window)
     except (_Abort, placing.LostRace, BetterComputeError):
         return None

@@ -740,20 +740,23 @@ def _import_nodes(
     known = bulk.node_pools(conn, [n.name for n in nodes])
     for node in nodes:
         if node.name in known:
-            # The node's path in the file; an openb list's nodes have none: named instead.
-            path = node.at or f"pools[{pool_name}].nodes[{node.name}]"
+            path = _path_in_file(pool_name, node)
             _update_node(conn, pool_id, known[node.name], node, path, live)
     fresh = [(n.name, n.labels, _atoms(n)) for n in nodes if n.name not in known]
     bulk.insert_nodes(ctx.db, pool_id, fresh)
+
+
+def _path_in_file(pool_name: str, node: InventoryNode) -> str:
+    """Where a refusal found against the ledger points: the node's JSON path in the file; an
+    openb list's nodes have none, so they are named instead."""
+    return node.at or f"pools[{pool_name}].nodes[{node.name}]"
 
 
 def _require_one_host_each(conn: Conn, inv: Inventory) -> None:
     """A node the ledger does not have yet may not differ only in case from another node, in
     the ledger or in the file: node names are host names (README). Pairs a ledger already holds
     (made before this rule) stay importable, so a ledger's own export imports again."""
-    path_of = {
-        n.name: n.at or f"pools[{p.name}].nodes[{n.name}]" for p in inv.pools for n in p.nodes
-    }
+    path_of = {n.name: _path_in_file(p.name, n) for p in inv.pools for n in p.nodes}
     names = list(path_of)
     new = sorted(set(names) - set(bulk.node_pools(conn, names)))
     in_ledger = bulk.same_but_case(conn, new)

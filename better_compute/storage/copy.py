@@ -112,20 +112,14 @@ def _rows(conn: Conn, table: str, columns: list[str]) -> Iterator[tuple[Any, ...
     order = ", ".join(f'"{c}"{_BYTES if c in text else ""} NULLS FIRST' for c in columns)
     own = _OWN_ROWS.get(table)
     at = columns.index(own[0]) if own is not None else -1
-    rows: Iterator[Any] | None = None
-    while True:
-        try:
-            if rows is None:
-                rows = plain_rows(conn, f"SELECT {listed} FROM {table} ORDER BY {order}", ())
-            row = next(rows)
-        except StopIteration:
-            return
-        except sqlite3.DatabaseError as exc:  # the source's own damage, not the new file's
-            raise Unavailable(
-                f"cannot read table {table!r} of {where(conn)!r}: {exc}; nothing was copied"
-            ) from None
-        if own is None or row[at] != own[1]:
-            yield tuple(row)
+    try:  # only the source is read here: the consumer's own errors never come back in
+        for row in plain_rows(conn, f"SELECT {listed} FROM {table} ORDER BY {order}", ()):
+            if own is None or row[at] != own[1]:
+                yield tuple(row)
+    except sqlite3.DatabaseError as exc:  # the source's own damage, not the new file's
+        raise Unavailable(
+            f"cannot read table {table!r} of {where(conn)!r}: {exc}; nothing was copied"
+        ) from None
 
 
 #: Text by bytes on PostgreSQL whatever the database's collation: a ledger made before `init`

@@ -196,6 +196,14 @@ def test_advice_for_people_draws_a_table_and_a_picture(run: Cli) -> None:
     assert code == 0
     assert "window (UTC 2026)" in out and "09-30 08:00 → 10-01 08:00" in out
     assert "█" in out and "·" in out
+    # The picture's axis fits a narrow terminal: at 40 columns it wrapped over two lines.
+    code, out, _ = run(
+        "advice", "--gpus", "8", "--start-range", "now..+5d", "--duration", "1d", json=False,
+        env={"COLUMNS": "40"},
+    )  # fmt: skip
+    picture = out.split("\n\n")[-1].splitlines()
+    assert code == 0 and len(picture) == 2, out  # the axis's labels, then the one window
+    assert all(len(line) <= 40 for line in picture) and "█" in picture[1], out
 
 
 @pytest.mark.parametrize(

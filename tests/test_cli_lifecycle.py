@@ -406,6 +406,24 @@ def test_list_keeps_every_value_whole_at_any_width(run: Cli) -> None:
     assert "…" not in text, text  # the tenant folds, never `glob…`
 
 
+def test_pool_and_node_lists_keep_names_and_ids_whole(run: Cli) -> None:
+    """`pool list` at 50 columns cut the pool's id to `pool_…`, which nobody can copy, and
+    `node list` at 35 cut labels to `fabri…`: names, ids and states stay whole, and no value is
+    cut, down to 35 columns."""
+    pool = run.ok("pool", "list")[0]
+    nodes = run.ok("node", "list")
+    words = {pool["name"], pool["id"], *(n["name"] for n in nodes)}
+    for width in (80, 50, 35):
+        for command in (["pool", "list"], ["node", "list"]):
+            code, text, err = run(*command, json=False, env={"COLUMNS": str(width)})
+            assert code == 0, err
+            assert "…" not in text, (width, text)
+            assert max(len(line) for line in text.splitlines()) <= width, text
+        shown = set(run("pool", "list", json=False, env={"COLUMNS": str(width)})[1].split())
+        shown |= set(run("node", "list", json=False, env={"COLUMNS": str(width)})[1].split())
+        assert words <= shown, (width, sorted(words - shown))
+
+
 # ---------------------------------------------------------------- determinism
 
 

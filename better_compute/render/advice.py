@@ -9,12 +9,13 @@ from better_compute.model import CalendarPolicy, JsonValue
 from better_compute.timeparse import human_duration, iso
 
 if TYPE_CHECKING:
-    from rich.console import RenderableType
+    from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 
     from better_compute.service.advice import Advice, Recommendation
 
-#: Columns of the picture's time axis.
+#: Columns of the picture's time axis, at most, and at least (its two labels and a space).
 PICTURE_WIDTH = 48
+MIN_PICTURE_WIDTH = 24
 
 
 def recommendation(r: Recommendation) -> dict[str, JsonValue]:
@@ -93,7 +94,21 @@ def advice_human(a: Advice) -> RenderableType:
             others,
             note,
         )
-    return Group(table, Text(""), Text("\n".join(picture(a))))
+    return Group(table, Text(""), _Picture(a))
+
+
+class _Picture:
+    """The picture, its axis as wide as the terminal allows up to PICTURE_WIDTH: 53 columns
+    wrapped its axis and its bars over two lines on a narrower terminal."""
+
+    def __init__(self, a: Advice) -> None:
+        self.advice = a
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        from rich.text import Text
+
+        width = max(MIN_PICTURE_WIDTH, min(PICTURE_WIDTH, options.max_width - 5))
+        yield Text("\n".join(picture(self.advice, width)))
 
 
 def policy_human(p: CalendarPolicy | None, pool: str) -> RenderableType:

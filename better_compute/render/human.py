@@ -249,29 +249,30 @@ def preview(p: Preview) -> RenderableType:
 
 
 def pools(rows: Sequence[Rollup]) -> RenderableType:
-    table = table_of("pool", "id", "nodes", "allocatable", "in use", "reserved", "free")
-    for r in rows:
-        table.add_row(
-            r.name,
-            r.pool_id,
-            str(r.nodes),
-            str(r.allocatable),
-            str(r.in_use),
-            str(r.reserved),
-            str(r.free),
-        )
-    return table
-
-
-def nodes(rows: Sequence[Node]) -> RenderableType:
-    columns = ("node", "gpus", "model", "labels", "state")
-    cells = [_node_row(n) for n in rows]
-    if len(rows) > PLAIN_ROWS:
-        return plain_table(counted(len(rows), "node"), columns, cells)
+    """Names and ids stay whole at any width: an id cut to `pool_…` at 50 columns could not be
+    copied (a review)."""
+    columns = ("pool", "id", "nodes", "allocatable", "in use", "reserved", "free")
+    cells = [
+        (r.name, r.pool_id, *map(str, (r.nodes, r.allocatable, r.in_use, r.reserved, r.free)))
+        for r in rows
+    ]
     table = table_of(*columns)
     for row in cells:
         table.add_row(*row)
-    return table
+    return Fitted(table, counted(len(rows), "pool"), columns, cells, whole=("pool", "id"))
+
+
+def nodes(rows: Sequence[Node]) -> RenderableType:
+    """Names and states stay whole at any width (as pools' and reservations' tables do)."""
+    columns = ("node", "gpus", "model", "labels", "state")
+    cells = [_node_row(n) for n in rows]
+    title = counted(len(rows), "node")
+    if len(rows) > PLAIN_ROWS:
+        return plain_table(title, columns, cells)
+    table = table_of(*columns)
+    for row in cells:
+        table.add_row(*row)
+    return Fitted(table, title, columns, cells, whole=("node", "state"))
 
 
 def _node_row(n: Node) -> tuple[str, str, str, str, str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from better_compute.errors import InvalidInput
 from better_compute.timeparse import parse_time
 
 
@@ -20,7 +21,10 @@ def now_ms(override: str | None, base: int | None = None) -> int:
     """
     if override is None:
         return real_ms()
-    return parse_time(override, real_ms() if base is None else base)
+    try:
+        return parse_time(override, real_ms() if base is None else base)
+    except InvalidInput as exc:  # where it came from: a stale variable in a cron line, say
+        raise InvalidInput(f"--now (or BETTER_COMPUTE_NOW): {exc.message}") from None
 
 
 def elapsed_s() -> float:

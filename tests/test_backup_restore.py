@@ -452,9 +452,15 @@ def test_a_ledger_that_cannot_be_opened_says_how_to_replace_it(db_dir: Path) -> 
     assert cli.ok("tenant", "list")
 
 
-def test_a_refused_rename_is_unavailable_and_keeps_the_old_ledger(
-    db_dir: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [(PermissionError(1, "Operation not permitted"), 6), (OSError(16, "Device busy"), 7)],
+)
+def test_a_refused_rename_keeps_the_old_ledger(
+    db_dir: Path, monkeypatch: pytest.MonkeyPatch, error: OSError, code: int
 ) -> None:
+    """A rename the system refuses for who you are (a sticky folder, someone else's file) is
+    FORBIDDEN; for anything else, UNAVAILABLE."""
     from better_compute.storage import replace
 
     cli = Cli(init_db(db_dir / "lab.db", "--demo"))
@@ -463,11 +469,11 @@ def test_a_refused_rename_is_unavailable_and_keeps_the_old_ledger(
     cli.ok("tenant", "create", "later")
 
     def refuse(src: object, dst: object) -> None:
-        raise PermissionError(1, "Operation not permitted")
+        raise error
 
     monkeypatch.setattr(replace.os, "replace", refuse)
-    error = cli.fails(7, "restore", good)
-    assert "Operation not permitted; the old ledger is unchanged" in error["message"]
+    message = cli.fails(code, "restore", good)["message"]
+    assert f"{error.strerror}; the old ledger is unchanged" in message
     monkeypatch.undo()
     assert "later" in [t["id"] for t in cli.ok("tenant", "list")]
 

@@ -11,6 +11,7 @@ import gc
 import grp
 import json
 import os
+import signal
 import sqlite3
 import stat
 import subprocess
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DAY, HOUR, ME, NOW_MS, Cli, at, init_db
+from conftest import DAY, HOUR, ME, NOW, NOW_MS, Cli, at, init_db
 
 from better_compute import identity
 from better_compute.cli import main
@@ -28,6 +29,7 @@ from better_compute.errors import Forbidden
 from better_compute.model import Event
 from better_compute.service import ticking
 from better_compute.service.context import Ctx, open_ctx
+from better_compute.storage.db import open_database
 
 pytestmark = pytest.mark.sqlite_only(
     reason="file permissions, damaged files and restore are about the SQLite file"
@@ -242,7 +244,6 @@ def test_as_is_believed_only_from_an_admin(run: Cli, monkeypatch: pytest.MonkeyP
         ("config", "set", "placement.topN", "1"),
         ("meter", "create", "gpu.h100.hours"),
         ("admin", "add", "mallory"),
-        ("admin", "list"),
         ("init", "--force"),
     ],
 )
@@ -333,6 +334,9 @@ def test_admins_are_managed_by_admins(run: Cli, monkeypatch: pytest.MonkeyPatch)
     run.ok("admin", "remove", "ops")
     be(monkeypatch, "ops")
     assert run.fails(6, "node", "uncordon", "west-01")["code"] == "FORBIDDEN"
+    # Anyone may see who the admins are, as the log's admin.* events (fleet events) tell them.
+    assert run.ok("admin", "list") == sorted(["admin", ME])
+    assert run.fails(6, "admin", "add", "ops")["code"] == "FORBIDDEN"
     be(monkeypatch, ME)
     assert run.fails(3, "admin", "remove", "ops")["code"] == "NOT_FOUND"
     run.ok("admin", "remove", "admin")
@@ -407,16 +411,25 @@ def test_version(run: Cli) -> None:
     assert code == 0 and out.startswith("better-compute ") and out.count("\n") == 1
 
 
-def _run_as(uid: int, args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
-    """Run the CLI in a forked child that has become `uid`: the interpreter and the package are
-    already loaded, so the child needs no access to where Python is installed."""
+def _become(uid: int, groups: tuple[int, ...]) -> None:
+    """This (forked) process as user `uid`, whose own group is `uid`, in `groups` besides."""
+    os.setgroups(list(groups))
+    os.setgid(uid)
+    os.setuid(uid)
+
+
+def _run_as(
+    uid: int, args: list[str], env: dict[str, str], groups: tuple[int, ...] = ()
+) -> tuple[int, str, str]:
+    """Run the CLI in a forked child that has become `uid` (in `groups` too): the interpreter
+    and the package are already loaded, so the child needs no access to where Python is
+    installed."""
     outs = [os.pipe(), os.pipe()]
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
         code = 99
         try:
-            os.setgid(uid)
-            os.setuid(uid)
+            _become(uid, groups)
             os.dup2(outs[0][1], 1)
             os.dup2(outs[1][1], 2)
             sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
@@ -469,6 +482,75 @@ def test_another_os_user_is_who_it_is_and_may_read_a_readable_ledger(db_dir: Pat
     assert code == 6 and "nobody" in err, err  # refused by the rules before the file says no
     code, out, err = _run_as(nobody, ["--json", "tick"], env)  # open to anyone, but not the file
     assert code == 6 and "read-only for you" in err, err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run commands as other users")
+def test_a_team_ledger_stays_open_to_the_team_after_a_member_held_it(db_dir: Path) -> None:
+    """SQLite makes `-wal` and `-shm` with its user's own group: while one member of a team
+    ledger (`init --group`) held it open, and after that member's command was killed with
+    them left behind, every other member's command failed "unable to open database file"
+    (a review). They are made with the ledger's group now."""
+    team, alice, bob = 54320, 54321, 54322
+    folder = db_dir / "team"
+    folder.mkdir()
+    db = init_db(folder / "team.db", "--demo")
+    Cli(db).ok("tick")  # loads what tick imports lazily: bob cannot read where Python lives
+    gc.collect()  # close this process's connections: SQLite removes -wal and -shm at the last
+    os.chmod(db_dir, 0o755)
+    for path, mode in ((folder, 0o770), (db, 0o660)):  # what `init --group` and a team folder
+        os.chown(path, 0, team)
+        os.chmod(path, mode)
+    assert sorted(p.name for p in folder.iterdir()) == ["team.db"]
+    ready = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # alice holds the ledger open until she is killed, as `timeout` or an OOM do
+        try:
+            _become(alice, (team,))
+            ledger = open_database(str(db))
+            ledger.conn.execute("SELECT COUNT(*) FROM reservations").fetchone()
+            os.write(ready[1], b"1")
+            time.sleep(60)
+        finally:
+            os._exit(1)
+    os.close(ready[1])
+    try:
+        assert os.read(ready[0], 1) == b"1"
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(ready[0])
+    left = {p.name: os.stat(p) for p in folder.iterdir() if p.name != "team.db"}
+    assert sorted(left) == ["team.db-shm", "team.db-wal"]
+    env = {"USER": "bob", "LOGNAME": "bob", "BETTER_COMPUTE_DB": str(db)}
+    code, _, err = _run_as(bob, ["--json", "--as", ME, "pool", "show", "west"], env, (team,))
+    assert code == 6 and "uid-54322" in err, err  # bob is who he is (no name: his uid)
+    for args in (["--json", "pool", "show", "west"], ["--json", "tick"]):  # a read, a write
+        code, _, err = _run_as(bob, args, env, (team,))
+        assert code == 0, err
+    assert all(i.st_uid == alice and i.st_gid == team for i in left.values()), left
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run commands as other users")
+def test_init_force_refused_by_a_sticky_folder_is_forbidden(db_dir: Path) -> None:
+    """An admin who may write a team ledger but not replace it (a sticky folder, someone
+    else's file) got UNAVAILABLE, which says "locked, or try later": it is who they are."""
+    team, alice = 54320, 54321
+    folder = db_dir / "sticky"
+    folder.mkdir()
+    db = init_db(folder / "team.db", "--demo")
+    Cli(db).ok("admin", "add", "uid-54321")  # alice has no name here: her uid is her name
+    gc.collect()
+    os.chmod(db_dir, 0o755)
+    os.chmod(folder, 0o1777)
+    os.chown(db, 0, team)
+    os.chmod(db, 0o660)
+    before = db.read_bytes()
+    env = {"BETTER_COMPUTE_DB": str(db)}
+    code, _, err = _run_as(alice, ["--json", "--now", NOW, "init", "--force"], env, (team,))
+    assert code == 6, err
+    message = json.loads(err)["error"]["message"]
+    assert "Operation not permitted" in message and "sticky" in message, message
+    assert db.read_bytes() == before and sorted(p.name for p in folder.iterdir()) == ["team.db"]
 
 
 # ---------------------------------------------------------------- migration

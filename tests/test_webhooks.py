@@ -394,6 +394,16 @@ def test_what_a_suspended_webhook_had_queued_is_dead_lettered(run: Cli, receiver
     dead = run.ok("webhook", "deliveries", "--failed")
     assert len(dead) == 4 and {d["state"] for d in dead} == {"dead"}
     assert all(d["attempts"][-1]["error"].startswith("suspended: ") for d in dead)
+    # Redelivered while suspended, the next tick dead-lettered them again, one attempt more
+    # each (a longer back-off later): refused when named, left dead by --failed.
+    err = run.fails(4, "webhook", "redeliver", dead[0]["id"])
+    assert "suspended" in err["message"], err
+    assert run.fails(4, "webhook", "redeliver", "--failed", "--webhook", dead[0]["webhookId"])
+    assert run.ok("webhook", "redeliver", "--failed") == []
+    assert run.ok("webhook", "deliveries", "--failed") == dead  # untouched
+    run.ok("policy", "set", "--tenant", "acme", "--principal", "eve")  # back in: they go
+    assert len(run.ok("webhook", "redeliver", "--failed")) == 4
+    assert tick(run, 2 * MIN)["deliveries"]["sent"] == 5  # and the policy event letting eve in
 
 
 def receiver_blind(run: Cli, key: str) -> str:

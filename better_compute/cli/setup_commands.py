@@ -308,7 +308,7 @@ def admin_remove(principal: PrincipalArg, as_json: JsonFlag = False) -> None:
 @admin_app.command("list")
 @handled
 def admin_list(as_json: JsonFlag = False) -> None:
-    """Every admin (admins only)."""
+    """Every admin: who may change the fleet and the rules."""
     _show_admins(as_json, admins.list_(ctx()))
 
 

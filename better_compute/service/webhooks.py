@@ -18,7 +18,7 @@ from better_compute.model import EVENT_TYPES, Delivery, Event, JsonValue, Webhoo
 from better_compute.service import authz, delivery
 from better_compute.service.authz import require_admin
 from better_compute.service.context import Ctx
-from better_compute.storage import repo, webhooks
+from better_compute.storage import ledger, repo, webhooks
 from better_compute.storage.repo import Conn
 
 ALL_TENANTS = "*"
@@ -241,6 +241,24 @@ def deliveries(ctx: Ctx, failed: bool, hook_id: str | None) -> list[Delivery]:
         return webhooks.deliveries(conn, [h.id for h in hooks], state=state)
 
 
+def _not_suspended(
+    conn: Conn, hooks: list[Webhook], targets: list[Delivery], named: str | None
+) -> list[Delivery]:
+    """The deliveries whose webhook still sends. A suspended webhook's (service/delivery.py,
+    `receiving`) would be dead-lettered again by the next tick, each time with one more attempt
+    lengthening its back-off for when it sends again (a review): one named (a delivery, or a
+    webhook) is a CONFLICT, and `--failed` over every webhook leaves them dead."""
+    admins = ledger.admins(conn)
+    suspended = {h.id for h in hooks if not delivery.receiving(conn, h, admins)}
+    if named is not None and any(d.webhook_id in suspended for d in targets):
+        hook = next(d.webhook_id for d in targets if d.webhook_id in suspended)
+        raise Conflict(
+            f"webhook {hook} is {delivery.SUSPENDED}; redeliver once they may see them again"
+            " (an admin, or a policy for its tenant, gives that back)"
+        )
+    return [d for d in targets if d.webhook_id not in suspended]
+
+
 def redeliver(
     ctx: Ctx, delivery_id: str | None, failed: bool, hook_id: str | None
 ) -> list[Delivery]:
@@ -258,6 +276,7 @@ def redeliver(
                 raise NotFound(f"no delivery {delivery_id!r}; `webhook deliveries` lists them")
             if targets[0].state == webhooks.QUEUED:
                 raise Conflict(f"delivery {delivery_id} is already queued; `tick` sends it")
+        targets = _not_suspended(conn, hooks, targets, named=hook_id or delivery_id)
         for d in targets:
             webhooks.requeue(conn, d.id, ctx.now)
         # read back: one requeued behind an earlier queued event waits for it (Delivery.behind)

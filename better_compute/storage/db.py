@@ -196,6 +196,46 @@ def _like_the_ledger(fd: int, ledger: Path) -> None:
         os.fchmod(fd, info.st_mode & 0o660)
 
 
+def _share_sidecars(ledger: Path) -> None:
+    """The ledger's `-wal` and `-shm` with the ledger's group, where that group is not this
+    user's own (a ledger shared with `init --group`). SQLite gives the files it makes the
+    ledger's mode bits but this user's primary group (owner and group only when run by root):
+    while one member held the ledger open, or after a member's killed command left them, every
+    other member's commands, reads too, failed with "unable to open database file" (a review).
+    So each is made here first, empty as SQLite leaves them, like the ledger (_like_the_ledger);
+    one that is there already and ours gets the ledger's group (SQLite may have made it in
+    between, when another process's last close removed ours). Its contents are never touched.
+    Nothing is made for a user who may not write the ledger (reads use a snapshot then)."""
+    try:
+        info = os.stat(ledger)
+    except OSError:
+        return
+    if info.st_gid == os.getegid() or not os.access(ledger, os.W_OK):
+        return
+    flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    real = Path(os.path.realpath(ledger))  # SQLite's files are beside the file a symlink names
+    for suffix in ("-wal", "-shm"):  # never a `-journal`: one there means a rollback to make
+        path = files.sidecar(real, suffix)
+        try:
+            fd, made = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600), True
+        except FileExistsError:
+            try:
+                fd, made = os.open(path, flags), False
+            except OSError:
+                continue  # another user's, or no regular file: SQLite's to judge
+        except OSError:
+            continue  # a folder this user may not write: SQLite says so
+        try:
+            mine = os.fstat(fd)
+            if made:
+                _like_the_ledger(fd, ledger)
+            elif stat.S_ISREG(mine.st_mode) and mine.st_uid == os.geteuid():
+                with contextlib.suppress(OSError):
+                    os.fchown(fd, -1, info.st_gid)
+        finally:
+            os.close(fd)
+
+
 def _is_locked(exc: sqlite3.OperationalError) -> bool:
     text = str(exc).lower()
     return "locked" in text or "busy" in text
@@ -233,6 +273,7 @@ class Database:
             self.conn = sqlite3.connect(uri, uri=True, isolation_level=None)
             self.read_only = True
         else:
+            _share_sidecars(self._where)
             self.conn = sqlite3.connect(  # the absolute path: Path('./:memory:') prints ':memory:'
                 str(self._where), isolation_level=None, timeout=busy_timeout_ms / 1000
             )
@@ -250,6 +291,11 @@ class Database:
     @property
     def where(self) -> str:
         return str(self.path)
+
+    @property
+    def where_opened(self) -> Path:
+        """The ledger's absolute path, as SQLite resolved it when it opened."""
+        return self._where
 
     @property
     def writing(self) -> bool:
@@ -558,6 +604,7 @@ def _configure(db: Database) -> None:
     mode = db.conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
     if str(mode).lower() != "wal":
         raise Unavailable(f"could not switch {db.path} to WAL mode (got {mode})")
+    _share_sidecars(db.where_opened)  # SQLite may have made them itself (_share_sidecars)
 
 
 def _migrate(db: Database) -> None:

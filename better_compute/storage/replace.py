@@ -35,13 +35,14 @@ that window for its pages to reach the new file's WAL.
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from better_compute.errors import BetterComputeError, Conflict, Unavailable
+from better_compute.errors import BetterComputeError, Conflict, Forbidden, Unavailable
 from better_compute.storage import files
 from better_compute.storage.db import DEFAULT_BUSY_TIMEOUT_MS, Database, lock_out_writers
 
@@ -91,9 +92,15 @@ def swap_in(target: Path, temp: Path, *, replacing: bool) -> None:
             try:
                 os.replace(temp, target)
             except OSError as exc:  # an immutable file, a folder we may not write: refused
-                raise Unavailable(
+                said = (
                     f"cannot replace {str(target)!r}: {exc.strerror}; the old ledger is unchanged"
-                ) from None
+                )
+                if exc.errno in (errno.EPERM, errno.EACCES):  # who you are, not the ledger's state
+                    raise Forbidden(
+                        f"{said} (replacing it needs a folder you may write, and in a sticky"
+                        " folder such as /tmp, owning the file)"
+                    ) from None
+                raise Unavailable(said) from None
             files.fsync_dir(target.parent)
         finally:
             if old.conn.in_transaction:

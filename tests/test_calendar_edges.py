@@ -138,13 +138,18 @@ def test_a_series_started_days_ago_is_refused_not_stacked_at_now(solo: Cli) -> N
 
 def test_a_back_to_back_series_from_now_books_with_a_clock_behind_the_ledger(solo: Cli) -> None:
     """`--start now` is read from the command's clock, a moment (or, here, 30 minutes) before
-    the ledger's: its first occurrence is booked from now, and the series is not refused."""
+    the ledger's: its first occurrence is booked from now, and the series is not refused. It
+    ends when the next one starts: booked for its whole hour, it ran into the next one, holding
+    the series' GPUs twice meanwhile, and a series of the whole pool refused itself (a review)."""
     solo.ok("tick", "--until", at(30 * 60_000), "--step", "30m")
     series = ["--for", "1h", "--every", "1h", "--count", "3", "--start", "now", "--key", "b2b"]
-    booked = solo.ok("reserve", "--tenant", "acme", "--gpus", "1", *series)
+    booked = solo.ok("reserve", "--tenant", "acme", "--gpus", "8", *series)  # the whole node
     assert [r["state"] for r in booked] == ["placed"] * 3
-    assert booked[0]["during"]["start"] == NOW_MS + 30 * 60_000
+    assert booked[0]["during"] == {"start": NOW_MS + 30 * 60_000, "end": NOW_MS + HOUR}
     assert [r["during"]["start"] for r in booked[1:]] == [NOW_MS + HOUR, NOW_MS + 2 * HOUR]
+    assert [r["durationMs"] for r in booked] == [30 * 60_000, HOUR, HOUR]
+    # the same command again is the same series (its key compares the command as written)
+    assert solo.ok("reserve", "--tenant", "acme", "--gpus", "8", *series) == booked
 
 
 def test_a_series_refused_whole_is_not_blamed_on_an_occurrence(run: Cli) -> None:

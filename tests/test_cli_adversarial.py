@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import NOW, Cli, init_db, invoke
+from conftest import HOUR, NOW, Cli, init_db, invoke
 
 from better_compute.timeparse import MAX_MS
 
@@ -167,14 +167,23 @@ def test_reserve_whose_window_ends_after_9999_is_invalid_and_the_database_stays_
     assert run.ok("list", now=now) == []
 
 
-def test_a_spot_window_that_ends_before_9999_is_not_refused_for_a_notice(run: Cli) -> None:
-    """The horizon check added the spot notice to every request; only a regular request may
-    wait for one (a spot request preempts nothing): a spot booking that ends in time fits."""
-    late = "9999-12-31T23:57:30Z"
-    spot = run.ok("reserve", "--tenant", "acme", "--gpus", "8", "--for", "1m", "--spot", now=late)
+def test_a_window_that_ends_before_9999_is_not_refused_for_a_notice(run: Cli) -> None:
+    """The horizon check added the spot notice to every request: a spot request preempts
+    nothing, and a regular `--start` window that `advice` and `--start-range` book was refused
+    (a review). A preemption whose window, after the notice, would end past the end of time is
+    not made (preemption_window): such a request waits."""
+    window = ("--gpus", "1", "--start", "9999-12-31T23:00:00Z", "--for", "59m")
+    early = "9999-12-31T22:00:00Z"
+    assert run.ok("preview", "--tenant", "globex", *window, now=early)["fits"] is True
+    booked = run.ok("reserve", "--tenant", "globex", *window, now=early)
+    assert booked["during"] == {"start": MAX_MS + 1 - HOUR, "end": MAX_MS + 1 - 60_000}, booked
+    late = "9999-12-31T23:57:30Z"  # the other six nodes taken by spot work; the 7th has 7 free
+    spot = run.ok("reserve", "--tenant", "acme", "--gpus", "8", "--gang", "6", "--for", "1m",
+                  "--spot", now=late)  # fmt: skip
     assert spot["state"] == "placed" and spot["during"]["end"] == MAX_MS - 89_999
-    error = refused(run, 2, "reserve", "--tenant", "acme", "--gpus", "8", "--for", "1m", now=late)
-    assert "9999" in error["message"]  # a regular one might wait out a notice: still refused
+    waits = run.ok("reserve", "--tenant", "acme", "--gpus", "8", "--for", "1m", now=late)
+    assert waits["state"] == "pending" and waits["during"] is None, waits
+    assert run.ok("get", spot["id"], now=late)["state"] == "placed"  # not preempted
 
 
 def test_extend_past_9999_is_refused_and_changes_nothing(run: Cli) -> None:

@@ -325,18 +325,17 @@ def record_outcome(
 
 
 def check_horizon(ctx: Ctx, args: ReserveArgs) -> None:
-    """Every instant must be printable: the latest end (after a spot notice) stays in year 9999."""
-    check_horizon_at(ctx.now, ctx.settings.spot_notice_ms, args)
+    """Every instant must be printable: the window asked for ends in year 9999."""
+    check_horizon_at(ctx.now, args)
 
 
-def check_horizon_at(
-    now: int, spot_notice_ms: int, args: ReserveArgs, fix: str = "an earlier --start or --for"
-) -> None:
+def check_horizon_at(now: int, args: ReserveArgs, fix: str = "an earlier --start or --for") -> None:
     """check_horizon for a request acting at `now` (simulate checks each line before writing;
-    `fix` says what to change, in the words of where the request came from). A regular request
-    may start only once a spot one's notice has run; a spot request preempts nothing."""
-    notice = 0 if args.spot else spot_notice_ms
-    latest_end = max(args.start or now, now) + notice + args.duration_ms
+    `fix` says what to change, in the words of where the request came from). The window a
+    preemption would give a regular request, after the spot notice, is judged where it is made
+    (preemption_window: none past the end of time); adding the notice here refused a `--start`
+    window that `advice` and `--start-range` book (a review)."""
+    latest_end = max(args.start or now, now) + args.duration_ms
     if latest_end > MAX_MS:
         raise InvalidInput(f"that window would end after {iso(MAX_MS)}; use {fix}")
 

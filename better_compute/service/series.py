@@ -91,6 +91,17 @@ def _require_one_begun(occurrences: list[int], now: int) -> None:
         )
 
 
+def _kept(occurrences: list[int], i: int, now: int, duration_ms: int) -> int:
+    """How long occurrence i (from 1) is booked for: its --for; one begun is booked from now, as
+    any request for a time past is, but ends by the next one's start. Booked whole from now, a
+    --start 30 minutes past ran into the next occurrence: the series held its GPUs twice over
+    meanwhile, and a gang that needs the whole pool refused itself (a review)."""
+    start = occurrences[i - 1]
+    if start >= now or i == len(occurrences):
+        return duration_ms
+    return min(duration_ms, occurrences[i] - now)  # > 0: _require_one_begun
+
+
 def reserve_series(ctx: Ctx, args: ReserveArgs, repeat: Repeat) -> list[Reservation]:
     """Book every occurrence or none. Occurrence i (from 1) has the key `KEY#i`, and each is
     compared on a key's reuse as the whole command (its --every, --count or --until included):
@@ -121,10 +132,14 @@ def reserve_series(ctx: Ctx, args: ReserveArgs, repeat: Repeat) -> list[Reservat
                 key = None if args.key is None else booking.occurrence_key(args.key, i)
                 if key is not None and repo.reservation_by_key(conn, args.tenant, key):
                     raise Conflict(f"key {key!r} is already used; use a new --key for a new series")
+                asked = replace(
+                    whole,
+                    start=start,
+                    key=key,
+                    duration_ms=_kept(occurrences, i, ctx.now, args.duration_ms),
+                )
                 try:
-                    rsv = booking.reserve_in(
-                        ctx, replace(whole, start=start, key=key), same_as=replace(whole, key=key)
-                    )
+                    rsv = booking.reserve_in(ctx, asked, same_as=replace(whole, key=key))
                 except QuotaExceeded as exc:  # its figures count the occurrences before it
                     plural = "s" if i > 2 else ""
                     before = (

@@ -149,10 +149,9 @@ def simulate(
             f"--until {iso(until)} is before the ledger's time {iso(base)}: time only moves forward"
         )
     workload = parse_workload(setup.read_text(ctx, file, "workload"), fmt, base, compress)
-    notice = ctx.settings.spot_notice_ms
     # Every line is checked, those after --until too: the same file is good or bad whatever
     # --until says, before anything is written.
-    checked = [(r, _args(r, pool, notice)) for r in workload.requests]
+    checked = [(r, _args(r, pool)) for r in workload.requests]
     pool_ids = _check_pools(ctx, checked, pool)
     _check_keys(ctx, checked)
     # Each request goes to the pool its line (or --pool, or the ledger's only pool) named when
@@ -216,7 +215,7 @@ def _how_far(run: _Run, plan: list[tuple[Request, ReserveArgs]]) -> str:
     )
 
 
-def _args(r: Request, pool: str | None, spot_notice_ms: int) -> ReserveArgs:
+def _args(r: Request, pool: str | None) -> ReserveArgs:
     """The reserve a request makes, checked as `reserve` would check its flags (line N: …),
     its window included: it must end by the end of time, acting at its arrival."""
     args = ReserveArgs(
@@ -234,9 +233,7 @@ def _args(r: Request, pool: str | None, spot_notice_ms: int) -> ReserveArgs:
     )
     try:
         booking.validate(args)
-        booking.check_horizon_at(
-            r.at, spot_notice_ms, args, "an earlier arrival or start, or a shorter duration"
-        )
+        booking.check_horizon_at(r.at, args, "an earlier arrival or start, or a shorter duration")
     except BetterComputeError as exc:
         raise InvalidInput(f"line {r.line}: {_in_line_terms(exc.message)}") from None
     return args

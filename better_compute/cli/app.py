@@ -23,7 +23,7 @@ import typer
 from better_compute import identity
 from better_compute.cli import plain_params
 from better_compute.cli.argv import repeated_option
-from better_compute.errors import BetterComputeError, InvalidInput, Unavailable, is_utf8
+from better_compute.errors import BetterComputeError, Forbidden, InvalidInput, Unavailable, is_utf8
 from better_compute.lazy import lazy
 from better_compute.model import JsonValue, Window
 from better_compute.storage.conn import Commits
@@ -144,6 +144,11 @@ def _refused_by_the_system(exc: Exception, *, committed: bool) -> BetterComputeE
         return InvalidInput(
             f"the path {shown!r} is too long for this system (most file systems allow 255"
             " bytes a name); give a shorter one"
+        )
+    if name and exc.errno in (errno.EACCES, errno.EPERM):  # who you are, not a bug of ours
+        return Forbidden(
+            f"cannot use {shown!r}: {exc.strerror} (its permissions, or its folders', leave"
+            " you out: ask its owner)"
         )
     full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
     if not full and (name or not _terminal_gone(exc)):

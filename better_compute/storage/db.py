@@ -196,44 +196,52 @@ def _like_the_ledger(fd: int, ledger: Path) -> None:
         os.fchmod(fd, info.st_mode & 0o660)
 
 
-def _share_sidecars(ledger: Path) -> None:
+def _share_sidecars(ledger: Path, *, make: bool) -> None:
     """The ledger's `-wal` and `-shm` with the ledger's group, where that group is not this
     user's own (a ledger shared with `init --group`). SQLite gives the files it makes the
     ledger's mode bits but this user's primary group (owner and group only when run by root):
     while one member held the ledger open, or after a member's killed command left them, every
     other member's commands, reads too, failed with "unable to open database file" (a review).
-    So each is made here first, empty as SQLite leaves them, like the ledger (_like_the_ledger);
-    one that is there already and ours gets the ledger's group (SQLite may have made it in
-    between, when another process's last close removed ours). Its contents are never touched.
-    Nothing is made for a user who may not write the ledger (reads use a snapshot then)."""
+
+    `make` (before this connection opens): a missing one is made here first, new and empty as
+    SQLite leaves them, like the ledger (_like_the_ledger). Either way, one that is there and
+    this user's gets the ledger's group, by its path (SQLite may have made it, when another
+    process's last close removed ours). A file that exists is never opened: closing any
+    descriptor of a file drops every POSIX lock this process holds on it (_HEADER_FDS), SQLite's
+    on `-shm` included, and another process then took the ledger for closed and reset `-shm`
+    under it (a review: bus errors, "locking protocol"). Contents are never touched, and nothing
+    is made for a user who may not write the ledger (reads use a snapshot then)."""
     try:
         info = os.stat(ledger)
     except OSError:
         return
     if info.st_gid == os.getegid() or not os.access(ledger, os.W_OK):
         return
-    flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     real = Path(os.path.realpath(ledger))  # SQLite's files are beside the file a symlink names
     for suffix in ("-wal", "-shm"):  # never a `-journal`: one there means a rollback to make
         path = files.sidecar(real, suffix)
-        try:
-            fd, made = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600), True
-        except FileExistsError:
-            try:
-                fd, made = os.open(path, flags), False
-            except OSError:
-                continue  # another user's, or no regular file: SQLite's to judge
-        except OSError:
-            continue  # a folder this user may not write: SQLite says so
-        try:
-            mine = os.fstat(fd)
-            if made:
-                _like_the_ledger(fd, ledger)
-            elif stat.S_ISREG(mine.st_mode) and mine.st_uid == os.geteuid():
-                with contextlib.suppress(OSError):
-                    os.fchown(fd, -1, info.st_gid)
-        finally:
-            os.close(fd)
+        if make and _made_like_the_ledger(path, ledger):
+            continue
+        with contextlib.suppress(OSError):
+            mine = os.lstat(path)
+            ours = mine.st_uid == os.geteuid() and stat.S_ISREG(mine.st_mode)
+            if ours and mine.st_gid != info.st_gid:
+                os.chown(path, -1, info.st_gid, follow_symlinks=False)
+
+
+def _made_like_the_ledger(path: Path, ledger: Path) -> bool:
+    """Make `path`, new (a new file holds no lock of this process), like the ledger; False when
+    it is there already or cannot be made."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError:
+        return False
+    try:
+        _like_the_ledger(fd, ledger)
+    finally:
+        os.close(fd)
+    return True
 
 
 def _is_locked(exc: sqlite3.OperationalError) -> bool:
@@ -273,7 +281,7 @@ class Database:
             self.conn = sqlite3.connect(uri, uri=True, isolation_level=None)
             self.read_only = True
         else:
-            _share_sidecars(self._where)
+            _share_sidecars(self._where, make=True)
             self.conn = sqlite3.connect(  # the absolute path: Path('./:memory:') prints ':memory:'
                 str(self._where), isolation_level=None, timeout=busy_timeout_ms / 1000
             )
@@ -604,7 +612,7 @@ def _configure(db: Database) -> None:
     mode = db.conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
     if str(mode).lower() != "wal":
         raise Unavailable(f"could not switch {db.path} to WAL mode (got {mode})")
-    _share_sidecars(db.where_opened)  # SQLite may have made them itself (_share_sidecars)
+    _share_sidecars(db.where_opened, make=False)  # SQLite may have made them (_share_sidecars)
 
 
 def _migrate(db: Database) -> None:

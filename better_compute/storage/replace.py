@@ -38,6 +38,7 @@ from __future__ import annotations
 import errno
 import os
 import sqlite3
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -85,6 +86,7 @@ def swap_in(target: Path, temp: Path, *, replacing: bool) -> None:
         if not replacing:
             _place_new(target, temp)
             return
+        _require_replaceable(target)
         old = lock_out_writers(target)
         try:
             _checkpoint_fully(target, old)
@@ -108,6 +110,38 @@ def swap_in(target: Path, temp: Path, *, replacing: bool) -> None:
             old.close()
     finally:
         files.discard(temp)  # nothing left if renamed; the unused temp if anything failed
+
+
+def _require_replaceable(target: Path) -> None:
+    """Step 0: what the rename (step 5) refuses for who this user is, refused before anything is
+    touched: a folder this user may not write, or in a sticky one (a team's 1770, /tmp) a file
+    of the ledger's that is another user's (only its owner may replace or remove it there).
+    Found at the rename, after step 4 had removed the sidecars, the other members' open
+    connections went on committing into the removed `-wal`: lost, and the ledger damaged once
+    another member opened it (a review). Root may do both."""
+    if os.geteuid() == 0:
+        return
+    folder = target.parent
+    said = f"cannot replace {str(target)!r}"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise Forbidden(
+            f"{said}: you may not write its folder {str(folder)!r}; the old ledger is unchanged"
+        )
+    info = os.stat(folder)
+    if not info.st_mode & stat.S_ISVTX or info.st_uid == os.geteuid():
+        return
+    beside = [files.sidecar(target, suffix) for suffix in (*files.SIDECARS, files.WAITING)]
+    for path in (target, *beside):
+        try:
+            owner = os.lstat(path).st_uid
+        except FileNotFoundError:
+            continue
+        if owner != os.geteuid():
+            raise Forbidden(
+                f"{said}: its folder is sticky and {path.name} is another user's (there only a"
+                " file's owner may replace or remove it): run it as that user, or once nobody"
+                " holds the ledger open; the old ledger is unchanged"
+            )
 
 
 def _place_new(target: Path, temp: Path) -> None:

@@ -206,6 +206,24 @@ def test_advice_for_people_draws_a_table_and_a_picture(run: Cli) -> None:
     assert all(len(line) <= 40 for line in picture) and "█" in picture[1], out
 
 
+def test_advice_for_people_keeps_a_long_pool_name_whole(db_dir: Path) -> None:
+    """rich cut `a-very-long-pool-name-for-t…` at 80 columns (a review): empty columns (no other
+    pool, no near miss) are left out, and pools and windows stay whole at any width."""
+    cli = Cli(init_db(db_dir / "long.db"))
+    name = "a-very-long-pool-name-for-the-team"
+    cli.ok("pool", "create", name)
+    cli.ok("node", "add", "n1", "--pool", name, "--gpus", "8", "--model", "h100")
+    cli.ok("tenant", "create", "t")
+    for width in ("80", "53", "40"):
+        code, out, err = cli("advice", "--gpus", "1", "--start-range", "now..+1d", "--duration",
+                             "2h", json=False, env={"COLUMNS": width})  # fmt: skip
+        assert code == 0 and name in out.split() and "…" not in out, (width, out, err)
+        assert all(len(line) <= int(width) for line in out.splitlines()), out
+    code, out, _ = cli("advice", "--gpus", "1", "--start-range", "now..+1d", "--duration", "2h",
+                       json=False, env={"COLUMNS": "80"})  # fmt: skip
+    assert "note" not in out and "other pools" not in out, out
+
+
 @pytest.mark.parametrize(
     ("flags", "code", "needle"),
     [

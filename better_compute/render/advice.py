@@ -74,27 +74,39 @@ def advice_human(a: Advice) -> RenderableType:
     from rich.console import Group
     from rich.text import Text
 
-    from better_compute.render.human import span, table_of, window_column
+    from better_compute.render.human import Fitted, counted, span, table_of, window_column
 
     if not a.recommendations:
         return Text("no window fits: nothing in that range, nor a near miss")
     header, year = window_column(
         t for r in a.recommendations for t in (r.window.start, r.window.end)
     )
-    table = table_of("#", header, "for", "pool", "gpus", "other pools", "note")
-    for i, r in enumerate(a.recommendations, 1):
-        others = ", ".join(f"{o.pool}: {o.status}" for o in r.others) or "-"
-        note = f"near miss: {r.details}" if r.near_miss else ""
-        table.add_row(
+    every = ("#", header, "for", "pool", "gpus", "other pools", "note")
+    rows = [
+        (
             str(i),
             span(r.window.start, r.window.end, year),
             human_duration(r.window.duration),
             r.pool,
             str(r.gpus),
-            others,
-            note,
+            ", ".join(f"{o.pool}: {o.status}" for o in r.others) or "-",
+            f"near miss: {r.details}" if r.near_miss else "",
         )
-    return Group(table, Text(""), _Picture(a))
+        for i, r in enumerate(a.recommendations, 1)
+    ]
+    # Columns with nothing to say (no other pool, no near miss) are left out, and windows and
+    # pools stay whole, as `list` keeps its windows (render/human.Fitted): rich cut a long pool
+    # name at 80 columns and a window at 53 (a review).
+    empty = {i for i in (5, 6) if all(row[i] in ("", "-") for row in rows)}
+    columns = [c for i, c in enumerate(every) if i not in empty]
+    cells = [[v for i, v in enumerate(row) if i not in empty] for row in rows]
+    table = table_of(*columns)
+    for row in cells:
+        table.add_row(*row)
+    fitted = Fitted(
+        table, counted(len(cells), "window"), columns, cells, whole=("#", header, "pool")
+    )
+    return Group(fitted, Text(""), _Picture(a))
 
 
 class _Picture:
@@ -107,8 +119,9 @@ class _Picture:
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         from rich.text import Text
 
-        width = max(MIN_PICTURE_WIDTH, min(PICTURE_WIDTH, options.max_width - 5))
-        yield Text("\n".join(picture(self.advice, width)))
+        width = min(PICTURE_WIDTH, options.max_width - 5)
+        if width >= MIN_PICTURE_WIDTH:  # narrower, its labels would wrap: the table says it all
+            yield Text("\n".join(picture(self.advice, width)))
 
 
 def policy_human(p: CalendarPolicy | None, pool: str) -> RenderableType:

@@ -181,6 +181,22 @@ def test_a_reservation_starting_now_is_checked_at_its_start_before_it_binds(cli:
     assert got["allocations"][0]["nodeId"] == "west-02"
 
 
+def test_a_late_tick_repairs_only_what_is_to_come(cli: Cli) -> None:
+    """A tick after the start planned the repair for the whole window, the past part too: a
+    booking made of that part since (here, ended at 08:20) made it fail, BookingRepairFailed
+    with "no node fits" in a free pool, or kept a window begun before the repair (a review)."""
+    fill = ("--tenant", "acme", "--gpus", "8", "--gang", "6", "--for", "20m", "--key", "fill")
+    cli.ok("reserve", *fill)  # west-01..06 until 08:20
+    cal = cli.ok("reserve", "--tenant", "acme", "--gpus", "8", "--for", "1h", "--start", "+10m")
+    assert [a["nodeId"] for a in cal["allocations"]] == ["west-07"]
+    cli.ok("node", "cordon", "west-07", now=at(5 * MIN))
+    cli.ok("tick", now=at(25 * MIN))  # late: the fill ends (08:20), then the repair, at 08:25
+    got = cli.ok("get", cal["id"], now=at(25 * MIN))
+    assert got["state"] == "active" and got["allocations"][0]["nodeId"] != "west-07", got
+    assert got["during"] == {"start": NOW_MS + 25 * MIN, "end": NOW_MS + 70 * MIN}
+    assert last_event(cli, "reservation.repaired")["data"]["start"] == NOW_MS + 25 * MIN
+
+
 # ---------------------------------------------------------------- devices
 
 

@@ -20,7 +20,7 @@ from better_compute.lifecycle.tick import (
     release_due,
     timed_out,
 )
-from better_compute.model import Event, JsonValue, ReleaseReason, Reservation, State, evolve
+from better_compute.model import Event, JsonValue, ReleaseReason, Reservation, State, Window, evolve
 from better_compute.service import authz, booking, metering, notices, placing
 from better_compute.service.admission import check_quota
 from better_compute.service.authz import require_admin
@@ -288,6 +288,12 @@ def repair_one(ctx: Ctx, rsv: Reservation, reach: dict[str, bool] | None = None)
         others = other_groups(rsv, {n.name: n for n in repo.load_nodes(conn, rsv.pool_id)})
     left: list[JsonValue] = [a.node_id for a in rsv.allocations]
     window = rsv.during
+    if window.start < ctx.now < window.end:
+        # A tick after the start (cron late, or the ledger's time moved on): only what is to
+        # come is placed again. Planning the past part too failed on bookings made of it since,
+        # though the pool was free now, or kept a window begun before the repair (a review);
+        # the bookings held until now stay as they were held.
+        window = Window(ctx.now, window.end)
     with ctx.db.savepoint("repair"):
         repo.drop_allocations(conn, rsv.id, window.start)
         fresh = evolve(rsv, allocations=(), during=None, lease_cap=rsv.lease_most())

@@ -291,11 +291,12 @@ def repair_one(ctx: Ctx, rsv: Reservation, reach: dict[str, bool] | None = None)
     if window.start < ctx.now < window.end:
         # A tick after the start (cron late, or the ledger's time moved on): only what is to
         # come is placed again. Planning the past part too failed on bookings made of it since,
-        # though the pool was free now, or kept a window begun before the repair (a review);
-        # the bookings held until now stay as they were held.
+        # though the pool was free now, or kept a window begun before the repair (a review).
         window = Window(ctx.now, window.end)
     with ctx.db.savepoint("repair"):
-        repo.drop_allocations(conn, rsv.id, window.start)
+        # Every booking goes, as before: a live reservation's bookings are its allocations
+        # over its window (it never ran on the ones it leaves).
+        repo.drop_allocations(conn, rsv.id, rsv.during.start)
         fresh = evolve(rsv, allocations=(), during=None, lease_cap=rsv.lease_most())
         outcome = placing.place_now(ctx, fresh, window, frozenset(bad) | others)
         if not isinstance(outcome, Reservation) and others:

@@ -612,6 +612,13 @@ def test_init_force_refused_by_a_sticky_folder_is_forbidden(db_dir: Path) -> Non
             assert db.read_bytes() == before and sorted(p.name for p in folder.iterdir()) == files
     finally:
         held.close()
+    # Her own ledger she may replace, though another member's `-waiting` word stays (it holds
+    # nothing; removing it there is refused): that refusal was INTERNAL.
+    gc.collect()
+    os.chown(db, alice, team)
+    (folder / "team.db-waiting").touch()
+    code, _, err = _run_as(alice, ["--json", "--now", NOW, "init", "--force"], env, (team,))
+    assert code == 0, err
 
 
 # ---------------------------------------------------------------- migration

@@ -90,9 +90,13 @@ def discard(temp: Path) -> None:
 
 
 def remove_sidecars(path: Path) -> None:
-    for suffix in (*SIDECARS, WAITING):
+    """SQLite's files beside the ledger, and the `-waiting` word, which is left where it may not
+    be removed (another member's, in a sticky folder): it holds nothing."""
+    for suffix in SIDECARS:
         with contextlib.suppress(FileNotFoundError):
             sidecar(path, suffix).unlink()
+    with contextlib.suppress(OSError):
+        sidecar(path, WAITING).unlink()
 
 
 def fsync_file(path: Path) -> None:

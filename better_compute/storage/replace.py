@@ -130,8 +130,7 @@ def _require_replaceable(target: Path) -> None:
     info = os.stat(folder)
     if not info.st_mode & stat.S_ISVTX or info.st_uid == os.geteuid():
         return
-    beside = [files.sidecar(target, suffix) for suffix in (*files.SIDECARS, files.WAITING)]
-    for path in (target, *beside):
+    for path in (target, *(files.sidecar(target, suffix) for suffix in files.SIDECARS)):
         try:
             owner = os.lstat(path).st_uid
         except FileNotFoundError:

@@ -250,8 +250,8 @@ def _not_suspended(
     webhook) is a CONFLICT, and `--failed` over every webhook leaves them dead."""
     admins = ledger.admins(conn)
     suspended = {h.id for h in hooks if not delivery.receiving(conn, h, admins)}
-    if named is not None and any(d.webhook_id in suspended for d in targets):
-        hook = next(d.webhook_id for d in targets if d.webhook_id in suspended)
+    hook = next((d.webhook_id for d in targets if d.webhook_id in suspended), None)
+    if named is not None and hook is not None:
         raise Conflict(
             f"webhook {hook} is {delivery.SUSPENDED}; redeliver once they may see them again"
             " (an admin, or a policy for its tenant, gives that back)"

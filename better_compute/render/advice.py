@@ -74,7 +74,7 @@ def advice_human(a: Advice) -> RenderableType:
     from rich.console import Group
     from rich.text import Text
 
-    from better_compute.render.human import Fitted, counted, span, table_of, window_column
+    from better_compute.render.human import counted, fitted, span, window_column
 
     if not a.recommendations:
         return Text("no window fits: nothing in that range, nor a near miss")
@@ -100,13 +100,8 @@ def advice_human(a: Advice) -> RenderableType:
     empty = {i for i in (5, 6) if all(row[i] in ("", "-") for row in rows)}
     columns = [c for i, c in enumerate(every) if i not in empty]
     cells = [[v for i, v in enumerate(row) if i not in empty] for row in rows]
-    table = table_of(*columns)
-    for row in cells:
-        table.add_row(*row)
-    fitted = Fitted(
-        table, counted(len(cells), "window"), columns, cells, whole=("#", header, "pool")
-    )
-    return Group(fitted, Text(""), _Picture(a))
+    table = fitted(counted(len(cells), "window"), columns, cells, whole=("#", header, "pool"))
+    return Group(table, Text(""), _Picture(a))
 
 
 class _Picture:

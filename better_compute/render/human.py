@@ -195,6 +195,16 @@ class Fitted:
             yield Text(plain_table(self.title, self.columns, self.rows))  # wrapped at spaces
 
 
+def fitted(
+    title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], whole: Iterable[str]
+) -> Fitted:
+    """A borderless table of plain cells, kept whole at any width as Fitted keeps it."""
+    table = table_of(*columns)
+    for row in rows:
+        table.add_row(*row)
+    return Fitted(table, title, columns, rows, whole)
+
+
 def reservations(rows: Iterable[Reservation | ListedReservation]) -> RenderableType:
     """A table of reservations; `rows` may be read as they come (one `_Row` each is kept)."""
     listed = [_row(r) for r in rows]
@@ -256,10 +266,7 @@ def pools(rows: Sequence[Rollup]) -> RenderableType:
         (r.name, r.pool_id, *map(str, (r.nodes, r.allocatable, r.in_use, r.reserved, r.free)))
         for r in rows
     ]
-    table = table_of(*columns)
-    for row in cells:
-        table.add_row(*row)
-    return Fitted(table, counted(len(rows), "pool"), columns, cells, whole=("pool", "id"))
+    return fitted(counted(len(rows), "pool"), columns, cells, whole=("pool", "id"))
 
 
 def nodes(rows: Sequence[Node]) -> RenderableType:
@@ -269,10 +276,7 @@ def nodes(rows: Sequence[Node]) -> RenderableType:
     title = counted(len(rows), "node")
     if len(rows) > PLAIN_ROWS:
         return plain_table(title, columns, cells)
-    table = table_of(*columns)
-    for row in cells:
-        table.add_row(*row)
-    return Fitted(table, title, columns, cells, whole=("node", "state"))
+    return fitted(title, columns, cells, whole=("node", "state"))
 
 
 def _node_row(n: Node) -> tuple[str, str, str, str, str]:

@@ -450,6 +450,35 @@ def test_a_retry_that_preempts_with_no_notice_releases_its_victim_in_the_same_ti
     assert w.snapshot() == snap
 
 
+def test_a_notice_given_is_never_shortened_when_the_notice_is_lowered(one_node: World) -> None:
+    """A victim told to stop by its deadline keeps it: after `capacity.spotNoticeMs` is lowered,
+    a second regular request that would fit only by cutting it back sooner is not given its
+    GPUs (preview promises no preemption, reserve waits), and its retry places it once they
+    are free. A review found the victim told "by 00:10" and then "by 00:01"."""
+    w = one_node
+    setup.config_set(w.ctx(), "capacity.spotNoticeMs", str(10 * MIN))
+    spot = w.reserve(8, tenant="globex", spot=True, duration_ms=5 * HOUR)
+    w.tick(T0)
+    first = w.reserve(8, duration_ms=HOUR)  # from the deadline: the spot work is cut back
+    assert first.during == Window(T0 + 10 * MIN, T0 + 70 * MIN)
+    assert w.get(spot.id).preempt_deadline == T0 + 10 * MIN
+    setup.config_set(w.ctx(), "capacity.spotNoticeMs", str(MIN))
+    ask = ReserveArgs("acme", None, 8, 5 * MIN)
+    p = booking.preview(w.ctx(), ask)
+    assert not p.fits and p.preemptible is None
+    second = w.reserve(8, duration_ms=5 * MIN)
+    assert second.state == State.PENDING
+    victim = w.get(spot.id)
+    assert victim.preempt_deadline == T0 + 10 * MIN
+    assert victim.during == Window(T0, T0 + 10 * MIN)
+    assert [e.data["at"] for e in w.events("reservation.preempting", spot.id)] == [T0 + 10 * MIN]
+    w.tick(T0 + 10 * MIN)  # the victim ends at its deadline; `first` holds the node from then
+    assert w.get(spot.id).state == State.RELEASED
+    assert w.get(second.id).state == State.PENDING
+    w.tick(T0 + 70 * MIN)
+    assert w.get(second.id).state in LIVE_STATES
+
+
 # ---------------------------------------------------------------- preview
 
 

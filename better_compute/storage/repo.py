@@ -641,6 +641,14 @@ def window_params(
     }
 
 
+#: A booking's spot flag as planning reads it (joined with its reservation `r`): whether
+#: preempting may free it. A spot reservation under notice is no longer: its deadline was
+#: promised, and a notice shortened later (after `capacity.spotNoticeMs` was lowered) would
+#: break the promise, so the GPUs it holds until then count as taken (a review found a victim
+#: told "by 00:10" cut back to 00:01 by a second preemption).
+PREEMPTIBLE = "CASE WHEN r.preempt_deadline IS NULL THEN b.spot ELSE 0 END"
+
+
 def snapshots(
     conn: Conn,
     pool_id: str,
@@ -666,7 +674,7 @@ def snapshots(
     if names is None:
         rows = list(
             conn.execute(
-                "SELECT b.node_id, b.atom, b.reservation_id, b.spot, r.state FROM bookings b"
+                f"SELECT b.node_id, b.atom, b.reservation_id, {PREEMPTIBLE}, r.state FROM bookings b"
                 " JOIN reservations r ON r.id = b.reservation_id"
                 ' WHERE b.pool_id = ? AND b."end" > ? AND b."end" < ? AND b.start < ?'
                 " AND b.reservation_id IS DISTINCT FROM ?",
@@ -679,7 +687,7 @@ def snapshots(
             chunk = list(names[chunk_start : chunk_start + 500])
             rows.extend(
                 conn.execute(
-                    "SELECT b.node_id, b.atom, b.reservation_id, b.spot, r.state FROM bookings b"
+                    f"SELECT b.node_id, b.atom, b.reservation_id, {PREEMPTIBLE}, r.state FROM bookings b"
                     " JOIN reservations r ON r.id = b.reservation_id"
                     f" WHERE b.node_id IN ({','.join('?' * len(chunk))})"
                     # `|| ''` keeps the planner on the node index (bookings_node_window)

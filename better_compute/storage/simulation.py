@@ -13,7 +13,7 @@ from typing import Any
 
 from better_compute.model import LIVE_STATES, Maintenance, Window
 from better_compute.storage.conn import POSTGRES, Ledger, dialect
-from better_compute.storage.repo import Conn, per_live_state
+from better_compute.storage.repo import PREEMPTIBLE, Conn, per_live_state
 
 #: `state <> 'released'` lets SQLite use the partial indexes of what is due (migration 11).
 _PENDING = "state = 'pending' AND state <> 'released'"
@@ -164,7 +164,7 @@ def pool_maintenance_after(conn: Conn, pool_id: str, after: int) -> list[Mainten
 
 
 _BOOKED = (
-    'SELECT b.reservation_id, b.node_id, b.atom, b.start, b."end", b.spot,'
+    f'SELECT b.reservation_id, b.node_id, b.atom, b.start, b."end", {PREEMPTIBLE},'
     f" r.state IN ({','.join(repr(s.value) for s in LIVE_STATES)}) FROM bookings b"
     " JOIN reservations r ON r.id = b.reservation_id"
 )

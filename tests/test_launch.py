@@ -199,6 +199,7 @@ def test_a_reservation_whose_end_has_come_does_not_launch(run: Cli) -> None:
     printed them with no warning, or said a placed one "has not started")."""
     active = reserve(run, "--gpus", "8", "--gang", "7", "--for", "1h")
     run.ok("tick")
+    assert run.ok("launch", active["id"], "--format", "json", now=at(HOUR - 1))
     later = reserve(run, "--gpus", "8", "--for", "1h", "--start", "+3h")
     other = run.ok(
         "reserve", "--tenant", "globex", "--gpus", "8", "--for", "1h", "--gang", "4", now=at(HOUR)
@@ -212,4 +213,8 @@ def test_a_reservation_whose_end_has_come_does_not_launch(run: Cli) -> None:
     )
     err = run.fails(4, "launch", later["id"], now=at(5 * HOUR))
     assert "came at 2026-09-28T12:00:00Z" in err["message"]
-    assert run.ok("launch", active["id"], "--format", "json", now=at(HOUR - 1))
+    # Judged at the ledger's time (here HOUR, where globex's reserve acted), never at an earlier
+    # --now: a stale --now printed the ended gang's hostfile (a review).
+    for now in (at(HOUR - 1), None):
+        err = run.fails(4, "launch", active["id"], now=now)
+        assert "came at 2026-09-28T09:00:00Z" in err["message"]

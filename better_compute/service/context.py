@@ -124,6 +124,12 @@ class Ctx:
                 raise Forbidden(f"{name!r} is no longer an admin: it was removed {when}; {written}")
         self.db.memo[_ADMIN_MEMO] = True
 
+    def latest(self, conn: Conn) -> int:
+        """The later of this command's instant and the ledger's time, read in `conn`'s
+        snapshot: what a read that hands out GPUs (`launch`) must judge at, since an earlier
+        `--now` would show a window that has ended as still running."""
+        return max(self.now, ledger_time(ledger.clock_state(conn)))
+
     def act(self) -> None:
         """Act at the instant read now, with the write lock held: what write() does on entry,
         for work that runs inside a transaction it did not open (ticking.tick_in)."""
@@ -176,6 +182,12 @@ def _file_owner(path: str) -> str:
     return owner_of(path) if os.path.exists(path) else ""
 
 
+def ledger_time(state: ledger.ClockState) -> int:
+    """The ledger's time: what `now` and `+2h` count from, as a command without --now acts at
+    (a real clock's ledger is ahead of it after `tick --until`)."""
+    return state.last_at if state.mode == ledger.MANUAL else max(clock.real_ms(), state.last_at)
+
+
 def open_ctx(path: str, now_text: str | None, me: str, as_name: str | None) -> Ctx:
     """Open the ledger and resolve the instant reads see and the principal acting."""
     db = open_ledger(path)
@@ -189,9 +201,7 @@ def open_ctx(path: str, now_text: str | None, me: str, as_name: str | None) -> C
         db.close()
         raise
     manual = state.mode == ledger.MANUAL
-    # The ledger's time: what `now` and `+2h` count from, as a command without --now acts at
-    # (a real clock's ledger is ahead of it after `tick --until`).
-    base = state.last_at if manual else max(clock.real_ms(), state.last_at)
+    base = ledger_time(state)
     asked = None if now_text is None else clock.now_ms(now_text, base)
     now = base if asked is None else asked
     ctx = Ctx(db, now, who, asked=asked, asked_by_flag=asked is not None, manual_clock=manual)

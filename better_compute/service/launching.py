@@ -67,7 +67,8 @@ def launch(ctx: Ctx, rsv_id: str, node: str | None = None) -> Launch:
     with ctx.db.read() as conn:
         rsv = reading.mine(ctx, rsv_id)
         members = _members(rsv)
-        came = ended_at(rsv.during, rsv.preempt_deadline, ctx.now)
+        # At the ledger's time, not an earlier --now: its GPUs may be another's from the end.
+        came = ended_at(rsv.during, rsv.preempt_deadline, ctx.latest(conn))
         if came is not None:  # not yet released by a tick, but its GPUs may be another's now
             raise Conflict(
                 f"cannot launch on {rsv.id}: its end or preemption deadline came at {iso(came)};"

@@ -674,7 +674,8 @@ def snapshots(
     if names is None:
         rows = list(
             conn.execute(
-                f"SELECT b.node_id, b.atom, b.reservation_id, {PREEMPTIBLE}, r.state FROM bookings b"
+                f"SELECT b.node_id, b.atom, b.reservation_id, {PREEMPTIBLE}, r.state"
+                " FROM bookings b"
                 " JOIN reservations r ON r.id = b.reservation_id"
                 ' WHERE b.pool_id = ? AND b."end" > ? AND b."end" < ? AND b.start < ?'
                 " AND b.reservation_id IS DISTINCT FROM ?",
@@ -687,7 +688,8 @@ def snapshots(
             chunk = list(names[chunk_start : chunk_start + 500])
             rows.extend(
                 conn.execute(
-                    f"SELECT b.node_id, b.atom, b.reservation_id, {PREEMPTIBLE}, r.state FROM bookings b"
+                    f"SELECT b.node_id, b.atom, b.reservation_id, {PREEMPTIBLE}, r.state"
+                    " FROM bookings b"
                     " JOIN reservations r ON r.id = b.reservation_id"
                     f" WHERE b.node_id IN ({','.join('?' * len(chunk))})"
                     # `|| ''` keeps the planner on the node index (bookings_node_window)

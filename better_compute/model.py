@@ -450,7 +450,7 @@ class Webhook:
     created_at: int
     created_by: str
     cursor: int  # the last event seq already queued for it
-    #: Its creator may no longer see its events (service/delivery.receiving): it sends nothing.
+    #: Its creator may no longer see its events (service/fanout.receiving): it sends nothing.
     suspended: bool = False
 
     @property

@@ -378,6 +378,34 @@ def test_a_webhook_whose_creator_lost_the_tenant_sends_nothing(
     assert run.ok("webhook", "list", env=eve)[0]["suspended"] is False
 
 
+def test_events_logged_while_the_creator_had_no_rights_are_never_sent(
+    run: Cli, receiver: Receiver
+) -> None:
+    """Rights are judged at every change of them, not only at ticks: eve loses acme and gets it
+    back with no tick in between, and what acme logged meanwhile never reaches her URL (a
+    review found it was sent by the next tick). What was logged before she lost it is queued
+    then, and dead-lettered as a suspended webhook's queue is, for `redeliver`."""
+    eve = {"BETTER_COMPUTE_PRINCIPAL": "eve"}
+    receiver.secrets["/eve"] = SECRET_A
+    url = receiver.url("/eve")
+    run.ok("webhook", "add", "--tenant", "acme", "--url", url, "--secret", SECRET_A, env=eve)
+    reserve(run, "acme", "before")
+    run.ok("policy", "set", "--tenant", "acme", "--principal", "bob")  # eve is out
+    reserve(run, "acme", "while-out")
+    run.ok("policy", "set", "--tenant", "acme", "--principal", "eve")  # back in, no tick between
+    reserve(run, "acme", "after")
+    tick(run, MIN)
+    changes = [e["seq"] for e in run.ok("events", "--tenant", "acme") if e["type"] == "policy.set"]
+    out, back = changes  # eve was out from the first to the second
+    got = [d["seq"] for p, d in receiver.got if p == "/eve"]
+    assert got and back in got and not [s for s in got if out < s < back]
+    listed = {d["eventSeq"]: d for d in run.ok("webhook", "deliveries")}
+    assert not [s for s in listed if out < s < back]  # never even queued
+    dead = [d for s, d in listed.items() if s < out]  # logged before: queued, then dead-lettered
+    assert dead and all(d["state"] == "dead" for d in dead)
+    assert all(d["attempts"][-1]["error"].startswith("suspended: ") for d in dead)
+
+
 def test_what_a_suspended_webhook_had_queued_is_dead_lettered(run: Cli, receiver: Receiver) -> None:
     """Nothing waits on rights that may never come back: `left` does not count it forever."""
     eve = {"BETTER_COMPUTE_PRINCIPAL": "eve"}

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from better_compute.errors import Conflict, InvalidInput, NotFound
 from better_compute.inventory import MAX_INT, normal_model
 from better_compute.model import Policy
-from better_compute.service import authz
+from better_compute.service import authz, fanout
 from better_compute.service.authz import require_admin
 from better_compute.service.context import Ctx
 from better_compute.storage import repo
@@ -111,6 +111,7 @@ def policy_set(
     authz.principal_name(principal, "--principal")
     with ctx.write() as conn:
         repo.require_tenant(conn, tenant)
+        fanout.fan_out_in(ctx, conn)
         repo.set_policy(conn, Policy(tenant, principal, max_gpus, spot_only, deny))
         ctx.event(
             "policy.set",
@@ -137,6 +138,7 @@ def policy_list(ctx: Ctx, tenant: str | None) -> list[Policy]:
 def policy_delete(ctx: Ctx, tenant: str, principal: str) -> None:
     require_admin(ctx.who, "delete policies")
     with ctx.write() as conn:
+        fanout.fan_out_in(ctx, conn)
         if not repo.delete_policy(conn, tenant, principal):
             raise NotFound(f"no policy for principal {principal!r} in tenant {tenant!r}")
         ctx.event("policy.deleted", tenant, None, {"principal": principal, "by": ctx.principal})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from better_compute.errors import Conflict, NotFound
+from better_compute.service import fanout
 from better_compute.service.authz import principal_name, require_admin
 from better_compute.service.context import Ctx
 from better_compute.storage import ledger
@@ -14,6 +15,7 @@ def add(ctx: Ctx, name: str) -> list[str]:
     require_admin(ctx.who, WHAT)
     principal_name(name, "admin add")
     with ctx.write() as conn:
+        fanout.fan_out_in(ctx, conn)
         if not ledger.add_admin(conn, name, ctx.now, ctx.principal):
             raise Conflict(f"{name!r} is already an admin")
         ctx.event("admin.added", None, None, {"principal": name})
@@ -29,6 +31,7 @@ def remove(ctx: Ctx, name: str) -> list[str]:
             raise NotFound(f"{name!r} is not an admin; admins: {', '.join(current)}")
         if current == [name]:
             raise Conflict(f"{name!r} is the last admin; add another before removing it")
+        fanout.fan_out_in(ctx, conn)
         ledger.remove_admin(conn, name)
         ctx.event("admin.removed", None, None, {"principal": name})
         return ledger.admins(conn)

@@ -38,10 +38,9 @@ from dataclasses import dataclass
 from better_compute import clock
 from better_compute.errors import Unavailable
 from better_compute.model import Event, Webhook
-from better_compute.service import authz
+from better_compute.service import authz, fanout
 from better_compute.service.context import Ctx
-from better_compute.storage import ledger, repo, webhooks
-from better_compute.storage.repo import Conn
+from better_compute.storage import ledger, webhooks
 
 SIGNATURE_HEADER = "X-Better-Compute-Signature"
 #: The first retry waits about this long; each next one twice as long, up to the cap.
@@ -287,47 +286,10 @@ def _start(
     threading.Thread(target=send, name=f"webhook {job.hook.id}", daemon=True).start()
 
 
-def receiving(conn: Conn, hook: Webhook, admins: Sequence[str] | None = None) -> bool:
-    """Whether a webhook still sends: with the rights of the principal who added it, who must
-    still be an admin (a `*` webhook) or may still act for its tenant (§6). Otherwise it is
-    suspended: a principal who lost a tenant keeps no window onto its events through a URL it
-    chose. A ledger from before the admin list (no admins recorded) suspends nothing."""
-    admins = ledger.admins(conn) if admins is None else admins
-    if not admins or hook.created_by in admins:
-        return True
-    return hook.tenant_id != "*" and ledger.acts_for(conn, hook.created_by, hook.tenant_id)
-
-
-SUSPENDED = "suspended: the principal who added this webhook may no longer see its events"
-
-
 def _fan_out(ctx: Ctx) -> list[Webhook]:
-    """Queue each webhook's new events, then move its cursor to the log's end. A suspended
-    webhook (receiving) queues nothing, since the events logged while it is suspended are not
-    its, and what it had queued is dead-lettered with the reason as its attempt: nothing is
-    left waiting on rights that may never come back, and `redeliver` puts it back once they
-    have. Returns the webhook of each delivery it dead-lettered."""
-    dead: list[Webhook] = []
+    """The tick's fan-out (service/fanout.py) in a write transaction of its own."""
     with ctx.write() as conn:
-        last = repo.last_event_seq(conn)
-        admins = ledger.admins(conn)
-        for hook in webhooks.webhooks(conn):
-            if not receiving(conn, hook, admins):
-                for delivery_id in webhooks.queued_ids(conn, hook.id):
-                    webhooks.record_attempt(
-                        conn, delivery_id, ctx.now, None, SUSPENDED, webhooks.DEAD, ctx.now
-                    )
-                    dead.append(hook)
-                webhooks.set_cursor(conn, hook.id, last)
-                continue
-            if hook.cursor >= last:
-                continue
-            tenant = None if hook.tenant_id == "*" else hook.tenant_id
-            for event in repo.events(conn, tenant=tenant, reservation=None, since=hook.cursor):
-                if hook.wants(event):
-                    webhooks.enqueue(conn, repo.next_id(conn, "dlv"), hook.id, event.seq, ctx.now)
-            webhooks.set_cursor(conn, hook.id, last)
-    return dead
+        return fanout.fan_out_in(ctx, conn)
 
 
 def _claim_heads(ctx: Ctx, token: str, busy: set[str], room: int) -> list[_Claimed]:
@@ -343,7 +305,7 @@ def _claim_heads(ctx: Ctx, token: str, busy: set[str], room: int) -> list[_Claim
             if len(claimed) >= room:
                 break
             hook = webhooks.get_webhook(conn, head.webhook_id)
-            if not receiving(conn, hook, admins):
+            if not fanout.receiving(conn, hook, admins):
                 continue  # suspended: what it queued before waits, unsent
             if webhooks.claim(conn, head.delivery_id, token, until, real_now):
                 event = webhooks.event_of(conn, head.event_seq)

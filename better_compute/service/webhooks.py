@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from better_compute.errors import Conflict, InvalidInput, NotFound
 from better_compute.model import EVENT_TYPES, Delivery, Event, JsonValue, Webhook
-from better_compute.service import authz, delivery
+from better_compute.service import authz, delivery, fanout
 from better_compute.service.authz import require_admin
 from better_compute.service.context import Ctx
 from better_compute.storage import ledger, repo, webhooks
@@ -187,10 +187,10 @@ def _mine(conn: Conn, ctx: Ctx, hook_id: str) -> Webhook:
 
 def list_(ctx: Ctx) -> list[Webhook]:
     """The webhooks this principal manages, each marked suspended when its creator may no
-    longer see its events (delivery.receiving): deleting it, or restoring the creator's
+    longer see its events (fanout.receiving): deleting it, or restoring the creator's
     policy, is the manager's call."""
     with ctx.db.read() as conn:
-        return [replace(h, suspended=not delivery.receiving(conn, h)) for h in _visible(conn, ctx)]
+        return [replace(h, suspended=not fanout.receiving(conn, h)) for h in _visible(conn, ctx)]
 
 
 def delete(ctx: Ctx, hook_id: str) -> Webhook:
@@ -244,16 +244,16 @@ def deliveries(ctx: Ctx, failed: bool, hook_id: str | None) -> list[Delivery]:
 def _not_suspended(
     conn: Conn, hooks: list[Webhook], targets: list[Delivery], named: str | None
 ) -> list[Delivery]:
-    """The deliveries whose webhook still sends. A suspended webhook's (service/delivery.py,
+    """The deliveries whose webhook still sends. A suspended webhook's (service/fanout.py,
     `receiving`) would be dead-lettered again by the next tick, each time with one more attempt
     lengthening its back-off for when it sends again (a review): one named (a delivery, or a
     webhook) is a CONFLICT, and `--failed` over every webhook leaves them dead."""
     admins = ledger.admins(conn)
-    suspended = {h.id for h in hooks if not delivery.receiving(conn, h, admins)}
+    suspended = {h.id for h in hooks if not fanout.receiving(conn, h, admins)}
     hook = next((d.webhook_id for d in targets if d.webhook_id in suspended), None)
     if named is not None and hook is not None:
         raise Conflict(
-            f"webhook {hook} is {delivery.SUSPENDED}; redeliver once they may see them again"
+            f"webhook {hook} is {fanout.SUSPENDED}; redeliver once they may see them again"
             " (an admin, or a policy for its tenant, gives that back)"
         )
     return [d for d in targets if d.webhook_id not in suspended]

@@ -48,10 +48,19 @@ from better_compute.engine.filters import refusal
 from better_compute.engine.fit import plan_node
 from better_compute.engine.place import no_node_fits
 from better_compute.engine.scorers import TOPOLOGY_MAX, fill
-from better_compute.model import Atom, Maintenance, Node, NodeSnapshot, NoFit, Request, Window
+from better_compute.model import (
+    Atom,
+    Maintenance,
+    Node,
+    NodeSnapshot,
+    NoFit,
+    Request,
+    Window,
+    frees,
+)
 
-#: One booked GPU: (start, end, atom, reservation, spot, reservation live).
-Booked = tuple[int, int, int, str, bool, bool]
+#: One booked GPU: (start, end, atom, reservation, spot flag (model.frees), reservation live).
+Booked = tuple[int, int, int, str, int, bool]
 #: The key shortlist.best_key gives a candidate, and the candidate's name.
 Keyed = tuple[tuple[int, str], str]
 #: Later than any instant: an answer that no booking will ever change.
@@ -69,7 +78,7 @@ class BookingRow(NamedTuple):
     atom: int
     start: int
     end: int
-    spot: bool
+    spot: int  # model.REGULAR, SPOT or UNDER_NOTICE
     live: bool
 
 
@@ -416,10 +425,10 @@ class PoolIndex:
         result = []
         for name in chosen:
             held = [b for b in self._overlapping(name, window) if b[3] != ignore]
-            regular = {b[2] for b in held if not (b[4] and b[5])}
+            regular = {b[2] for b in held if not frees(b[4], b[5], b[0], window)}
             holders: dict[int, set[str]] = defaultdict(set)
             for b in held:
-                if b[4] and b[5]:
+                if frees(b[4], b[5], b[0], window):
                     holders[b[2]].add(b[3])
             result.append(
                 NodeSnapshot(
@@ -461,7 +470,7 @@ class PoolIndex:
             regular = {
                 b[2]
                 for b in self._overlapping(name, window)
-                if b[3] != ignore and not (b[4] and b[5])
+                if b[3] != ignore and not frees(b[4], b[5], b[0], window)
             }
             if len(static.healthy - regular) >= share:
                 found.append(name)

@@ -38,6 +38,12 @@ def rollup(conn: Conn, row: Row, now: int) -> Rollup:
     pool_id = row["id"]
     nodes, gpus, usable = repo.pool_inventory_counts(conn, pool_id, now)
     busy, reserved = fleet.pool_use(conn, pool_id, now)
+    # Free counts allocatable GPUs with no booking now: a GPU in use that is not allocatable
+    # (quarantined, or on a node cordoned, unreachable or in maintenance since it was booked)
+    # takes none of them (a review: free read one short of what reserve then placed).
+    idle = 0
+    if usable != gpus:
+        idle = fleet.in_use_among(conn, pool_id, now, fleet.unallocatable(conn, pool_id, now))
     return Rollup(
         pool_id=pool_id,
         name=row["name"],
@@ -47,7 +53,7 @@ def rollup(conn: Conn, row: Row, now: int) -> Rollup:
         allocatable=usable,
         in_use=busy,
         reserved=int(reserved),
-        free=max(0, usable - busy),  # PRODUCT.md §4: free = allocatable − inUse
+        free=max(0, usable - (busy - idle)),  # §4's allocatable − inUse, of allocatable GPUs
     )
 
 
@@ -154,10 +160,15 @@ def timeline(
             repo.require_tenant(conn, tenant)
             authz.require_tenant(conn, ctx.who, tenant)
         # Only the allocatable count: a full rollup would also count every future booking.
-        allocatable = repo.pool_inventory_counts(conn, row["id"], ctx.now)[2]
+        _, gpus, allocatable = repo.pool_inventory_counts(conn, row["id"], ctx.now)
         # Free is always the pool's: another tenant's booking is just as taken (issue 7).
         window = Window(first, last)
         booked = buckets.booked_per_bucket(conn, row["id"], window, step)
+        # ... of allocatable GPUs: booked ones that are not (as in rollup) take none of them.
+        idle = [0] * count
+        if allocatable != gpus:
+            gone = fleet.unallocatable(conn, row["id"], ctx.now)
+            idle = buckets.booked_among(conn, row["id"], window, step, gone)
         own = (
             None
             if tenant is None
@@ -167,7 +178,8 @@ def timeline(
     for i in range(count):
         b = Window(first + i * step, min(first + (i + 1) * step, last))
         mine = None if own is None else own[i]
-        made.append(Bucket(b.start, b.end, booked[i], max(0, allocatable - booked[i]), mine))
+        free = max(0, allocatable - (booked[i] - idle[i]))
+        made.append(Bucket(b.start, b.end, booked[i], free, mine))
     return Timeline(row["id"], row["name"], allocatable, step_minutes, tuple(made), tenant)
 
 

@@ -32,6 +32,21 @@ def booked_per_bucket(conn: Conn, pool_id: str, window: Window, step: int) -> li
     return fold(repo.booking_buckets(conn, pool_id, window, step), count)
 
 
+def booked_among(
+    conn: Conn, pool_id: str, window: Window, step: int, gpus: dict[str, frozenset[int]]
+) -> list[int]:
+    """booked_per_bucket's counts of these GPUs (by node) only: through the node index, for
+    the few GPUs that are not allocatable."""
+    count = -(-(window.end - window.start) // step)
+    names = sorted(gpus)
+    totals = [0] * count
+    for first in range(0, len(names), 500):
+        rows = repo.booking_buckets(conn, pool_id, window, step, nodes=names[first : first + 500])
+        mine = (r for r in rows if int(r[1]) in gpus[str(r[0])])
+        totals = [a + b for a, b in zip(totals, fold(mine, count), strict=True)]
+    return totals
+
+
 def _strays(conn: Conn, pool_id: str) -> bool:
     """Whether some node holds bookings of this pool but now sits in another (an inventory
     import moves a node once its bookings are past). The grouped read walks the pool's nodes of

@@ -29,6 +29,52 @@ def pool_use(conn: Conn, pool_id: str, now: int) -> tuple[int, int]:
     return in_use, int(booked[0]) - in_use
 
 
+def unallocatable(conn: Conn, pool_id: str, now: int) -> dict[str, frozenset[int]]:
+    """The pool's GPUs that are not allocatable at `now`, by node: every GPU of a node not
+    schedulable, unreachable or under a maintenance window, and the unhealthy GPUs of the
+    others (repo.pool_inventory_counts counts the rest). One pass over the pool's nodes, then
+    the GPUs of only those nodes: usually none or a few."""
+    rows = conn.execute(
+        "SELECT name, usable FROM (SELECT n.name, n.gpus, n.healthy_gpus,"
+        " CASE WHEN n.schedulable != 0 AND n.reachable != 0 AND NOT EXISTS (SELECT 1"
+        ' FROM maintenance m WHERE m.node_id = n.name AND m."end" > :now AND m.start < :now + 1)'
+        " THEN 1 ELSE 0 END AS usable FROM nodes n WHERE n.pool_id = :pool) AS nodes_now"
+        " WHERE usable = 0 OR healthy_gpus < gpus ORDER BY name",
+        {"pool": pool_id, "now": now},
+    ).fetchall()
+    usable = {str(name): bool(ok) for name, ok in rows}
+    found: dict[str, set[int]] = {}
+    names = list(usable)
+    for first in range(0, len(names), 500):
+        chunk = names[first : first + 500]
+        marks = ",".join("?" * len(chunk))
+        atoms = conn.execute(
+            f"SELECT node_id, idx, healthy FROM atoms WHERE node_id IN ({marks})", chunk
+        )
+        for node, idx, healthy in atoms:
+            if not (usable[str(node)] and healthy):
+                found.setdefault(str(node), set()).add(int(idx))
+    return {node: frozenset(idx) for node, idx in found.items()}
+
+
+def in_use_among(conn: Conn, pool_id: str, now: int, gpus: dict[str, frozenset[int]]) -> int:
+    """How many of these GPUs (by node) have a booking of the pool that covers `now`: the GPUs
+    repo.count_atoms_in_use counts, on these nodes only, through the node index."""
+    held = 0
+    names = sorted(gpus)
+    bound = now + repo.longest_booking(conn, pool_id)
+    for first in range(0, len(names), 500):
+        chunk = names[first : first + 500]
+        rows = conn.execute(
+            "SELECT DISTINCT node_id, atom FROM bookings"
+            f" WHERE node_id IN ({','.join('?' * len(chunk))}) AND pool_id || '' = ?"
+            ' AND "end" > ? AND "end" <= ? AND start <= ?',
+            (*chunk, pool_id, now, bound, now),
+        )
+        held += sum(1 for node, atom in rows if int(atom) in gpus[str(node)])
+    return held
+
+
 def usable_nodes_after(conn: Conn, pool_id: str, after: str, limit: int) -> list[str]:
     """Up to `limit` names, by name after `after`, of the pool's schedulable, reachable nodes:
     placement's reading of the pool in name order (service/placing.name_order_scan)."""

@@ -34,6 +34,7 @@ from better_compute.model import (
     Settings,
     State,
     Window,
+    frees,
 )
 from better_compute.storage import settled
 from better_compute.storage.conn import Conn as Conn  # re-exported: use cases type with it
@@ -641,12 +642,9 @@ def window_params(
     }
 
 
-#: A booking's spot flag as planning reads it (joined with its reservation `r`): whether
-#: preempting may free it. A spot reservation under notice is no longer: its deadline was
-#: promised, and a notice shortened later (after `capacity.spotNoticeMs` was lowered) would
-#: break the promise, so the GPUs it holds until then count as taken (a review found a victim
-#: told "by 00:10" cut back to 00:01 by a second preemption).
-PREEMPTIBLE = "CASE WHEN r.preempt_deadline IS NULL THEN b.spot ELSE 0 END"
+#: A booking's spot flag as planning reads it (joined with its reservation `r`): model.REGULAR,
+#: SPOT, or UNDER_NOTICE for a spot reservation given a preemption deadline (model.frees).
+PREEMPTIBLE = "CASE WHEN b.spot = 0 THEN 0 WHEN r.preempt_deadline IS NULL THEN 1 ELSE 2 END"
 
 
 def snapshots(
@@ -674,7 +672,7 @@ def snapshots(
     if names is None:
         rows = list(
             conn.execute(
-                f"SELECT b.node_id, b.atom, b.reservation_id, {PREEMPTIBLE}, r.state"
+                f"SELECT b.node_id, b.atom, b.reservation_id, {PREEMPTIBLE}, r.state, b.start"
                 " FROM bookings b"
                 " JOIN reservations r ON r.id = b.reservation_id"
                 ' WHERE b.pool_id = ? AND b."end" > ? AND b."end" < ? AND b.start < ?'
@@ -688,7 +686,7 @@ def snapshots(
             chunk = list(names[chunk_start : chunk_start + 500])
             rows.extend(
                 conn.execute(
-                    f"SELECT b.node_id, b.atom, b.reservation_id, {PREEMPTIBLE}, r.state"
+                    f"SELECT b.node_id, b.atom, b.reservation_id, {PREEMPTIBLE}, r.state, b.start"
                     " FROM bookings b"
                     " JOIN reservations r ON r.id = b.reservation_id"
                     f" WHERE b.node_id IN ({','.join('?' * len(chunk))})"
@@ -699,9 +697,9 @@ def snapshots(
                     (*chunk, pool_id, window.start, bound, window.end, ignore_reservation),
                 )
             )
-    for node_id, atom, rsv_id, spot, state in rows:
+    for node_id, atom, rsv_id, spot, state, start in rows:
         busy[node_id].add(atom)
-        if spot and state in LIVE_STATES:
+        if frees(int(spot), state in LIVE_STATES, int(start), window):
             holders[node_id][atom].add(rsv_id)
         else:
             regular[node_id].add(atom)
@@ -1261,11 +1259,13 @@ def count_atoms_in_use(conn: Conn, pool_id: str, now: int) -> int:
 
 def pool_inventory_counts(conn: Conn, pool_id: str, now: int) -> tuple[int, int, int]:
     """(nodes, GPUs, allocatable GPUs) of a pool: allocatable GPUs are healthy GPUs of
-    schedulable nodes with no maintenance window at `now`. From the nodes' own GPU counts
-    (kept by triggers on atoms, migration 10): one pass over the pool's nodes in their index,
-    not over every GPU (4,000 nodes: 0.9 ms instead of 6)."""
+    schedulable, reachable nodes with no maintenance window at `now` (what placement may use:
+    an unreachable node counted as allocatable had `pool show` offer GPUs `preview` refused).
+    From the nodes' own GPU counts (kept by triggers on atoms, migration 10): one pass over the
+    pool's nodes in their index, not over every GPU (4,000 nodes: 0.9 ms instead of 6)."""
     row = conn.execute(
         "SELECT COUNT(*), COALESCE(SUM(n.gpus), 0), COALESCE(SUM(CASE WHEN n.schedulable != 0"
+        " AND n.reachable != 0"
         " AND NOT EXISTS (SELECT 1 FROM maintenance m WHERE m.node_id = n.name"
         ' AND m."end" > :now AND m.start < :now + 1) THEN n.healthy_gpus ELSE 0 END), 0)'
         " FROM nodes n WHERE n.pool_id = :pool",
@@ -1352,28 +1352,38 @@ def bucket_args(
 
 
 def booking_buckets(
-    conn: Conn, pool_id: str, window: Window, step: int, tenant: str | None = None
+    conn: Conn,
+    pool_id: str,
+    window: Window,
+    step: int,
+    tenant: str | None = None,
+    nodes: Sequence[str] | None = None,
 ) -> Iterator[tuple[str, int, int, int]]:
-    """(node, atom, first, last) for every booking overlapping a window (only one tenant's, if
-    given): the indexes of the first and last of the window's `step`-wide buckets it overlaps
-    (the last bucket ends at the window's end), ordered by node, atom, first. For the timeline."""
+    """(node, atom, first, last) for every booking overlapping a window (only one tenant's, or
+    only on these nodes, if given): the indexes of the first and last of the window's
+    `step`-wide buckets it overlaps (the last bucket ends at the window's end), ordered by
+    node, atom, first. For the timeline."""
     count = -(-(window.end - window.start) // step)
     first, last = bucket_span("b.")
-    sql = (
-        f"SELECT b.node_id, b.atom, {first}, {last} FROM bookings b WHERE"
+    if tenant is not None:
         # A tenant's: its own bookings through their tenant's index (migration 13), not every
         # booking of the pool's window looked up in the reservations (`|| ''` keeps SQLite off
         # the pool's index, on both backends' syntax).
-        + (
-            " b.tenant_id = :tenant AND b.pool_id || '' = :pool"
-            if tenant is not None
-            else " b.pool_id = :pool"
-        )
-        + ' AND b."end" > :from AND b."end" < :bound AND b.start < :to'
+        where = " b.tenant_id = :tenant AND b.pool_id || '' = :pool"
+    elif nodes is not None:  # a few nodes: through the node index, as snapshots reads them
+        names = ", ".join(f":n{i}" for i in range(len(nodes))) or "NULL"
+        where = f" b.node_id IN ({names}) AND b.pool_id || '' = :pool"
+    else:
+        where = " b.pool_id = :pool"
+    sql = (
+        f"SELECT b.node_id, b.atom, {first}, {last} FROM bookings b WHERE{where}"
+        ' AND b."end" > :from AND b."end" < :bound AND b.start < :to'
     )
     args = bucket_args(conn, pool_id, window, step, count)
     if tenant is not None:
         args["tenant"] = tenant
+    elif nodes is not None:
+        args.update((f"n{i}", name) for i, name in enumerate(nodes))
     # Plain tuples, read as consumed: a week holds a hundred thousand of these rows, and the
     # caller folds them as they come.
     return plain_rows(conn, sql + " ORDER BY b.node_id, b.atom, 3", args)

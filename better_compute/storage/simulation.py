@@ -170,13 +170,14 @@ _BOOKED = (
 )
 
 
-#: (reservation, node, atom, start, end, spot, reservation live) of one booking.
-BookedRow = tuple[str, str, int, int, int, bool, bool]
+#: (reservation, node, atom, start, end, spot flag (repo.PREEMPTIBLE), reservation live) of one
+#: booking.
+BookedRow = tuple[str, str, int, int, int, int, bool]
 
 
 def _booking_rows(rows: Iterable[Any]) -> list[BookedRow]:
     return [
-        (str(r), str(n), int(a), int(s), int(e), bool(sp), bool(live))
+        (str(r), str(n), int(a), int(s), int(e), int(sp), bool(live))
         for r, n, a, s, e, sp, live in rows
     ]
 

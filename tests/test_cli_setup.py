@@ -289,6 +289,35 @@ def test_pool_allocatable_drops_with_a_quarantined_gpu_or_a_cordoned_node(solo: 
     assert solo.ok("pool", "show", "solo")["allocatable"] == 8
 
 
+def test_free_counts_the_allocatable_gpus_no_booking_holds(solo: Cli) -> None:
+    """`pool show` and `timeline` answer what reserve will place: a booked GPU quarantined since
+    takes no allocatable GPU from `free`, and an unreachable node's GPUs are not allocatable,
+    since placement refuses them (a review: free read one short of what reserve then placed,
+    and offered an unreachable node's GPUs that preview refused)."""
+
+    def rollup() -> tuple[int, int, int]:
+        shown = solo.ok("pool", "show", "solo")
+        return shown["allocatable"], shown["inUse"], shown["free"]
+
+    def first_bucket() -> tuple[int, int]:
+        bucket = solo.ok("timeline", "--pool", "solo", "--step", "60")["buckets"][0]
+        return bucket["booked"], bucket["free"]
+
+    job = solo.ok("reserve", "--tenant", "acme", "--gpus", "2", "--for", "2h")
+    solo.ok("tick")
+    assert rollup() == (8, 2, 6) and first_bucket() == (2, 6)
+    held = job["allocations"][0]["atoms"][0]
+    solo.ok("device", "quarantine", f"n1:{held}", "--reason", "xid-79")
+    assert rollup() == (7, 2, 6) and first_bucket() == (2, 6)
+    solo.ok("node", "mark-unreachable", "n1")
+    assert rollup() == (0, 2, 0) and first_bucket() == (2, 0)
+    assert solo.ok("preview", "--tenant", "acme", "--gpus", "1", "--for", "1h")["fits"] is False
+    solo.ok("node", "mark-reachable", "n1")
+    assert rollup() == (7, 2, 6)
+    assert solo.ok("reserve", "--tenant", "acme", "--gpus", "6", "--for", "1h")["state"] == "placed"
+    assert rollup() == (7, 8, 0) and first_bucket() == (8, 0)
+
+
 # ---------------------------------------------------------------- nodes
 
 

@@ -138,6 +138,44 @@ def test_an_ordinary_role_acts_as_itself_and_may_not_claim_another(role: str) ->
 
 
 @postgres
+def test_the_event_log_and_the_clock_are_out_of_reach_of_psql(role: str) -> None:
+    """The documented GRANTs let a role write what its commands write, so with `psql` it may
+    still insert events and move the ledger's time, but it may not change or delete an event,
+    nor switch a real-clock ledger to a manual clock (a review did both as an ordinary role),
+    nor change the ledger's id. The owner may not change the log either (outside `migrate`'s
+    load, which turns the trigger off)."""
+    import psycopg
+
+    url = _ledger()
+    _json(invoke(["--db", url, "--json", "init", "--demo"]))  # a real clock
+    schema = url.rsplit("%3D", 1)[1]
+    pgtest.sql(url, *grants(schema, role))
+    mine = pgtest.as_role(url, role)
+    _json(
+        invoke(
+            ["--db", mine, "--json", "reserve", "--tenant", "acme", "--gpus", "2", "--for", "1h"]
+        )
+    )
+    log = (
+        f"UPDATE events SET actor = 'bob' WHERE actor = '{role}'",
+        "DELETE FROM events WHERE tenant_id = 'acme'",
+    )
+    clock = (
+        "UPDATE meta SET value = 'manual' WHERE key = 'clock'",
+        "DELETE FROM meta WHERE key = 'clock'",
+        "UPDATE meta SET value = 'x' WHERE key = 'db_id'",
+    )
+    for who, refused in ((mine, log + clock), (url, log)):
+        for sql in refused:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                pgtest.sql(who, sql)
+    refused = invoke(["--db", mine, "--now", "+30d", "tick"])
+    assert refused.exit_code == 2 and "real clock" in refused.stderr
+    events = _json(invoke(["--db", url, "--json", "events"]))
+    assert [e["actor"] for e in events if e["type"] == "reservation.created"] == [role]
+
+
+@postgres
 def test_an_upgrade_to_schema_15_gives_roles_on_the_new_tables_what_they_hold_on_bookings(
     role: str,
 ) -> None:

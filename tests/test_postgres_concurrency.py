@@ -109,7 +109,7 @@ db = open_ledger(sys.argv[1])
 with db.write() as conn:
     for i in range(2000):
         repo.append_event(conn, "test.half", 0, None, None, {"i": i}, "x", None)
-    conn.execute("UPDATE meta SET value = 'half' WHERE key = 'db_id'")
+    conn.execute("UPDATE meta SET value = 'half' WHERE key = 'counter:rsv'")
     print("ready", flush=True)
     time.sleep(120)
 """
@@ -118,7 +118,8 @@ with db.write() as conn:
 def test_a_client_killed_mid_transaction_leaves_nothing_half_written(tmp_path: Path) -> None:
     url = _ledger()
     before = _query(
-        url, "SELECT (SELECT COUNT(*) FROM events), (SELECT value FROM meta WHERE key = 'db_id')"
+        url,
+        "SELECT (SELECT COUNT(*) FROM events), (SELECT value FROM meta WHERE key = 'counter:rsv')",
     )
     script = tmp_path / "half.py"
     script.write_text(textwrap.dedent(HALF))
@@ -150,8 +151,9 @@ def test_a_client_killed_mid_transaction_leaves_nothing_half_written(tmp_path: P
     assert json.loads(result.stdout)["state"] == "placed"
     assert time.monotonic() - started < 30  # the dead client's lock went with its connection
     after = _query(
-        url, "SELECT (SELECT COUNT(*) FROM events), (SELECT value FROM meta WHERE key = 'db_id')"
+        url,
+        "SELECT (SELECT COUNT(*) FROM events), (SELECT value FROM meta WHERE key = 'counter:rsv')",
     )
-    assert after[0][1] == before[0][1] != "half"
+    assert after[0][1] == str(int(before[0][1] or 0) + 1)  # the dead client's 'half' went
     assert _query(url, "SELECT COUNT(*) FROM events WHERE type = 'test.half'") == [(0,)]
     assert after[0][0] > before[0][0]  # the reserve's own events

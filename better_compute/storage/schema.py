@@ -1025,6 +1025,44 @@ END $$;
 )
 
 
+#: PostgreSQL only: what the documented GRANTs let an ordinary role write with `psql` need not
+#: include the event log (PRODUCT.md §8: never changed or deleted) nor the ledger's clock mode
+#: and id, which only `init` writes, as the tables' owner (a review changed `clock` to manual,
+#: and events' actors, as an ordinary role). The events trigger holds for every role; `migrate`
+#: (the owner) turns it off while it loads a copy, and only the owner may drop either. On
+#: SQLite whoever may write the file may drop a trigger, so there it is a no-op (the version
+#: still counts).
+MIGRATION_16 = Dialects(
+    "SELECT 1;",
+    """
+CREATE OR REPLACE FUNCTION events_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  RAISE EXCEPTION 'events are never changed or deleted' USING ERRCODE = 'insufficient_privilege';
+END $$;
+DROP TRIGGER IF EXISTS events_append_only ON events;
+CREATE TRIGGER events_append_only BEFORE UPDATE OR DELETE ON events
+  FOR EACH ROW EXECUTE FUNCTION events_append_only();
+CREATE OR REPLACE FUNCTION meta_set_once() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF OLD.key IN ('clock', 'db_id') AND NEW IS DISTINCT FROM OLD
+    AND NOT pg_has_role(current_user,
+      (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'MEMBER')
+  THEN
+    RAISE EXCEPTION 'the ledger''s % is set once, by init', OLD.key
+      USING ERRCODE = 'insufficient_privilege';
+  END IF;
+  IF TG_OP = 'DELETE' THEN
+    RETURN OLD;
+  END IF;
+  RETURN NEW;
+END $$;
+DROP TRIGGER IF EXISTS meta_set_once ON meta;
+CREATE TRIGGER meta_set_once BEFORE UPDATE OR DELETE ON meta
+  FOR EACH ROW EXECUTE FUNCTION meta_set_once();
+""",
+)
+
+
 #: Append-only. Index i holds the SQL that brings version i to i + 1 (SQLite's user_version;
 #: meta 'schema_version' on PostgreSQL). New migrations: one portable string when the SQL is the
 #: same on both, else Dialects(sqlite=..., postgresql=...).
@@ -1044,6 +1082,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     MIGRATION_13,
     MIGRATION_14,
     MIGRATION_15,
+    MIGRATION_16,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -177,10 +177,11 @@ REGULAR, SPOT, UNDER_NOTICE = 0, 1, 2
 
 def frees(spot: int, live: bool, start: int, window: Window) -> bool:
     """Whether preempting may free a booking for `window`: a live spot reservation's; one under
-    notice only where the booking starts at or after the window's start (it would lose a
-    booking it has not begun: a requeue). Cutting it back sooner than the deadline it was told
-    would break that notice (a review: after `capacity.spotNoticeMs` was lowered, a victim told
-    "by 00:10" was cut back to 00:01 by a second preemption)."""
+    notice (not started: storage/repo.PREEMPTIBLE) only where the booking starts at or after
+    the window's start, so that it would lose a booking it has not begun (a requeue, as
+    service/preemption._give_notice decides from the same start). Cutting it back sooner than
+    the deadline it was told would break that notice (a review: after `capacity.spotNoticeMs`
+    was lowered, a victim told "by 00:10" was cut back to 00:01 by a second preemption)."""
     return live and (spot == SPOT or (spot == UNDER_NOTICE and start >= window.start))
 
 

@@ -479,6 +479,27 @@ def test_a_notice_given_is_never_shortened_when_the_notice_is_lowered(one_node: 
     assert w.get(second.id).state in LIVE_STATES
 
 
+def test_a_started_victim_under_notice_is_not_offered_by_preview_with_a_zero_notice(
+    one_node: World,
+) -> None:
+    """A spot job cut back and since started keeps its deadline, even where a zero notice makes
+    a new request's window start at the job's own start: preview offers no preemption, and
+    reserve waits, as preview says (a review: preview promised one that reserve then refused)."""
+    w = one_node
+    s = w.reserve(8, tenant="globex", spot=True, duration_ms=4 * HOUR, start=T0 + HOUR)
+    w.now = T0 + 30 * MIN
+    w.reserve(8, duration_ms=HOUR, start=T0 + 90 * MIN)  # cuts s back to end at 01:30
+    assert w.get(s.id).preempt_deadline == T0 + 90 * MIN
+    setup.config_set(w.ctx(), "capacity.spotNoticeMs", "0")
+    w.tick(T0 + HOUR)
+    assert w.get(s.id).state == State.ACTIVE
+    p = booking.preview(w.ctx(), ReserveArgs("acme", None, 8, 10 * MIN))
+    assert not p.fits and p.preemptible is None
+    late = w.reserve(8, duration_ms=10 * MIN)
+    assert late.state == State.PENDING
+    assert w.get(s.id).preempt_deadline == T0 + 90 * MIN
+
+
 # ---------------------------------------------------------------- preview
 
 

@@ -111,7 +111,7 @@ def policy_set(
     authz.principal_name(principal, "--principal")
     with ctx.write() as conn:
         repo.require_tenant(conn, tenant)
-        fanout.fan_out_in(ctx, conn)
+        fanout.fan_out_in(ctx, conn, tick=False)
         repo.set_policy(conn, Policy(tenant, principal, max_gpus, spot_only, deny))
         ctx.event(
             "policy.set",
@@ -138,7 +138,7 @@ def policy_list(ctx: Ctx, tenant: str | None) -> list[Policy]:
 def policy_delete(ctx: Ctx, tenant: str, principal: str) -> None:
     require_admin(ctx.who, "delete policies")
     with ctx.write() as conn:
-        fanout.fan_out_in(ctx, conn)
+        fanout.fan_out_in(ctx, conn, tick=False)
         if not repo.delete_policy(conn, tenant, principal):
             raise NotFound(f"no policy for principal {principal!r} in tenant {tenant!r}")
         ctx.event("policy.deleted", tenant, None, {"principal": principal, "by": ctx.principal})

@@ -15,7 +15,7 @@ def add(ctx: Ctx, name: str) -> list[str]:
     require_admin(ctx.who, WHAT)
     principal_name(name, "admin add")
     with ctx.write() as conn:
-        fanout.fan_out_in(ctx, conn)
+        fanout.fan_out_in(ctx, conn, tick=False)
         if not ledger.add_admin(conn, name, ctx.now, ctx.principal):
             raise Conflict(f"{name!r} is already an admin")
         ctx.event("admin.added", None, None, {"principal": name})
@@ -31,7 +31,7 @@ def remove(ctx: Ctx, name: str) -> list[str]:
             raise NotFound(f"{name!r} is not an admin; admins: {', '.join(current)}")
         if current == [name]:
             raise Conflict(f"{name!r} is the last admin; add another before removing it")
-        fanout.fan_out_in(ctx, conn)
+        fanout.fan_out_in(ctx, conn, tick=False)
         ledger.remove_admin(conn, name)
         ctx.event("admin.removed", None, None, {"principal": name})
         return ledger.admins(conn)

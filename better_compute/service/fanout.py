@@ -27,24 +27,26 @@ def receiving(conn: Conn, hook: Webhook, admins: Sequence[str] | None = None) ->
     return hook.tenant_id != "*" and ledger.acts_for(conn, hook.created_by, hook.tenant_id)
 
 
-def fan_out_in(ctx: Ctx, conn: Conn) -> list[Webhook]:
+def fan_out_in(ctx: Ctx, conn: Conn, *, tick: bool = True) -> list[Webhook]:
     """Queue each webhook's new events, then move its cursor to the log's end, inside the
     caller's write transaction. A suspended webhook (receiving) queues nothing, since the
-    events logged while it is suspended are not its, and what it had queued is dead-lettered
-    with the reason as its attempt: nothing is left waiting on rights that may never come back,
-    and `redeliver` puts it back once they have. Returns the webhook of each delivery it
-    dead-lettered.
+    events logged while it is suspended are not its, and a tick dead-letters what it had
+    queued, with the reason as its attempt: nothing is left waiting on rights that may never
+    come back, and `redeliver` puts it back once they have. Returns the webhook of each
+    delivery it dead-lettered.
 
-    `policy set`/`delete` and `admin add`/`remove` run it just before their change: each
-    webhook takes the events logged while its creator's rights stood as they were, so a
-    creator whose rights come back before a tick has run is not sent what was logged while
-    they were gone (a review found it was), and one who loses them keeps what came before."""
+    `policy set`/`delete` and `admin add`/`remove` run it (not a `tick`) just before their
+    change: each webhook takes the events logged while its creator's rights stood as they
+    were, so a creator whose rights come back before a tick has run is not sent what was
+    logged while they were gone (a review found it was), and what it queued while they stood
+    stays queued for the next tick to judge (a second review: a rights change dead-lettered
+    it, though the rights were back by the tick)."""
     dead: list[Webhook] = []
     last = repo.last_event_seq(conn)
     admins = ledger.admins(conn)
     for hook in webhooks.webhooks(conn):
         if not receiving(conn, hook, admins):
-            for delivery_id in webhooks.queued_ids(conn, hook.id):
+            for delivery_id in webhooks.queued_ids(conn, hook.id) if tick else ():
                 webhooks.record_attempt(
                     conn, delivery_id, ctx.now, None, SUSPENDED, webhooks.DEAD, ctx.now
                 )

@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -94,6 +95,26 @@ def role(request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh login role with the README's GRANTs for ordinary users."""
     with pgtest.login_role("bc_user") as name:
         yield name
+
+
+@postgres
+def test_a_server_that_refuses_the_role_is_forbidden_not_try_again(role: str) -> None:
+    """Reached and refused who the caller is (an unknown role, a SET ROLE it may not make): not
+    UNAVAILABLE, which scripts retry, but FORBIDDEN (a review). A missing database stays
+    UNAVAILABLE: it may be being made."""
+    url = _ledger()
+    _json(invoke(["--db", url, "--now", NOW, "--json", "init"]))
+    unknown = invoke(["--db", pgtest.as_role(url, "bc_nobody_at_all"), "list"])
+    assert unknown.exit_code == 6, unknown.stderr
+    assert "refused who you are" in unknown.stderr and "does not exist" in unknown.stderr
+    other = pgtest.as_role(url, role) + f"&options=-crole%3D{ME}"
+    if "?" not in pgtest.as_role(url, role):
+        other = other.replace("&options", "?options", 1)
+    refused = invoke(["--db", other, "list"])
+    assert refused.exit_code == 6 and "permission denied to set role" in refused.stderr
+    parts = urllib.parse.urlsplit(url)
+    gone = invoke(["--db", parts._replace(path="/bc_no_such_db").geturl(), "list"])
+    assert gone.exit_code == 7, gone.stderr
 
 
 @postgres

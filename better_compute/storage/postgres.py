@@ -328,6 +328,11 @@ def _connect(url: str) -> psycopg.Connection[Any]:
             raise InvalidInput(
                 f"{redact(url)!r} is not a usable PostgreSQL URL: {detail}"
             ) from None
+        if any(said in detail for said in _IDENTITY_REFUSED):
+            raise Forbidden(
+                f"{redact(url)} refused who you are: {detail}; running again will not help"
+                " (check the role, its password in ~/.pgpass or PGPASSWORD, and pg_hba.conf)"
+            ) from None
         raise Unavailable(f"cannot connect to {redact(url)}: {detail}") from None
     return raw
 
@@ -563,6 +568,19 @@ def mapped(where: str) -> Iterator[None]:
     except psycopg.OperationalError as exc:
         detail = " ".join(str(exc).split())[:300]
         raise Unavailable(f"database {where} cannot be used: {detail}") from None
+
+
+#: What the server says when it was reached and refused the role itself (libpq gives no SQLSTATE
+#: for a failed connection, so its text is all there is): not "try again" (UNAVAILABLE, which
+#: scripts retry) but FORBIDDEN, as §3 has it for a principal that may not act. A server that
+#: says it in another language (lc_messages) is UNAVAILABLE, as before.
+_IDENTITY_REFUSED = (
+    "password authentication failed",
+    "authentication failed for user",
+    "no pg_hba.conf entry",
+    "permission denied to set role",
+    "FATAL: role \"",
+)
 
 
 def _who_can(detail: str) -> str:

@@ -579,7 +579,7 @@ _IDENTITY_REFUSED = (
     "authentication failed for user",
     "no pg_hba.conf entry",
     "permission denied to set role",
-    "FATAL: role \"",
+    'FATAL: role "',
 )
 
 

@@ -219,3 +219,51 @@ def test_a_ledger_in_a_database_that_sorts_by_language_migrates_out(db_dir: Path
     doc = _raw(url, "migrate", "--to", back)
     assert any(t["table"] == "tenants" and t["rows"] >= 9 for t in doc["tables"])
     assert _tables(back)["tenants"] == _tables(source)["tenants"]
+
+
+_SLOW_LOAD = """
+import pathlib, sys, time
+from better_compute.storage import copy
+load, marker = copy._load_sqlite, pathlib.Path(sys.argv[1])
+def slow(*args):
+    load(*args)
+    marker.write_text("loaded")
+    time.sleep(60)
+copy._load_sqlite = slow
+sys.argv = ["better-compute", "--db", sys.argv[2], "migrate", "--to", sys.argv[3]]
+from better_compute.cli import main
+main()
+"""
+
+
+@pytest.mark.sqlite_only(reason="a file target, built beside its name")
+def test_a_migrate_stopped_by_sigterm_leaves_nothing_beside_its_target(
+    run: Cli, db_dir: Path
+) -> None:
+    """SIGTERM (systemd, `timeout`, a CI cancel) stops a command as Ctrl-C does: the half-built
+    copy beside the target goes, and the exit status is the signal's 143 (a review found the
+    hidden temp file, its -wal and -shm left behind)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    _busy_ledger(run)
+    marker, target = db_dir / "loaded", db_dir / "copy.db"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_LOAD, str(marker), str(run.db), str(target)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), proc.communicate()[1]
+    assert [p.name for p in db_dir.iterdir() if ".bc-tmp-" in p.name]  # being built
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err
+    assert not target.exists()
+    assert [p.name for p in db_dir.iterdir() if ".bc-tmp-" in p.name] == []

@@ -100,8 +100,8 @@ def _give_notice(ctx: Ctx, victim: Reservation, by: Reservation, deadline: int) 
     other_tenant = victim.tenant_id != by.tenant_id  # the notice names neither it nor its actor
     if victim.state != State.PLACED or victim.during.start < deadline:
         # Started, or starts before the deadline: cut back to end at it, released then by tick.
-        # Never sooner than a deadline it was told already (planning frees no such booking:
-        # model.frees; a victim started at the very deadline of a zero notice gets here).
+        # Never sooner than a deadline it was told already. Planning frees no such booking
+        # (model.frees, storage/repo.PREEMPTIBLE): this is the last word if they ever disagree.
         if victim.preempt_deadline is not None and deadline < victim.preempt_deadline:
             raise _Abort(victim.id)
         repo.end_bookings(conn, victim.id, deadline)

@@ -1044,8 +1044,7 @@ CREATE TRIGGER events_append_only BEFORE UPDATE OR DELETE ON events
   FOR EACH ROW EXECUTE FUNCTION events_append_only();
 CREATE OR REPLACE FUNCTION meta_set_once() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-  IF OLD.key IN ('clock', 'db_id') AND NEW IS DISTINCT FROM OLD
-    AND NOT pg_has_role(current_user,
+  IF NEW IS DISTINCT FROM OLD AND NOT pg_has_role(current_user,
       (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'MEMBER')
   THEN
     RAISE EXCEPTION 'the ledger''s % is set once, by init', OLD.key
@@ -1058,7 +1057,7 @@ BEGIN
 END $$;
 DROP TRIGGER IF EXISTS meta_set_once ON meta;
 CREATE TRIGGER meta_set_once BEFORE UPDATE OR DELETE ON meta
-  FOR EACH ROW EXECUTE FUNCTION meta_set_once();
+  FOR EACH ROW WHEN (OLD.key IN ('clock', 'db_id')) EXECUTE FUNCTION meta_set_once();
 """,
 )
 

@@ -177,12 +177,14 @@ REGULAR, SPOT, UNDER_NOTICE = 0, 1, 2
 
 def frees(spot: int, live: bool, start: int, window: Window) -> bool:
     """Whether preempting may free a booking for `window`: a live spot reservation's; one under
-    notice (not started: storage/repo.PREEMPTIBLE) only where the booking starts at or after
-    the window's start, so that it would lose a booking it has not begun (a requeue, as
-    service/preemption._give_notice decides from the same start). Cutting it back sooner than
-    the deadline it was told would break that notice (a review: after `capacity.spotNoticeMs`
-    was lowered, a victim told "by 00:10" was cut back to 00:01 by a second preemption)."""
-    return live and (spot == SPOT or (spot == UNDER_NOTICE and start >= window.start))
+    notice only where the booking starts after the window's start, which is never before now:
+    it has not started, so it would lose a booking it has not begun (a requeue, as
+    service/preemption._give_notice decides from the same start). One that starts at the
+    window's start may have started already (a zero notice: the window starts now), and
+    cutting it back sooner than the deadline it was told would break that notice (a review:
+    after `capacity.spotNoticeMs` was lowered, a victim told "by 00:10" was cut back to 00:01
+    by a second preemption)."""
+    return live and (spot == SPOT or (spot == UNDER_NOTICE and start > window.start))
 
 
 @dataclass(frozen=True)

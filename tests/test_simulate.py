@@ -179,6 +179,53 @@ def test_simulate_agrees_with_the_same_commands_run_one_by_one(fleet: Cli, db_di
     assert notices(by_hand, "reservation.starting") == notices(fleet, "reservation.starting")
 
 
+def test_a_spot_victim_under_notice_is_judged_alike_by_a_replay_and_by_hand(
+    fleet: Cli, db_dir: Path
+) -> None:
+    """A replay's fleet in memory and a command's SQL free the same spot work: one under notice
+    that starts as a zero-notice request arrives keeps its deadline, and the next spot job,
+    not yet started, is requeued instead (a review: the replay's fleet took the started one,
+    the preemption was refused, and the request waited where by hand it did not)."""
+    fleet.ok("config", "set", "placement.topN", "1")
+    fleet.ok("config", "set", "capacity.spotNoticeMs", str(10 * MIN))
+    for tenant in ("acme", "globex"):
+        fleet.ok("tenant", "create", tenant)
+    for node in ("n2", "n3"):  # out of the way: regular work for hours
+        fleet.ok("reserve", "--tenant", "acme", "--gpus", "4", "--for", "3h", "--key", node)
+    start = NOW_MS + 5 * MIN
+    fleet.ok("reserve", "--tenant", "globex", "--gpus", "4", "--for", "1h", "--spot",
+             "--start", str(start), "--key", "S")  # fmt: skip
+    fleet.ok("reserve", "--tenant", "globex", "--gpus", "4", "--for", "1h", "--spot",
+             "--start", str(start + MIN), "--key", "V")  # fmt: skip
+    fleet.ok("reserve", "--tenant", "acme", "--gpus", "4", "--for", "1h", "--key", "R1")
+    assert _by_key(fleet, "S")["during"]["end"] == NOW_MS + 10 * MIN  # under notice
+    fleet.ok("config", "set", "capacity.spotNoticeMs", "0")
+    lines = [
+        {"at": NOW_MS + MIN, "tenant": "acme", "gpus": 1, "duration": "1m", "key": "L"},
+        {"at": start, "tenant": "acme", "gpus": 4, "duration": "5m", "key": "R2"},
+    ]
+    workload = write_jsonl(db_dir / "w.jsonl", lines)
+    by_hand = Cli(db_dir / "by-hand.db")
+    fleet.ok("backup", by_hand.db)
+
+    report = fleet.ok("simulate", "--workload", workload, "--format", "jsonl", now=None)
+    end = ledger_now(fleet)
+    for x in lines:
+        by_hand.ok("tick", "--until", str(x["at"]), "--step", "30s", now=None)
+        by_hand.ok("reserve", "--tenant", "acme", "--gpus", str(x["gpus"]), "--for",
+                   str(x["duration"]), "--key", str(x["key"]), now=str(x["at"]))  # fmt: skip
+    by_hand.ok("tick", "--until", str(end), "--step", "30s", now=None)
+
+    assert report["placedAtOnce"] == 2 and report["placedAfterWaiting"] == 0
+    assert outcome(by_hand) == outcome(fleet)
+    assert _by_key(fleet, "S")["during"]["end"] == NOW_MS + 10 * MIN  # its deadline stood
+    v = _by_key(fleet, "V")["id"]
+    requeued = [
+        e for e in fleet.ok("events", "--reservation", v) if e["type"] == "reservation.preempted"
+    ]
+    assert [e["data"].get("requeued") for e in requeued] == [True]  # V went instead, unstarted
+
+
 def test_a_replay_gives_the_expiring_notice_when_it_is_due(fleet: Cli, db_dir: Path) -> None:
     """A 3 h reservation and nothing else: the replay ticks notice.expiringMs (40 min) before
     its end, as cron would, not only at the end, when the notice is no longer due."""

@@ -643,13 +643,10 @@ def window_params(
 
 
 #: A booking's spot flag as planning reads it (joined with its reservation `r`): model.REGULAR,
-#: SPOT, or UNDER_NOTICE for a spot reservation given a preemption deadline that has not started
-#: (model.frees); one that has started (binding or active) is cut back if preempted, never
-#: requeued, so under notice it is as regular work: its deadline stands.
-PREEMPTIBLE = (
-    "CASE WHEN b.spot = 0 THEN 0 WHEN r.preempt_deadline IS NULL THEN 1"
-    " WHEN r.state = 'placed' THEN 2 ELSE 0 END"
-)
+#: SPOT, or UNDER_NOTICE for a spot reservation given a preemption deadline (model.frees). Not
+#: its state: a long-running command's fleet (service/fleet.py) re-reads a reservation's
+#: bookings on the events that change them, and starting changes none.
+PREEMPTIBLE = "CASE WHEN b.spot = 0 THEN 0 WHEN r.preempt_deadline IS NULL THEN 1 ELSE 2 END"
 
 
 def snapshots(

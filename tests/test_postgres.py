@@ -186,7 +186,11 @@ def test_the_event_log_and_the_clock_are_out_of_reach_of_psql(role: str) -> None
         "DELETE FROM meta WHERE key = 'clock'",
         "UPDATE meta SET value = 'x' WHERE key = 'db_id'",
     )
-    for who, refused in ((mine, log + clock), (url, log)):
+    time_row = (
+        "DELETE FROM meta WHERE key = 'last_at'",
+        "UPDATE meta SET value = '0' WHERE key = 'last_at'",
+    )
+    for who, refused in ((mine, log + clock + time_row), (url, log + time_row)):
         for sql in refused:
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 pgtest.sql(who, sql)
@@ -194,6 +198,28 @@ def test_the_event_log_and_the_clock_are_out_of_reach_of_psql(role: str) -> None
     assert refused.exit_code == 2 and "real clock" in refused.stderr
     events = _json(invoke(["--db", url, "--json", "events"]))
     assert [e["actor"] for e in events if e["type"] == "reservation.created"] == [role]
+
+
+@postgres
+def test_an_upgrade_an_ordinary_role_may_not_make_says_who_may(role: str) -> None:
+    """A ledger one migration behind, opened first by a role with the documented GRANTs (which
+    may not create triggers): FORBIDDEN saying the owner must run a command once, not the
+    GRANTs' advice (a review); after the owner's command the role's work goes on."""
+    url = _ledger()
+    _json(invoke(["--db", url, "--now", NOW, "--json", "init", "--demo"]))
+    schema = url.rsplit("%3D", 1)[1]
+    pgtest.sql(
+        url,
+        *grants(schema, role),
+        "DROP FUNCTION events_append_only() CASCADE",
+        "UPDATE meta SET value = '15' WHERE key = 'schema_version'",
+    )
+    mine = pgtest.as_role(url, role)
+    refused = invoke(["--db", mine, "list"])
+    assert refused.exit_code == 6, refused.stderr
+    assert "only the role that owns its tables may do that" in refused.stderr
+    _json(invoke(["--db", url, "--json", "list"]))  # the owner's command upgrades it
+    assert _json(invoke(["--db", mine, "--json", "list"])) == []
 
 
 @postgres

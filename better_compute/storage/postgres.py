@@ -577,7 +577,10 @@ def mapped(where: str) -> Iterator[None]:
 _IDENTITY_REFUSED = (
     "password authentication failed",
     "authentication failed for user",
+    "no password supplied",
     "no pg_hba.conf entry",
+    "pg_hba.conf rejects connection",
+    "permission denied for database",
     "permission denied to set role",
     'FATAL: role "',
 )
@@ -621,6 +624,17 @@ def _migrate(db: PgDatabase, version: int) -> None:
             f"{db.where} has schema version {version}, newer than this better-compute "
             f"({SCHEMA_VERSION}); upgrade better-compute"
         )
+    try:
+        _run_migrations(db, version)
+    except pg_errors.InsufficientPrivilege:
+        raise Forbidden(
+            f"{db.where} holds a ledger of schema version {version}, which this better-compute"
+            f" upgrades to {SCHEMA_VERSION}: only the role that owns its tables may do that; run"
+            " any command once as that role, and everyone's commands work again"
+        ) from None
+
+
+def _run_migrations(db: PgDatabase, version: int) -> None:
     raw = db.conn.raw
     for number in range(version, SCHEMA_VERSION):
         with raw.transaction():

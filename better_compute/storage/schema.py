@@ -1028,10 +1028,11 @@ END $$;
 #: PostgreSQL only: what the documented GRANTs let an ordinary role write with `psql` need not
 #: include the event log (PRODUCT.md §8: never changed or deleted) nor the ledger's clock mode
 #: and id, which only `init` writes, as the tables' owner (a review changed `clock` to manual,
-#: and events' actors, as an ordinary role). The events trigger holds for every role; `migrate`
-#: (the owner) turns it off while it loads a copy, and only the owner may drop either. On
-#: SQLite whoever may write the file may drop a trigger, so there it is a no-op (the version
-#: still counts).
+#: and events' actors, as an ordinary role), nor set the ledger's time back or delete its row
+#: (a second review did, and writers then took no lock). The events and time triggers hold for
+#: every role; `migrate` (the owner) turns them off while it loads a copy, and only the owner
+#: may drop them. On SQLite whoever may write the file may drop a trigger, so there it is a
+#: no-op (the version still counts).
 MIGRATION_16 = Dialects(
     "SELECT 1;",
     """
@@ -1058,6 +1059,21 @@ END $$;
 DROP TRIGGER IF EXISTS meta_set_once ON meta;
 CREATE TRIGGER meta_set_once BEFORE UPDATE OR DELETE ON meta
   FOR EACH ROW WHEN (OLD.key IN ('clock', 'db_id')) EXECUTE FUNCTION meta_set_once();
+-- The clock row is the write lock every writer takes (storage/postgres.CLOCK_WRITE): gone, the
+-- writers would serialise on nothing; its instant only moves forward (PRODUCT.md §2).
+CREATE OR REPLACE FUNCTION meta_clock_forward() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'DELETE' OR NEW.key IS DISTINCT FROM OLD.key
+    OR NEW.value::bigint < OLD.value::bigint
+  THEN
+    RAISE EXCEPTION 'the ledger''s time only moves forward, and its row stays'
+      USING ERRCODE = 'insufficient_privilege';
+  END IF;
+  RETURN NEW;
+END $$;
+DROP TRIGGER IF EXISTS meta_clock_forward ON meta;
+CREATE TRIGGER meta_clock_forward BEFORE UPDATE OR DELETE ON meta
+  FOR EACH ROW WHEN (OLD.key = 'last_at') EXECUTE FUNCTION meta_clock_forward();
 """,
 )
 

@@ -10,7 +10,6 @@ import functools
 import io
 import json as jsonlib
 import os
-import signal
 import sqlite3
 import stat
 import sys
@@ -461,21 +460,6 @@ def _json_escape(exc: UnicodeError) -> tuple[str, int]:
     return "".join(escaped), exc.end
 
 
-def _stop_on_sigterm() -> None:
-    """SIGTERM (systemd, `timeout`, a CI runner's cancel) ends a command as Ctrl-C does: the
-    transaction in progress rolls back and the files it was building go (a review: `migrate
-    --to FILE` stopped so left its half copy beside the target, where Ctrl-C left nothing),
-    and the process exits 143, as the default action's status reads. A SIGTERM ignored by
-    whoever started the process stays ignored."""
-    with contextlib.suppress(ValueError):  # not the main thread (a test's): not ours to set
-        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, _terminated)
-
-
-def _terminated(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def _whole_writes() -> None:
     """Standard output written whole, or not at all. Unbuffered (PYTHONUNBUFFERED, `python -u`),
     its text layer hands each write to the file once and drops what a partial write left: a
@@ -526,7 +510,6 @@ def main(prepare: Callable[[Any], None] | None = None, word: str | None = None) 
     if sys.stdout is None or not _writable(sys.stdout):  # `>&-`, or `1</dev/null`
         _nowhere_to_write("--json" in argv)
     _any_encoding()
-    _stop_on_sigterm()
     _whole_writes()
     _sane_columns()
     for i, arg in enumerate(argv, 1):

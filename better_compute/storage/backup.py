@@ -70,7 +70,16 @@ def backup_to(db: Ledger, dest: str, *, force: bool, mode: int = 0o600) -> Copy:
             raise InvalidInput(f"{dest!r} is the ledger itself; name another file")
         if not force:
             raise Conflict(f"{dest!r} already exists; add --force to replace it")
-    temp = files.new_temp(target, mode)
+    with files.stopped_by_sigterm():
+        summary = _write_copy(db, files.new_temp(target, mode), target, force, dest)
+    version, db_id, reservations, events = summary
+    return Copy(str(dest), target.stat().st_size, version, db_id, reservations, events)
+
+
+def _write_copy(
+    db: Database, temp: Path, target: Path, force: bool, dest: str
+) -> tuple[int, str, int, int]:
+    """The copy, built beside `target` and given its name: its summary."""
     try:
         out = sqlite3.connect(str(temp), isolation_level=None)
         try:
@@ -86,8 +95,7 @@ def backup_to(db: Ledger, dest: str, *, force: bool, mode: int = 0o600) -> Copy:
         raise Unavailable(f"cannot write the backup {dest!r}: {exc}; nothing was written") from None
     finally:
         files.discard(temp)
-    version, db_id, reservations, events = summary
-    return Copy(str(dest), target.stat().st_size, version, db_id, reservations, events)
+    return summary
 
 
 def _place(temp: Path, target: Path, *, force: bool, shown: str) -> None:
@@ -229,7 +237,8 @@ def restore_from(path: str, source: str, *, mode: int | None = None) -> Copy:
             os.chown(db.path, -1, group)
         fill(db)
 
-    temp = replace.build_temp(target, mode, build)
-    replace.swap_in(target, temp, replacing=kind == "ours")
+    with files.stopped_by_sigterm():
+        temp = replace.build_temp(target, mode, build)
+        replace.swap_in(target, temp, replacing=kind == "ours")
     version, db_id, reservations, events = summary[0]
     return Copy(path, target.stat().st_size, version, db_id, reservations, events)

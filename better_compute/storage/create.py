@@ -85,10 +85,11 @@ def create_database(
             fill(db)
 
     made = Commits.made
-    try:
-        temp = replace.build_temp(target, mode, build)
-    except BaseException:  # its commits were to a file that never took the name: none stands
-        Commits.made = made  # (cli/app.handled would say "some changes were committed")
-        raise
-    replace.swap_in(target, temp, replacing=kind == "ours")
+    with files.stopped_by_sigterm():
+        try:
+            temp = replace.build_temp(target, mode, build)
+        except BaseException:  # its commits were to a file that never took the name: none stands
+            Commits.made = made  # (cli/app.handled would say "some changes were committed")
+            raise
+        replace.swap_in(target, temp, replacing=kind == "ours")
     return open_database(path)

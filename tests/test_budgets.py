@@ -183,6 +183,23 @@ def test_a_pending_reservation_placed_later_is_judged_on_its_budget_again(run: C
     )
 
 
+def test_a_wait_on_a_budget_writes_one_event_however_its_figures_move(run: Cli) -> None:
+    """Retried every 30 s, a request held back by its budget says so once: the figures in its
+    message move with time (how much more it needs, the period's end) but its condition does
+    not (a review counted 21 `reservation.pending` in ten minutes); `get` shows the latest."""
+    run.ok("quota", "set", "--tenant", "acme", "--gpu-hours", "8", "--period", "2h")
+    run.ok("quota", "set", "--tenant", "globex", "--gpus", "100")
+    run.ok("reserve", "--tenant", "globex", "--gpus", "8", "--gang", "7", "--for", "75m")
+    a = reserve(run, 8, "now", 1)
+    reserve(run, 8, "+2h", 1)
+    run.ok("tick", "--until", at(100 * MIN), "--step", "30s", now=at(0))
+    events = run.ok("events", "--reservation", a["id"], now=at(100 * MIN))
+    pending = [e["data"]["reason"] for e in events if e["type"] == "reservation.pending"]
+    assert pending == ["NoCapacity", "BudgetExceeded"]
+    got = run.ok("get", a["id"], now=at(100 * MIN))
+    assert got["conditions"][0]["reason"] == "BudgetExceeded"
+
+
 def test_a_request_placed_from_a_preemption_deadline_is_judged_there(run: Cli) -> None:
     """Admitted for a window from now, a request that preempts spot work books from the
     notice's deadline: where its GPU-time may take the tenant over its budget. Then it waits

@@ -19,6 +19,7 @@ from better_compute.model import (
     NVLINK_ALL,
     SERIES_MARK,
     Binding,
+    Condition,
     JsonValue,
     NodePlan,
     NoFit,
@@ -313,7 +314,7 @@ def record_outcome(
         repo.save_reservation(ctx.db.conn, rsv, stored=stored)
     if rsv.state == State.PLACED:
         ctx.event("reservation.placed", rsv.tenant_id, rsv.id, placed_data(rsv))
-    elif previous is None or previous.conditions != rsv.conditions:
+    elif previous is None or _news(previous.conditions, rsv.conditions):
         message = rsv.conditions[0].message if rsv.conditions else ""
         reason = rsv.conditions[0].reason if rsv.conditions else ""
         ctx.event(
@@ -322,6 +323,16 @@ def record_outcome(
             rsv.id,
             {"reason": reason, "message": message, "nextAttemptAt": rsv.next_attempt_at},
         )
+
+
+def _news(before: tuple[Condition, ...], after: tuple[Condition, ...]) -> bool:
+    """Whether a retry's condition is worth an event. A budget's message moves with time (how
+    much more the request needs, the period's end) while nothing changes for the reservation:
+    it waits `BudgetExceeded` until its reason changes (a review counted an event every 30 s).
+    `get` shows the latest message all the same."""
+    if before and after and before[0].reason == after[0].reason == "BudgetExceeded":
+        return before[0].type != after[0].type
+    return before != after
 
 
 def check_horizon(ctx: Ctx, args: ReserveArgs) -> None:

@@ -179,6 +179,7 @@ def test_simulate_agrees_with_the_same_commands_run_one_by_one(fleet: Cli, db_di
     assert notices(by_hand, "reservation.starting") == notices(fleet, "reservation.starting")
 
 
+@pytest.mark.sqlite_only(reason="copies the ledger file")
 def test_a_spot_victim_under_notice_is_judged_alike_by_a_replay_and_by_hand(
     fleet: Cli, db_dir: Path
 ) -> None:

@@ -77,7 +77,11 @@ def test_a_server_that_does_not_answer_is_unavailable_within_the_connect_timeout
 
 @pytest.mark.parametrize(
     "url",
-    ["postgresql://someone:hunter2@127.0.0.1:1/ledger", "postgres://h/ledger?password=hunter2"],
+    [
+        "postgresql://someone:hunter2@127.0.0.1:1/ledger",
+        "postgres://h/ledger?password=hunter2",
+        "postgresql://someone@127.0.0.1:1/ledger?sslmode=disable&%70assword=hunter2",
+    ],
 )
 def test_a_password_in_the_url_is_refused_and_never_printed(url: str) -> None:
     pytest.importorskip("psycopg")
@@ -187,13 +191,20 @@ def test_the_event_log_and_the_clock_are_out_of_reach_of_psql(role: str) -> None
         "UPDATE meta SET value = 'x' WHERE key = 'db_id'",
     )
     time_row = (
-        "DELETE FROM meta WHERE key = 'last_at'",
         "UPDATE meta SET value = '0' WHERE key = 'last_at'",
+        "UPDATE meta SET value = '253402300800000' WHERE key = 'last_at'",  # past 9999
+        "UPDATE meta SET value = 'soon' WHERE key = 'last_at'",
+        "UPDATE meta SET value = '99' WHERE key = 'schema_version'",
+        "DELETE FROM meta WHERE key = 'schema_version'",
     )
-    for who, refused in ((mine, log + clock + time_row), (url, log + time_row)):
+    gone = ("DELETE FROM meta WHERE key = 'last_at'",)
+    for who, refused in ((mine, log + clock + time_row + gone), (url, log + gone)):
         for sql in refused:
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 pgtest.sql(who, sql)
+    # The owner may repair the ledger's time (set past the end of time, every command stops).
+    (now,) = pgtest.sql(url, "SELECT value FROM meta WHERE key = 'last_at'")[0]
+    pgtest.sql(url, f"UPDATE meta SET value = '{int(now) - 1}' WHERE key = 'last_at'")
     refused = invoke(["--db", mine, "--now", "+30d", "tick"])
     assert refused.exit_code == 2 and "real clock" in refused.stderr
     events = _json(invoke(["--db", url, "--json", "events"]))

@@ -21,6 +21,7 @@ import os
 import random
 import re
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from functools import lru_cache
@@ -308,8 +309,19 @@ def _scheme_lowered(url: str) -> str:
 CONNECT_TIMEOUT_S = DEFAULT_LOCK_TIMEOUT_MS // 1000
 
 
-def _connect(url: str) -> psycopg.Connection[Any]:
+def _carries_password(url: str) -> bool:
+    """`user:secret@`, or a `password` parameter however its name is written: libpq decodes
+    `%70assword` to it and logs in with it (a review)."""
     if _PASSWORD.search(url):
+        return True
+    try:
+        return "password" in conninfo_to_dict(_scheme_lowered(url))
+    except psycopg.ProgrammingError:  # not a URL libpq reads: _connect says so
+        return False
+
+
+def _connect(url: str) -> psycopg.Connection[Any]:
+    if _carries_password(url):
         raise InvalidInput(
             f"the URL {redact(url)!r} carries a password, which would sit in shell history and"
             " process lists: leave it out and give it to libpq instead (~/.pgpass, or PGPASSWORD"
@@ -338,8 +350,16 @@ def _connect(url: str) -> psycopg.Connection[Any]:
 
 
 def redact(url: str) -> str:
-    """The URL without a password, should one have been written into it."""
-    url = re.sub(r"([?&]password=)[^&]*", r"\1***", url, flags=re.IGNORECASE)
+    """The URL without a password, should one have been written into it (a parameter's name
+    percent-encoded too: libpq decodes it)."""
+    base, sep, query = url.partition("?")
+    if sep:
+        pairs = []
+        for pair in query.split("&"):
+            name, eq, _value = pair.partition("=")
+            secret = urllib.parse.unquote(name).strip().lower() == "password"
+            pairs.append(f"{name}{eq}***" if secret and eq else pair)
+        url = base + sep + "&".join(pairs)
     return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
 
 

@@ -1026,13 +1026,15 @@ END $$;
 
 
 #: PostgreSQL only: what the documented GRANTs let an ordinary role write with `psql` need not
-#: include the event log (PRODUCT.md §8: never changed or deleted) nor the ledger's clock mode
-#: and id, which only `init` writes, as the tables' owner (a review changed `clock` to manual,
-#: and events' actors, as an ordinary role), nor set the ledger's time back or delete its row
-#: (a second review did, and writers then took no lock). The events and time triggers hold for
-#: every role; `migrate` (the owner) turns them off while it loads a copy, and only the owner
-#: may drop them. On SQLite whoever may write the file may drop a trigger, so there it is a
-#: no-op (the version still counts).
+#: include the event log (PRODUCT.md §8: never changed or deleted) nor the ledger's clock mode,
+#: id and schema version, which only `init` and upgrades write, as the tables' owner (a review
+#: changed `clock` to manual, and events' actors, as an ordinary role), nor set the ledger's
+#: time back or past the end of time, or delete its row (a second review did, and writers then
+#: took no lock; a third set it past 9999 and every command stopped). The events trigger and
+#: the time row's hold for every role, except that the owner may repair the time; `migrate`
+#: (the owner) turns them off while it loads a copy, and only the owner may drop them. On
+#: SQLite whoever may write the file may drop a trigger, so there it is a no-op (the version
+#: still counts).
 MIGRATION_16 = Dialects(
     "SELECT 1;",
     """
@@ -1048,7 +1050,7 @@ BEGIN
   IF NEW IS DISTINCT FROM OLD AND NOT pg_has_role(current_user,
       (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'MEMBER')
   THEN
-    RAISE EXCEPTION 'the ledger''s % is set once, by init', OLD.key
+    RAISE EXCEPTION 'the ledger''s % is its owner''s to change', OLD.key
       USING ERRCODE = 'insufficient_privilege';
   END IF;
   IF TG_OP = 'DELETE' THEN
@@ -1058,15 +1060,22 @@ BEGIN
 END $$;
 DROP TRIGGER IF EXISTS meta_set_once ON meta;
 CREATE TRIGGER meta_set_once BEFORE UPDATE OR DELETE ON meta
-  FOR EACH ROW WHEN (OLD.key IN ('clock', 'db_id')) EXECUTE FUNCTION meta_set_once();
+  FOR EACH ROW WHEN (OLD.key IN ('clock', 'db_id', 'schema_version'))
+  EXECUTE FUNCTION meta_set_once();
 -- The clock row is the write lock every writer takes (storage/postgres.CLOCK_WRITE): gone, the
 -- writers would serialise on nothing; its instant only moves forward (PRODUCT.md §2).
+-- The tables' owner may repair it (an instant set past the end of time stops every command).
 CREATE OR REPLACE FUNCTION meta_clock_forward() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-  IF TG_OP = 'DELETE' OR NEW.key IS DISTINCT FROM OLD.key
-    OR NEW.value::bigint < OLD.value::bigint
+  IF TG_OP = 'DELETE' OR NEW.key IS DISTINCT FROM OLD.key THEN
+    RAISE EXCEPTION 'the ledger''s time row stays' USING ERRCODE = 'insufficient_privilege';
+  END IF;
+  IF NEW.value IS DISTINCT FROM OLD.value AND NOT pg_has_role(current_user,
+      (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'MEMBER')
+    AND (NEW.value !~ '^[0-9]{1,15}$' OR NEW.value::bigint > 253402300799999
+      OR OLD.value !~ '^[0-9]{1,15}$' OR NEW.value::bigint < OLD.value::bigint)
   THEN
-    RAISE EXCEPTION 'the ledger''s time only moves forward, and its row stays'
+    RAISE EXCEPTION 'the ledger''s time only moves forward, to the end of 9999 at most'
       USING ERRCODE = 'insufficient_privilege';
   END IF;
   RETURN NEW;

@@ -200,6 +200,29 @@ def test_a_wait_on_a_budget_writes_one_event_however_its_figures_move(run: Cli) 
     assert got["conditions"][0]["reason"] == "BudgetExceeded"
 
 
+def test_a_budget_wait_that_becomes_a_wait_for_room_says_so(run: Cli) -> None:
+    """Past its budget, a retry that then finds no room waits NoCapacity, with an event: not
+    BudgetExceeded with a capacity message and no event (a review)."""
+    run.ok("quota", "set", "--tenant", "acme", "--gpu-hours", "8", "--period", "2h")
+    run.ok("quota", "set", "--tenant", "globex", "--gpus", "200")
+    run.ok("reserve", "--tenant", "globex", "--gpus", "8", "--gang", "7", "--for", "75m")
+    a = reserve(run, 8, "now", 1)
+    reserve(run, 8, "+2h", 1)
+    run.ok("tick", "--until", at(5 * MIN), "--step", "30s", now=at(0))
+    assert run.ok("get", a["id"], now=at(5 * MIN))["conditions"][0]["reason"] == "BudgetExceeded"
+    later = iso(NOW_MS + 75 * MIN)  # the pool full again from where the first gang ends
+    run.ok("reserve", "--tenant", "globex", "--gpus", "8", "--gang", "7", "--for", "5h",
+           "--start", later, now=at(5 * MIN))  # fmt: skip
+    run.ok("quota", "set", "--tenant", "acme", "--gpu-hours", "1000", "--period", "2h",
+           now=at(5 * MIN))  # fmt: skip
+    run.ok("tick", "--until", at(10 * MIN), "--step", "30s", now=at(5 * MIN))
+    got = run.ok("get", a["id"], now=at(10 * MIN))["conditions"][0]
+    assert got["reason"] == "NoCapacity" and got["message"].startswith("no node fits")
+    events = run.ok("events", "--reservation", a["id"], now=at(10 * MIN))
+    pending = [e["data"]["reason"] for e in events if e["type"] == "reservation.pending"]
+    assert pending == ["NoCapacity", "BudgetExceeded", "NoCapacity"]
+
+
 def test_a_request_placed_from_a_preemption_deadline_is_judged_there(run: Cli) -> None:
     """Admitted for a window from now, a request that preempts spot work books from the
     notice's deadline: where its GPU-time may take the tenant over its budget. Then it waits

@@ -81,6 +81,8 @@ def test_a_server_that_does_not_answer_is_unavailable_within_the_connect_timeout
         "postgresql://someone:hunter2@127.0.0.1:1/ledger",
         "postgres://h/ledger?password=hunter2",
         "postgresql://someone@127.0.0.1:1/ledger?sslmode=disable&%70assword=hunter2",
+        "postgresql://someone@127.0.0.1:1/ledger?%70assword=hunter2%zz",  # libpq quoted it
+        "postgresql://someone:x@hunter2@127.0.0.1:1/ledger",  # an `@` in the password
     ],
 )
 def test_a_password_in_the_url_is_refused_and_never_printed(url: str) -> None:
@@ -196,6 +198,8 @@ def test_the_event_log_and_the_clock_are_out_of_reach_of_psql(role: str) -> None
         "UPDATE meta SET value = 'soon' WHERE key = 'last_at'",
         "UPDATE meta SET value = '99' WHERE key = 'schema_version'",
         "DELETE FROM meta WHERE key = 'schema_version'",
+        "UPDATE meta SET writes = 9223372036854775807 WHERE key = 'last_at'",
+        "UPDATE meta SET writes = 0 WHERE key = 'last_at'",
     )
     gone = ("DELETE FROM meta WHERE key = 'last_at'",)
     for who, refused in ((mine, log + clock + time_row + gone), (url, log + gone)):

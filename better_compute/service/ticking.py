@@ -218,8 +218,12 @@ def _retry_pending(ctx: Ctx) -> None:
 
 
 def _pending_reason(rsv: Reservation) -> str:
-    """A retry keeps saying why it first waited (BookingRepairFailed, SpotPreempted, NoCapacity)."""
-    return rsv.conditions[0].reason if rsv.conditions else "NoCapacity"
+    """A retry that finds no room keeps saying why it first waited (BookingRepairFailed,
+    SpotPreempted, NoCapacity). Not BudgetExceeded, which a retry says itself whenever its
+    budget holds it back: one past its budget that finds no room waits for capacity, and its
+    condition says so (a review found it labelled BudgetExceeded with a capacity message)."""
+    reason = rsv.conditions[0].reason if rsv.conditions else "NoCapacity"
+    return "NoCapacity" if reason == "BudgetExceeded" else reason
 
 
 def _repair_due(ctx: Ctx, reach: dict[str, bool]) -> list[Reservation]:

@@ -312,12 +312,23 @@ CONNECT_TIMEOUT_S = DEFAULT_LOCK_TIMEOUT_MS // 1000
 def _carries_password(url: str) -> bool:
     """`user:secret@`, or a `password` parameter however its name is written: libpq decodes
     `%70assword` to it and logs in with it (a review)."""
-    if _PASSWORD.search(url):
+    if _PASSWORD.search(url) or any(_secret(name) for name in _query_names(url)):
         return True
     try:
         return "password" in conninfo_to_dict(_scheme_lowered(url))
     except psycopg.ProgrammingError:  # not a URL libpq reads: _connect says so
         return False
+
+
+def _query_names(url: str) -> list[str]:
+    """The names of the URL's query parameters, read here rather than by libpq, whose refusal
+    of a malformed query quotes it, a password included (a review)."""
+    query = url.partition("?")[2].partition("#")[0]
+    return [pair.partition("=")[0] for pair in query.split("&")]
+
+
+def _secret(name: str) -> bool:
+    return urllib.parse.unquote(name).strip().lower() == "password"
 
 
 def _connect(url: str) -> psycopg.Connection[Any]:
@@ -357,10 +368,10 @@ def redact(url: str) -> str:
         pairs = []
         for pair in query.split("&"):
             name, eq, _value = pair.partition("=")
-            secret = urllib.parse.unquote(name).strip().lower() == "password"
-            pairs.append(f"{name}{eq}***" if secret and eq else pair)
+            pairs.append(f"{name}{eq}***" if _secret(name) and eq else pair)
         url = base + sep + "&".join(pairs)
-    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+    # Up to the last `@` of the authority: a password may hold an `@` (a review saw its tail).
+    return re.sub(r"(://[^:/@]*):[^/?#]*@", r"\1:***@", url)
 
 
 class PgDatabase:

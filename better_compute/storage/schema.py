@@ -1030,7 +1030,8 @@ END $$;
 #: id and schema version, which only `init` and upgrades write, as the tables' owner (a review
 #: changed `clock` to manual, and events' actors, as an ordinary role), nor set the ledger's
 #: time back or past the end of time, or delete its row (a second review did, and writers then
-#: took no lock; a third set it past 9999 and every command stopped). The events trigger and
+#: took no lock; a third set it past 9999, a fourth its count of writes to the largest integer,
+#: and every command stopped). The events trigger and
 #: the time row's hold for every role, except that the owner may repair the time; `migrate`
 #: (the owner) turns them off while it loads a copy, and only the owner may drop them. On
 #: SQLite whoever may write the file may drop a trigger, so there it is a no-op (the version
@@ -1070,8 +1071,16 @@ BEGIN
   IF TG_OP = 'DELETE' OR NEW.key IS DISTINCT FROM OLD.key THEN
     RAISE EXCEPTION 'the ledger''s time row stays' USING ERRCODE = 'insufficient_privilege';
   END IF;
-  IF NEW.value IS NOT DISTINCT FROM OLD.value OR pg_has_role(current_user,
-      (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'MEMBER') THEN
+  IF pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = TG_RELID), 'MEMBER')
+  THEN
+    RETURN NEW;
+  END IF;
+  -- The count of writes (what tells a reader another process committed) moves by one a write.
+  IF NEW.writes IS DISTINCT FROM OLD.writes AND NEW.writes IS DISTINCT FROM OLD.writes + 1 THEN
+    RAISE EXCEPTION 'the ledger''s count of writes moves by one a write'
+      USING ERRCODE = 'insufficient_privilege';
+  END IF;
+  IF NEW.value IS NOT DISTINCT FROM OLD.value THEN
     RETURN NEW;
   END IF;
   -- Nested, not one OR: SQL does not promise to test the pattern before the cast.

@@ -183,16 +183,24 @@ def test_a_pending_reservation_placed_later_is_judged_on_its_budget_again(run: C
     )
 
 
+def _waiting_on_its_budget(run: Cli, until: int) -> Any:
+    """acme's 8 GPUs for an hour, waiting for room (globex's gang fills the pool for 75 min),
+    then past its 8 GPU-hour budget over 2 h from where it would fit (its next booking at +2h),
+    ticked every 30 s until `until` ms after NOW: the reservation as it was made."""
+    run.ok("quota", "set", "--tenant", "acme", "--gpu-hours", "8", "--period", "2h")
+    run.ok("quota", "set", "--tenant", "globex", "--gpus", "200")
+    run.ok("reserve", "--tenant", "globex", "--gpus", "8", "--gang", "7", "--for", "75m")
+    a = reserve(run, 8, "now", 1)
+    reserve(run, 8, "+2h", 1)
+    run.ok("tick", "--until", at(until), "--step", "30s", now=at(0))
+    return a
+
+
 def test_a_wait_on_a_budget_writes_one_event_however_its_figures_move(run: Cli) -> None:
     """Retried every 30 s, a request held back by its budget says so once: the figures in its
     message move with time (how much more it needs, the period's end) but its condition does
     not (a review counted 21 `reservation.pending` in ten minutes); `get` shows the latest."""
-    run.ok("quota", "set", "--tenant", "acme", "--gpu-hours", "8", "--period", "2h")
-    run.ok("quota", "set", "--tenant", "globex", "--gpus", "100")
-    run.ok("reserve", "--tenant", "globex", "--gpus", "8", "--gang", "7", "--for", "75m")
-    a = reserve(run, 8, "now", 1)
-    reserve(run, 8, "+2h", 1)
-    run.ok("tick", "--until", at(100 * MIN), "--step", "30s", now=at(0))
+    a = _waiting_on_its_budget(run, until=100 * MIN)
     events = run.ok("events", "--reservation", a["id"], now=at(100 * MIN))
     pending = [e["data"]["reason"] for e in events if e["type"] == "reservation.pending"]
     assert pending == ["NoCapacity", "BudgetExceeded"]
@@ -203,12 +211,7 @@ def test_a_wait_on_a_budget_writes_one_event_however_its_figures_move(run: Cli) 
 def test_a_budget_wait_that_becomes_a_wait_for_room_says_so(run: Cli) -> None:
     """Past its budget, a retry that then finds no room waits NoCapacity, with an event: not
     BudgetExceeded with a capacity message and no event (a review)."""
-    run.ok("quota", "set", "--tenant", "acme", "--gpu-hours", "8", "--period", "2h")
-    run.ok("quota", "set", "--tenant", "globex", "--gpus", "200")
-    run.ok("reserve", "--tenant", "globex", "--gpus", "8", "--gang", "7", "--for", "75m")
-    a = reserve(run, 8, "now", 1)
-    reserve(run, 8, "+2h", 1)
-    run.ok("tick", "--until", at(5 * MIN), "--step", "30s", now=at(0))
+    a = _waiting_on_its_budget(run, until=5 * MIN)
     assert run.ok("get", a["id"], now=at(5 * MIN))["conditions"][0]["reason"] == "BudgetExceeded"
     later = iso(NOW_MS + 75 * MIN)  # the pool full again from where the first gang ends
     run.ok("reserve", "--tenant", "globex", "--gpus", "8", "--gang", "7", "--for", "5h",

@@ -330,13 +330,9 @@ def _news(before: tuple[Condition, ...], after: tuple[Condition, ...]) -> bool:
     much more the request needs, the period's end) while nothing changes for the reservation:
     it waits `BudgetExceeded` until its reason changes (a review counted an event every 30 s).
     `get` shows the latest message all the same."""
-    if before and after and _budget_wait(before[0]) and _budget_wait(after[0]):
-        return before[0].type != after[0].type
+    if before and after and before[0].reason == after[0].reason == "BudgetExceeded":
+        return before[0].type != after[0].type  # only a budget says BudgetExceeded (ticking)
     return before != after
-
-
-def _budget_wait(c: Condition) -> bool:
-    return c.reason == "BudgetExceeded" and "GPU-hour budget" in c.message
 
 
 def check_horizon(ctx: Ctx, args: ReserveArgs) -> None:

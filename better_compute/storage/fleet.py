@@ -36,9 +36,8 @@ def unallocatable(conn: Conn, pool_id: str, now: int) -> dict[str, frozenset[int
     the GPUs of only those nodes: usually none or a few."""
     rows = conn.execute(
         "SELECT name, usable FROM (SELECT n.name, n.gpus, n.healthy_gpus,"
-        " CASE WHEN n.schedulable != 0 AND n.reachable != 0 AND NOT EXISTS (SELECT 1"
-        ' FROM maintenance m WHERE m.node_id = n.name AND m."end" > :now AND m.start < :now + 1)'
-        " THEN 1 ELSE 0 END AS usable FROM nodes n WHERE n.pool_id = :pool) AS nodes_now"
+        f" CASE WHEN {repo.USABLE_NOW} THEN 1 ELSE 0 END AS usable"
+        " FROM nodes n WHERE n.pool_id = :pool) AS nodes_now"
         " WHERE usable = 0 OR healthy_gpus < gpus ORDER BY name",
         {"pool": pool_id, "now": now},
     ).fetchall()

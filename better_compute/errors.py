@@ -58,6 +58,15 @@ class Replaced(Unavailable):
         self.path = path
 
 
+class Terminated(BaseException):
+    """SIGTERM (`timeout`, systemd, a CI runner's cancel), taken by a long replay only once its
+    transaction has committed (service/simulate.py). Like Ctrl-C, not an error of the command:
+    what is committed stays, the CLI prints its notes (how far it got) and exits with the
+    default action's status, 128 + SIGTERM."""
+
+    exit_code = 143
+
+
 class Damaged(Unavailable):
     """A ledger file of ours that cannot be opened: malformed, or a schema better-compute did not
     make. Still UNAVAILABLE; `init --force` and `restore` say how to replace it."""

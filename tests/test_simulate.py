@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import sqlite3
 import subprocess
@@ -595,6 +596,42 @@ def test_compress_divides_arrival_offsets_and_keeps_durations(fleet: Cli, db_dir
 # ---------------------------------------------------------------- killed part-way
 
 
+@pytest.mark.sqlite_only(reason="counts the ledger file's rows while a process writes it")
+def test_a_simulate_sent_sigterm_says_how_far_it_got(fleet: Cli, db_dir: Path) -> None:
+    """`timeout 60 better-compute simulate …`: a real process sent SIGTERM part-way exits 143
+    with one line saying how many requests are in the ledger, which is how many are there."""
+    workload = write_jsonl(db_dir / "w.jsonl", generated(seed=3, count=400))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BETTER_COMPUTE_")}
+    proc = subprocess.Popen(
+        [*ENTRY, "--db", str(fleet.db), "--json", "simulate", "--workload", str(workload),
+         "--format", "jsonl"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            with sqlite3.connect(f"file:{fleet.db}?mode=ro", uri=True, timeout=30) as conn:
+                if conn.execute("SELECT COUNT(*) FROM reservations").fetchone()[0] >= 40:
+                    break
+            time.sleep(0.05)
+        assert proc.poll() is None, "simulate finished before it could be stopped"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert (proc.returncode, out) == (143, ""), (proc.returncode, out, err)
+    said = re.fullmatch(
+        r"terminated: the replay stopped at request (\d+) of 400 \(arriving at \S+\): the (\d+)"
+        r" before it are in the ledger with their ticks .*\n",
+        err,
+    )
+    assert said is not None, err
+    assert int(said[1]) == int(said[2]) + 1
+    assert len(fleet.ok("list")) == int(said[2]) >= 40
+
+
 @pytest.mark.sqlite_only(reason="kills a process writing the ledger file")
 def test_a_killed_simulate_leaves_a_consistent_ledger(fleet: Cli, db_dir: Path) -> None:
     workload = write_jsonl(db_dir / "w.jsonl", generated(seed=3, count=400))
@@ -1046,6 +1083,58 @@ def test_an_ignored_sigint_stays_ignored_through_a_replay(
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, before)
+    assert code == 0, err
+    assert len(fleet.ok("list")) == 5
+
+
+def _sigterm_in_the_second_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real SIGTERM, raised while the replay's second request is booked."""
+    one_request, calls = simulate_service._reserve, list[int]()
+
+    def sigterm_in_the_second(*args: Any) -> bool:
+        calls.append(1)
+        placed = bool(one_request(*args))
+        if len(calls) == 2:
+            signal.raise_signal(signal.SIGTERM)
+        return placed
+
+    monkeypatch.setattr(simulate_service, "_reserve", sigterm_in_the_second)
+
+
+def test_sigterm_stops_a_replay_once_its_transaction_is_counted(
+    fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`timeout` and CI runners stop with SIGTERM, whose default action ended the replay without
+    a word while the requests before it stayed in the ledger. It now stops as Ctrl-C does, with
+    the default action's status, once the request it came in is committed and counted."""
+    _sigterm_in_the_second_request(monkeypatch)
+    lines = [{"at": f"+{m}m", "tenant": "acme", "gpus": 1, "duration": "1h"} for m in range(5)]
+    work = write_jsonl(db_dir / "w.jsonl", lines)
+    code, out, err = fleet("simulate", "--workload", work, "--format", "jsonl", now=None)
+    assert (code, out) == (143, ""), (code, out, err)
+    assert err.startswith(
+        "terminated: the replay stopped at request 3 of 5 (arriving at"
+        f" {iso(NOW_MS + 2 * MIN)}): the 2 before it are in the ledger"
+    ), err
+    assert err.count("\n") == 1, err
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert len(fleet.ok("list")) == 2
+
+
+def test_an_ignored_sigterm_stays_ignored_through_a_replay(
+    fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGTERM ignored by whoever started the replay stays ignored, and no handler of the
+    replay's own is left behind."""
+    _sigterm_in_the_second_request(monkeypatch)
+    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        lines = [{"at": f"+{m}m", "tenant": "acme", "gpus": 1, "duration": "1h"} for m in range(5)]
+        work = write_jsonl(db_dir / "w.jsonl", lines)
+        code, _out, err = fleet("simulate", "--workload", work, "--format", "jsonl", now=None)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, before)
     assert code == 0, err
     assert len(fleet.ok("list")) == 5
 

@@ -23,7 +23,14 @@ import typer
 from better_compute import identity
 from better_compute.cli import plain_params
 from better_compute.cli.argv import repeated_option
-from better_compute.errors import BetterComputeError, Forbidden, InvalidInput, Unavailable, is_utf8
+from better_compute.errors import (
+    BetterComputeError,
+    Forbidden,
+    InvalidInput,
+    Terminated,
+    Unavailable,
+    is_utf8,
+)
 from better_compute.lazy import lazy
 from better_compute.model import JsonValue, Window
 from better_compute.storage.conn import Commits
@@ -208,6 +215,10 @@ def handled(fn: F) -> F:
             for note in getattr(exc, "__notes__", ()):
                 sys.stderr.write(f"interrupted: {note}\n")
             raise
+        except Terminated as exc:  # SIGTERM, taken by a replay between its transactions
+            notes = getattr(exc, "__notes__", ())
+            sys.stderr.write("".join(f"terminated: {note}\n" for note in notes) or "terminated\n")
+            raise SystemExit(exc.exit_code) from None
         except (typer.Exit, typer.Abort):
             raise
         except BrokenPipeError:  # the reader went away (`| head`): not a bug, and no message

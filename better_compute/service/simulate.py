@@ -36,6 +36,7 @@ from better_compute.errors import (
     NotFound,
     QuotaExceeded,
     Replaced,
+    Terminated,
 )
 from better_compute.model import SERIES_MARK, State, evolve
 from better_compute.service import booking, setup, ticking
@@ -171,7 +172,7 @@ def simulate(
             end = _replay(ctx, plan, run, until, progress)
     except BetterComputeError as exc:
         raise _stopped(exc, run, plan) from None
-    except KeyboardInterrupt as exc:  # Ctrl-C: what is committed stays; the CLI says how far
+    except (KeyboardInterrupt, Terminated) as exc:  # what is committed stays; the CLI says how far
         if run.done:
             exc.add_note(_how_far(run, plan))
         raise
@@ -353,7 +354,8 @@ def _replay(
     with settled.holding(ctx.db.conn), interrupts.installed():
         _arrivals_and_ticks(ctx, plan, run, due, fleet, interrupts, progress)
         if until is not None and due.last < until:
-            with _transaction(ctx):  # the settings and rights as they stand now, as before each
+            # the settings and rights as they stand now, as before each
+            with interrupts.held(), _transaction(ctx):
                 ticking.tick_in(_with(_at(ctx, until, system=True), fleet))
             due.last = until
     if until is not None:  # left live for the commands that follow: their levels too
@@ -370,11 +372,19 @@ class _Interrupts:
     made it twice (a review caught it 1 time in 18). Outside a block, the handler that was
     there acts. One handler for the whole replay (`installed`), not one per request: setting
     one costs two system calls. Outside the main thread, or when SIGINT has no Python handler
-    (ignored, or the default), signals are not ours to handle."""
+    (ignored, or the default), signals are not ours to handle.
+
+    SIGTERM (`timeout`, a CI runner's cancel) stops the replay as Ctrl-C does, so that it too
+    says how far it got: by its default action the process ended without a word, and the
+    requests replayed were in the ledger uncounted. Its handler only notes it, whenever it
+    comes; the replay stops at the next edge of a block (Terminated), so no exception is ever
+    raised in the middle of a statement or a lazy import. A SIGTERM ignored, or given a handler,
+    by whoever started the process is left as it is."""
 
     def __init__(self) -> None:
         self.holding = False
         self.said = False
+        self.terminated = False
         self.before: Callable[[int, FrameType | None], object] | None = None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -383,24 +393,33 @@ class _Interrupts:
         elif self.before is not None:
             self.before(signum, frame)
 
+    def _terminate(self, _signum: int, _frame: FrameType | None) -> None:
+        self.terminated = True
+
     @contextmanager
     def installed(self) -> Iterator[None]:
-        before = None
-        if threading.current_thread() is threading.main_thread():
-            before = signal.getsignal(signal.SIGINT)
-        if not callable(before):
+        if threading.current_thread() is not threading.main_thread():
             yield
             return
-        self.before = before
-        signal.signal(signal.SIGINT, self._handle)
+        before, term = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+        if callable(before):
+            self.before = before
+            signal.signal(signal.SIGINT, self._handle)
+        if term is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, self._terminate)
         try:
             yield
         finally:
-            signal.signal(signal.SIGINT, before)
-            self.before = None
+            if callable(before):
+                signal.signal(signal.SIGINT, before)
+                self.before = None
+            if term is signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, term)
+        self._stop_if_terminated()
 
     @contextmanager
     def held(self) -> Iterator[None]:
+        self._stop_if_terminated()
         self.holding = True
         try:
             yield
@@ -409,6 +428,12 @@ class _Interrupts:
         if self.said:
             self.said = False
             raise KeyboardInterrupt
+        self._stop_if_terminated()
+
+    def _stop_if_terminated(self) -> None:
+        if self.terminated:
+            self.terminated = False
+            raise Terminated
 
 
 @contextmanager
@@ -468,7 +493,7 @@ def _arrivals_and_ticks(
                 progress(i, len(plan))
     more = True
     while more:  # after the last arrival: the ticks left, a few to a transaction
-        with _transaction(ctx):
+        with interrupts.held(), _transaction(ctx):
             more = due.tick_for(TRAILING_HOLD_S)
         ctx.db.let_writers_in()
 

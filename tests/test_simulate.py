@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from conftest import ME, MIN, NOW, NOW_MS, SEC, Cli, init_db
 
-from better_compute.errors import InvalidInput, Unavailable
+from better_compute.errors import InvalidInput, Terminated, Unavailable
 from better_compute.service import simulate as simulate_service
 from better_compute.timeparse import iso
 from better_compute.workload import parse_jsonl
@@ -1119,6 +1119,18 @@ def test_sigterm_stops_a_replay_once_its_transaction_is_counted(
     assert err.count("\n") == 1, err
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     assert len(fleet.ok("list")) == 2
+
+
+def test_a_replay_terminated_before_its_first_commit_says_so(
+    fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing of the workload was committed: one word, the default action's status."""
+    _raising_at(monkeypatch, 1, Terminated())
+    lines = [{"at": f"+{m}m", "tenant": "acme", "gpus": 1, "duration": "1h"} for m in range(2)]
+    work = write_jsonl(db_dir / "w.jsonl", lines)
+    code, out, err = fleet("simulate", "--workload", work, "--format", "jsonl", now=None)
+    assert (code, out, err) == (143, "", "terminated\n")
+    assert fleet.ok("list") == []
 
 
 def test_an_ignored_sigterm_stays_ignored_through_a_replay(

@@ -358,7 +358,7 @@ def test_the_floor_refuses_what_simulate_refuses(tmp_path: Path, compress: str) 
     nodes.write_text(NODE_HEADER + "n1,1000,1000,8,V100M16\n")
     run = [sys.executable, str(BASELINE), "--tasks", str(tasks), "--nodes", str(nodes)]
     done = subprocess.run([*run, "--compress", compress], capture_output=True, text=True)
-    assert done.returncode == 2 and "--compress must be a number of at least 1" in done.stderr
+    assert done.returncode == 2 and "--compress must be a decimal number from 1 to" in done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
     done = subprocess.run([*run[:2], "--tasks", str(tmp_path / "no.csv")], capture_output=True)
     assert done.returncode == 2 and b"give --tasks and --nodes" in done.stderr, done.stderr

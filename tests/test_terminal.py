@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import shutil
 import subprocess
 import sys
 from importlib.metadata import version
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import pytest
 from conftest import NOW, init_db
+
+import better_compute
 
 pytestmark = pytest.mark.sqlite_only(
     reason="runs the CLI on a pty in a subprocess, on a ledger file"
@@ -393,14 +396,31 @@ def test_a_standard_input_not_open_for_reading_is_bad_input(db_dir: Path) -> Non
     assert proc.returncode == 2 and b"cannot be read" in proc.stderr
 
 
-def test_python_dash_m_runs_the_command(db_dir: Path) -> None:
+def test_python_dash_m_runs_the_command(db_dir: Path, tmp_path: Path) -> None:
     """`python -m better_compute` is the `better-compute` command (a virtualenv not activated):
     the same version, the same program name in its help and errors, the same exit codes."""
     env = _env(db_dir / "m.db")
     entry = [sys.executable, "-m", "better_compute"]
     done = subprocess.run([*entry, "--version"], capture_output=True, text=True, env=env)
-    installed = version("better-compute")
+    installed = version("better-compute")  # the metadata pyproject.toml gave the install
     assert (done.returncode, done.stdout) == (0, f"better-compute {installed}\n"), done
+    assert installed == better_compute.__version__
+    # A source tree whose version moved since the install (a bump not reinstalled, a checkout
+    # run through PYTHONPATH) tells the version of the code it runs, not the metadata's.
+    bare = tmp_path / "tree"
+    shutil.copytree(
+        Path(better_compute.__file__).parent,
+        bare / "better_compute",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    init = bare / "better_compute" / "__init__.py"
+    init.write_text(init.read_text().replace(f'"{installed}"', '"9.8.7"'))
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; from better_compute.cli import main; sys.exit(main())",
+         "--version"],
+        capture_output=True, text=True, env={**env, "PYTHONPATH": str(bare)}, cwd=bare,
+    )  # fmt: skip
+    assert done.stdout == "better-compute 9.8.7\n", done
     done = subprocess.run([*entry, "nosuch"], capture_output=True, text=True, env=env)
     assert done.returncode == 2 and "see `better-compute --help`" in done.stderr, done
     done = subprocess.run([*entry, "--json", "pool", "list"], capture_output=True, env=env)

@@ -287,14 +287,10 @@ def _no_progress(done: int, total: int) -> None:
 
 def _print_version(value: bool) -> None:
     if value:
-        from importlib.metadata import PackageNotFoundError, version
+        from better_compute import __version__
 
-        try:
-            text = version("better-compute")
-        except PackageNotFoundError:  # run from a source tree that was never installed
-            text = "0+unknown"
         # An eager option: --json is not read yet when it runs.
-        _say_version(f"better-compute {text}\n", as_json="--json" in sys.argv[1:])
+        _say_version(f"better-compute {__version__}\n", as_json="--json" in sys.argv[1:])
         raise typer.Exit(0)
 
 

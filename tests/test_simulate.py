@@ -628,8 +628,8 @@ def test_a_simulate_sent_sigterm_says_how_far_it_got(fleet: Cli, db_dir: Path) -
             proc.communicate()
     assert (proc.returncode, out) == (143, ""), (proc.returncode, out, err)
     said = re.fullmatch(
-        r"terminated: the replay stopped at request (\d+) of 400 \(arriving at \S+\): the (\d+)"
-        r" before it are in the ledger with their ticks .*\n",
+        r"terminated: the replay stopped at request (\d+) of 400 \(line \d+, arriving at \S+\):"
+        r" the (\d+) before it are in the ledger with their ticks .*\n",
         err,
     )
     assert said is not None, err
@@ -1017,9 +1017,9 @@ def test_a_replay_that_stops_midway_says_what_the_ledger_holds(
     err = fleet.fails(7, "simulate", "--workload", work, "--format", "jsonl", now=None)
     assert err["message"] == (
         "database sim.db stayed locked past the busy timeout; the replay stopped at request 3"
-        f" of 5 (arriving at {iso(NOW_MS + 2 * MIN)}): the 2 before it are in the ledger with"
-        " their ticks (`better-compute list`), so the same workload again would make them"
-        " twice; replay the lines after them, or restore a backup from before the run"
+        f" of 5 (line 3, arriving at {iso(NOW_MS + 2 * MIN)}): the 2 before it are in the ledger"
+        " with their ticks (`better-compute list`), so the same workload again would make them"
+        " twice; to replay it whole, restore a backup from before the run"
     )
     assert len(fleet.ok("list")) == 2
     first = write_jsonl(db_dir / "first.jsonl", lines[:1])
@@ -1039,10 +1039,24 @@ def test_an_interrupted_replay_says_how_far_it_got(
     code, out, err = fleet("simulate", "--workload", work, "--format", "jsonl", now=None)
     assert (code, out) == (130, ""), (code, out, err)
     assert err.startswith(
-        "interrupted: the replay stopped at request 3 of 5 (arriving at"
+        "interrupted: the replay stopped at request 3 of 5 (line 3, arriving at"
         f" {iso(NOW_MS + 2 * MIN)}): the 2 before it are in the ledger"
     ), err
     assert len(fleet.ok("list")) == 2
+
+
+def test_where_a_replay_stopped_names_the_requests_line(
+    fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests go in time order, not file order: the one it stopped at is told by both."""
+    lines = [{"at": f"+{m}m", "tenant": "acme", "gpus": 1, "duration": "1h"} for m in (3, 2, 1, 0)]
+    _raising_at(monkeypatch, 2, KeyboardInterrupt())
+    work = write_jsonl(db_dir / "w.jsonl", lines)
+    code, _out, err = fleet("simulate", "--workload", work, "--format", "jsonl", now=None)
+    assert code == 130 and err.startswith(
+        "interrupted: the replay stopped at request 2 of 4 (line 3, arriving at"
+        f" {iso(NOW_MS + MIN)})"
+    ), err
 
 
 def _sigint_in_the_second_request(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1118,7 +1132,7 @@ def test_sigterm_stops_a_replay_once_its_transaction_is_counted(
     code, out, err = fleet("simulate", "--workload", work, "--format", "jsonl", now=None)
     assert (code, out) == (143, ""), (code, out, err)
     assert err.startswith(
-        "terminated: the replay stopped at request 3 of 5 (arriving at"
+        "terminated: the replay stopped at request 3 of 5 (line 3, arriving at"
         f" {iso(NOW_MS + 2 * MIN)}): the 2 before it are in the ledger"
     ), err
     assert err.count("\n") == 1, err

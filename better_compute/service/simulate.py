@@ -202,13 +202,18 @@ def _stopped(
 
 
 def _how_far(run: _Run, plan: list[tuple[Request, ReserveArgs]]) -> str:
-    """Where a replay that committed some of its requests stopped, and what to do next."""
+    """Where a replay that committed some of its requests stopped, and what to do next. The
+    request is told by its place in arrival order and by its line in the file; the lines after
+    it cannot simply be replayed: arrivals are replayed in time order, not file order, and
+    openb's times and jsonl's relative ones count from the ledger's time, which has moved on
+    (a review: "replay the lines after them" was advice that could not be followed)."""
     if run.done < len(plan):
         return (
-            f"the replay stopped at request {run.done + 1} of {len(plan)} (arriving at"
-            f" {iso(plan[run.done][0].at)}): the {run.done} before it are in the ledger with"
-            " their ticks (`better-compute list`), so the same workload again would make them"
-            " twice; replay the lines after them, or restore a backup from before the run"
+            f"the replay stopped at request {run.done + 1} of {len(plan)} (line"
+            f" {plan[run.done][0].line}, arriving at {iso(plan[run.done][0].at)}): the"
+            f" {run.done} before it are in the ledger with their ticks (`better-compute list`),"
+            " so the same workload again would make them twice; to replay it whole, restore a"
+            " backup from before the run"
         )
     return (
         f"the replay stopped in the ticks after its last request: all {len(plan)} requests"

@@ -342,8 +342,14 @@ def load_inventory_text(text: str) -> Inventory:
         doc = json.loads(text, object_pairs_hook=keys_once("inventory", marked=marked))
         twice = _twice_in(doc, "") if marked else None  # the walk only for a file that has one
     except json.JSONDecodeError as e:
+        first = text.lstrip("\ufeff \t\r\n").split("\n", 1)[0].split(",")
+        looks = (  # openb's node list, read without its --format
+            "; its first line is a CSV header naming openb's columns: add --format openb-nodes"
+            if all(c in (h.strip() for h in first) for c in OPENB_NODE_COLUMNS)
+            else ""
+        )
         raise InvalidInput(
-            f"inventory is not valid JSON: line {e.lineno} column {e.colno}: {e.msg}"
+            f"inventory is not valid JSON: line {e.lineno} column {e.colno}: {e.msg}{looks}"
         ) from None
     except ValueError:  # an integer of thousands of digits: Python refuses to read it
         raise InvalidInput(

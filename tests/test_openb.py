@@ -214,6 +214,20 @@ def test_node_list_format_refusals(empty: Cli, db_dir: Path) -> None:
     assert error["code"] == "FORBIDDEN"
 
 
+def test_a_node_list_read_as_json_says_which_format_it_is(empty: Cli, db_dir: Path) -> None:
+    """A review: importing openb's node list without --format said only "not valid JSON"."""
+    path = db_dir / "nodes.csv"
+    path.write_text("\ufeff" + NODE_HEADER + "a-1,1,1,8,T4\n")
+    error = empty.fails(2, "inventory", "import", path)
+    assert error["message"] == (
+        "inventory is not valid JSON: line 1 column 1: Expecting value; its first line is a CSV"
+        " header naming openb's columns: add --format openb-nodes"
+    )
+    path.write_text("sn,gpus\nx,1\n")  # some other CSV: no such hint
+    assert empty.fails(2, "inventory", "import", path)["message"].endswith("Expecting value")
+    assert empty.ok("pool", "list") == []
+
+
 # ---------------------------------------------------------------- the task lists
 
 

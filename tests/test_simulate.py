@@ -411,6 +411,12 @@ def test_refused_requests_are_never_placed_and_the_replay_goes_on(fleet: Cli, db
         now=None,
     )  # fmt: skip
     assert quiet == "", quiet  # nothing refused: no warning
+    _code, _report, err = fleet(
+        "simulate", "--workload", write_jsonl(db_dir / "u.jsonl", lines[2:3]), "--format", "jsonl",
+        now=None,
+    )  # fmt: skip
+    # In the line's terms, as a bad line's error is: `gpus`, not reserve's `--gpus` (a review).
+    assert "the first, line 1: INVALID_INPUT: gpus 1 per node: the largest node" in err, err
 
 
 # ---------------------------------------------------------------- refusals

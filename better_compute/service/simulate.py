@@ -606,7 +606,7 @@ def _reserve(ctx: Ctx, line: int, args: ReserveArgs, run: _Run, fleet: Fleet) ->
             fleet.after_rollback(conn)
         run.refused += 1
         if run.first_refusal is None:
-            run.first_refusal = f"line {line}: {exc.code}: {exc.message}"
+            run.first_refusal = f"line {line}: {exc.code}: {_in_line_terms(exc.message)}"
         return False
     if newest is not None and rsv.seq <= newest:  # a key that was used already
         run.retried += 1

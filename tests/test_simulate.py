@@ -607,10 +607,9 @@ def test_compress_divides_arrival_offsets_and_keeps_durations(fleet: Cli, db_dir
 # ---------------------------------------------------------------- killed part-way
 
 
-@pytest.mark.sqlite_only(reason="counts the ledger file's rows while a process writes it")
-def test_a_simulate_sent_sigterm_says_how_far_it_got(fleet: Cli, db_dir: Path) -> None:
-    """`timeout 60 better-compute simulate …`: a real process sent SIGTERM part-way exits 143
-    with one line saying how many requests are in the ledger, which is how many are there."""
+def _simulate_sent(fleet: Cli, db_dir: Path, signum: int) -> tuple[int, str, str]:
+    """A real simulate process of 400 generated requests sent `signum` once it has committed
+    40 of them: its status, stdout and stderr."""
     workload = write_jsonl(db_dir / "w.jsonl", generated(seed=3, count=400))
     env = {k: v for k, v in os.environ.items() if not k.startswith("BETTER_COMPUTE_")}
     proc = subprocess.Popen(
@@ -626,13 +625,21 @@ def test_a_simulate_sent_sigterm_says_how_far_it_got(fleet: Cli, db_dir: Path) -
                     break
             time.sleep(0.05)
         assert proc.poll() is None, "simulate finished before it could be stopped"
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert (proc.returncode, out) == (143, ""), (proc.returncode, out, err)
+    return proc.returncode, out, err
+
+
+@pytest.mark.sqlite_only(reason="counts the ledger file's rows while a process writes it")
+def test_a_simulate_sent_sigterm_says_how_far_it_got(fleet: Cli, db_dir: Path) -> None:
+    """`timeout 60 better-compute simulate …`: a real process sent SIGTERM part-way exits 143
+    with one line saying how many requests are in the ledger, which is how many are there."""
+    code, out, err = _simulate_sent(fleet, db_dir, signal.SIGTERM)
+    assert (code, out) == (143, ""), (code, out, err)
     said = re.fullmatch(
         r"terminated: the replay stopped at request (\d+) of 400 \(line \d+, arriving at \S+\):"
         r" the (\d+) before it are in the ledger with their ticks .*\n",
@@ -645,24 +652,7 @@ def test_a_simulate_sent_sigterm_says_how_far_it_got(fleet: Cli, db_dir: Path) -
 
 @pytest.mark.sqlite_only(reason="kills a process writing the ledger file")
 def test_a_killed_simulate_leaves_a_consistent_ledger(fleet: Cli, db_dir: Path) -> None:
-    workload = write_jsonl(db_dir / "w.jsonl", generated(seed=3, count=400))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BETTER_COMPUTE_")}
-    proc = subprocess.Popen(
-        [*ENTRY, "--db", str(fleet.db), "--json", "simulate", "--workload", str(workload),
-         "--format", "jsonl"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-    )  # fmt: skip
-    deadline = time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            with sqlite3.connect(f"file:{fleet.db}?mode=ro", uri=True, timeout=30) as conn:
-                if conn.execute("SELECT COUNT(*) FROM reservations").fetchone()[0] >= 40:
-                    break
-            time.sleep(0.05)
-        assert proc.poll() is None, "simulate finished before it could be killed"
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait(timeout=30)
+    assert _simulate_sent(fleet, db_dir, signal.SIGKILL)[0] == -signal.SIGKILL
     conn = sqlite3.connect(fleet.db)
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     made = conn.execute("SELECT COUNT(*) FROM reservations").fetchone()[0]
@@ -1065,19 +1055,19 @@ def test_where_a_replay_stopped_names_the_requests_line(
     ), err
 
 
-def _sigint_in_the_second_request(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A real SIGINT raised while the replay's second request is booked, inside its
+def _signal_in_the_second_request(monkeypatch: pytest.MonkeyPatch, signum: int) -> None:
+    """A real signal raised while the replay's second request is booked, inside its
     transaction, before its commit."""
     one_request, calls = simulate_service._reserve, list[int]()
 
-    def sigint_in_the_second(*args: Any) -> bool:
+    def signal_in_the_second(*args: Any) -> bool:
         calls.append(1)
         placed = bool(one_request(*args))
         if len(calls) == 2:
-            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signum)
         return placed
 
-    monkeypatch.setattr(simulate_service, "_reserve", sigint_in_the_second)
+    monkeypatch.setattr(simulate_service, "_reserve", signal_in_the_second)
 
 
 def test_ctrl_c_during_a_requests_transaction_comes_once_it_is_counted(
@@ -1086,7 +1076,7 @@ def test_ctrl_c_during_a_requests_transaction_comes_once_it_is_counted(
     """A review: Ctrl-C just after a request's COMMIT told one request fewer than the ledger
     held (1 run in 18), and replaying the lines after them made that one twice. SIGINT waits
     for the transaction and the count: here it comes while the second request is booked."""
-    _sigint_in_the_second_request(monkeypatch)
+    _signal_in_the_second_request(monkeypatch, signal.SIGINT)
     lines = [{"at": f"+{m}m", "tenant": "acme", "gpus": 1, "duration": "1h"} for m in range(5)]
     work = write_jsonl(db_dir / "w.jsonl", lines)
     code, _out, err = fleet("simulate", "--workload", work, "--format", "jsonl", now=None)
@@ -1094,36 +1084,24 @@ def test_ctrl_c_during_a_requests_transaction_comes_once_it_is_counted(
     assert len(fleet.ok("list")) == 2
 
 
-def test_an_ignored_sigint_stays_ignored_through_a_replay(
-    fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_ignored_signal_stays_ignored_through_a_replay(
+    fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch, signum: int
 ) -> None:
-    """A replay started with SIGINT ignored (`nohup`, a job started in the background by a
-    shell) neither turns a SIGINT into an interrupt nor leaves a handler of its own behind."""
-    _sigint_in_the_second_request(monkeypatch)
-    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """A replay started with SIGINT or SIGTERM ignored (`nohup`, a job started in the
+    background by a shell, a supervisor's choice) neither turns the signal into a stop nor
+    leaves a handler of its own behind."""
+    _signal_in_the_second_request(monkeypatch, signum)
+    before = signal.signal(signum, signal.SIG_IGN)
     try:
         lines = [{"at": f"+{m}m", "tenant": "acme", "gpus": 1, "duration": "1h"} for m in range(5)]
         work = write_jsonl(db_dir / "w.jsonl", lines)
         code, _out, err = fleet("simulate", "--workload", work, "--format", "jsonl", now=None)
-        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signum) is signal.SIG_IGN
     finally:
-        signal.signal(signal.SIGINT, before)
+        signal.signal(signum, before)
     assert code == 0, err
     assert len(fleet.ok("list")) == 5
-
-
-def _sigterm_in_the_second_request(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A real SIGTERM, raised while the replay's second request is booked."""
-    one_request, calls = simulate_service._reserve, list[int]()
-
-    def sigterm_in_the_second(*args: Any) -> bool:
-        calls.append(1)
-        placed = bool(one_request(*args))
-        if len(calls) == 2:
-            signal.raise_signal(signal.SIGTERM)
-        return placed
-
-    monkeypatch.setattr(simulate_service, "_reserve", sigterm_in_the_second)
 
 
 def test_sigterm_stops_a_replay_once_its_transaction_is_counted(
@@ -1132,7 +1110,7 @@ def test_sigterm_stops_a_replay_once_its_transaction_is_counted(
     """`timeout` and CI runners stop with SIGTERM, whose default action ended the replay without
     a word while the requests before it stayed in the ledger. It now stops as Ctrl-C does, with
     the default action's status, once the request it came in is committed and counted."""
-    _sigterm_in_the_second_request(monkeypatch)
+    _signal_in_the_second_request(monkeypatch, signal.SIGTERM)
     lines = [{"at": f"+{m}m", "tenant": "acme", "gpus": 1, "duration": "1h"} for m in range(5)]
     work = write_jsonl(db_dir / "w.jsonl", lines)
     code, out, err = fleet("simulate", "--workload", work, "--format", "jsonl", now=None)
@@ -1156,24 +1134,6 @@ def test_a_replay_terminated_before_its_first_commit_says_so(
     code, out, err = fleet("simulate", "--workload", work, "--format", "jsonl", now=None)
     assert (code, out, err) == (143, "", "terminated\n")
     assert fleet.ok("list") == []
-
-
-def test_an_ignored_sigterm_stays_ignored_through_a_replay(
-    fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A SIGTERM ignored by whoever started the replay stays ignored, and no handler of the
-    replay's own is left behind."""
-    _sigterm_in_the_second_request(monkeypatch)
-    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        lines = [{"at": f"+{m}m", "tenant": "acme", "gpus": 1, "duration": "1h"} for m in range(5)]
-        work = write_jsonl(db_dir / "w.jsonl", lines)
-        code, _out, err = fleet("simulate", "--workload", work, "--format", "jsonl", now=None)
-        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
-    finally:
-        signal.signal(signal.SIGTERM, before)
-    assert code == 0, err
-    assert len(fleet.ok("list")) == 5
 
 
 def test_a_full_disk_midway_says_changes_were_committed(

@@ -634,6 +634,38 @@ def _simulate_sent(fleet: Cli, db_dir: Path, signum: int) -> tuple[int, str, str
     return proc.returncode, out, err
 
 
+@pytest.mark.sqlite_only(reason="SQLite's busy handler against a writer committing back to back")
+def test_two_replays_on_one_ledger_both_finish(fleet: Cli, db_dir: Path) -> None:
+    """A review: of two replays at once, one failed UNAVAILABLE past the busy timeout, part of
+    its workload in the ledger (3 runs in 3): a replay took the lock without saying it waited,
+    so the other never stood aside for it. Each now says so and stands aside in turn."""
+    fleet.ok("config", "set", "db.busyTimeoutMs", "200")
+    lines = [{"at": f"+{m}m", "tenant": "acme", "gpus": 1, "duration": "1m"} for m in range(800)]
+    workload = write_jsonl(db_dir / "w.jsonl", lines)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BETTER_COMPUTE_")}
+    run = [*ENTRY, "--db", str(fleet.db), "--json", "simulate", "--workload", str(workload),
+           "--format", "jsonl"]  # fmt: skip
+    first = subprocess.Popen(run, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and first.poll() is None:
+            with sqlite3.connect(f"file:{fleet.db}?mode=ro", uri=True, timeout=30) as conn:
+                if conn.execute("SELECT COUNT(*) FROM reservations").fetchone()[0] >= 50:
+                    break
+            time.sleep(0.05)
+        assert first.poll() is None, "the first replay finished before the second began"
+        second = subprocess.run(run, capture_output=True, env=env, timeout=120)
+        out, err = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.communicate()
+    assert (first.returncode, second.returncode) == (0, 0), (err, second.stderr)
+    reports = [json.loads(out), json.loads(second.stdout)]
+    assert [r["requests"] for r in reports] == [800, 800]
+    assert len(fleet.ok("list", "--state", "released")) == 1600
+
+
 @pytest.mark.sqlite_only(reason="counts the ledger file's rows while a process writes it")
 def test_a_simulate_sent_sigterm_says_how_far_it_got(fleet: Cli, db_dir: Path) -> None:
     """`timeout 60 better-compute simulate …`: a real process sent SIGTERM part-way exits 143

@@ -887,6 +887,21 @@ def _after_the_first_request(monkeypatch: pytest.MonkeyPatch, act: Any) -> list[
     return ran
 
 
+def test_waits_count_from_arrival_when_another_writer_moves_the_clock(
+    fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review: a `tick --now +2d` during a replay made the requests after it act two days
+    late, and the report called them placed at once with no wait. A wait counts from the
+    request's arrival (or a later start it asked for), whenever the request could act."""
+    later = iso(NOW_MS + 120 * MIN)
+    ran = _after_the_first_request(monkeypatch, lambda: fleet.ok("tick", now=later))
+    lines = [{"at": f"+{m}m", "tenant": "acme", "gpus": 1, "duration": "10m"} for m in range(3)]
+    work = write_jsonl(db_dir / "w.jsonl", lines)
+    report = fleet.ok("simulate", "--workload", work, "--format", "jsonl", now=None)
+    assert ran
+    assert report["waitMs"] == {"mean": (119 * MIN + 118 * MIN) // 3, "p95": 119 * MIN}
+
+
 def test_a_key_another_writer_used_during_the_replay_is_not_counted_as_the_runs(
     fleet: Cli, db_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from types import FrameType
 
@@ -117,9 +117,14 @@ class _Run:
     #: in this run, before it, or by another writer meanwhile): a retry, not new demand, so
     #: counted as skipped, not as requests.
     retried: int = 0
+    #: When each reservation's request arrived: its wait counts from there (or from a later
+    #: start it asked for), not from when it acted, which a clock another writer moved ahead
+    #: makes later (a review: waits of two days were reported as placed at once, no wait).
+    arrivals: dict[str, int] = field(default_factory=dict)
 
-    def made(self, seq: int, rsv_id: str) -> None:
+    def made(self, seq: int, rsv_id: str, arrival: int) -> None:
         self.ids.add(rsv_id)
+        self.arrivals[rsv_id] = arrival
         self.lo_seq = seq if self.lo_seq is None else min(self.lo_seq, seq)
         self.hi_seq = seq if self.hi_seq is None else max(self.hi_seq, seq)
 
@@ -595,6 +600,7 @@ def _reserve(ctx: Ctx, line: int, args: ReserveArgs, run: _Run, fleet: Fleet) ->
     instant it asked to act at (a clock moved ahead by another process acts later, and the due
     lookup finds when)."""
     ctx.fleet = fleet
+    arrival = ctx.now  # the request's instant: reserve acts later when the ledger's time is
     # Inside the write transaction: a reservation not newer than this was there before the call
     # (its key's, whoever made it: another writer may use a key between two requests). Without
     # a key, reserve only ever makes a new one.
@@ -611,7 +617,7 @@ def _reserve(ctx: Ctx, line: int, args: ReserveArgs, run: _Run, fleet: Fleet) ->
     if newest is not None and rsv.seq <= newest:  # a key that was used already
         run.retried += 1
         return False
-    run.made(rsv.seq, rsv.id)
+    run.made(rsv.seq, rsv.id, arrival)
     return rsv.state == State.PLACED and rsv.during is not None and rsv.during.start == ctx.asked
 
 
@@ -637,7 +643,8 @@ def _report(
     if run.lo_seq is not None and run.hi_seq is not None:
         lo, hi = run.lo_seq, run.hi_seq
         rows = [r for r in store.reservation_starts(conn, lo, hi) if r[0] in run.ids]
-        asked = {rid: max(created, start or created) for rid, _p, created, start in rows}
+        arrived = {rid: run.arrivals.get(rid, created) for rid, _p, created, _s in rows}
+        asked = {rid: max(arrived[rid], start or 0) for rid, _p, _c, start in rows}
         holding: dict[str, int] = {}  # placed, and not undone since: the window's start
         waited: set[str] = set()
         for type_, rid, when, data in store.placement_events(

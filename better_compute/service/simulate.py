@@ -600,7 +600,7 @@ def _reserve(ctx: Ctx, line: int, args: ReserveArgs, run: _Run, fleet: Fleet) ->
     instant it asked to act at (a clock moved ahead by another process acts later, and the due
     lookup finds when)."""
     ctx.fleet = fleet
-    arrival = ctx.now  # the request's instant: reserve acts later when the ledger's time is
+    arrival = ctx.now  # its instant; reserve acts later if the ledger's time is later
     # Inside the write transaction: a reservation not newer than this was there before the call
     # (its key's, whoever made it: another writer may use a key between two requests). Without
     # a key, reserve only ever makes a new one.

@@ -561,8 +561,11 @@ class Database:
         transactions (let_writers_in). Best effort: a file that cannot be written is no
         error."""
         deadline = clock.elapsed_s() + self._busy_ms / 1000
-        stepped = self._busy_timeout(min(WAIT_STEP_MS, self._busy_ms))
-        with contextlib.nullcontext() if self._stepped else stepped:
+        with (
+            contextlib.nullcontext()  # a replay's busy timeout is the step already
+            if self._stepped
+            else self._busy_timeout(min(WAIT_STEP_MS, self._busy_ms))
+        ):
             while True:
                 try:
                     self.conn.execute("BEGIN IMMEDIATE")

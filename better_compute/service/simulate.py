@@ -643,8 +643,9 @@ def _report(
     if run.lo_seq is not None and run.hi_seq is not None:
         lo, hi = run.lo_seq, run.hi_seq
         rows = [r for r in store.reservation_starts(conn, lo, hi) if r[0] in run.ids]
-        arrived = {rid: run.arrivals.get(rid, created) for rid, _p, created, _s in rows}
-        asked = {rid: max(arrived[rid], start or 0) for rid, _p, _c, start in rows}
+        asked = {
+            rid: max(run.arrivals.get(rid, created), start or 0) for rid, _p, created, start in rows
+        }
         holding: dict[str, int] = {}  # placed, and not undone since: the window's start
         waited: set[str] = set()
         for type_, rid, when, data in store.placement_events(

@@ -1031,11 +1031,10 @@ END $$;
 #: changed `clock` to manual, and events' actors, as an ordinary role), nor set the ledger's
 #: time back or past the end of time, or delete its row (a second review did, and writers then
 #: took no lock; a third set it past 9999, a fourth its count of writes to the largest integer,
-#: and every command stopped). The events trigger and
-#: the time row's hold for every role, except that the owner may repair the time; `migrate`
-#: (the owner) turns them off while it loads a copy, and only the owner may drop them. On
-#: SQLite whoever may write the file may drop a trigger, so there it is a no-op (the version
-#: still counts).
+#: and every command stopped). The events trigger and the time row's hold for every role,
+#: except that the owner may repair the time; `migrate` (the owner) turns them off while it
+#: loads a copy, and only the owner may drop them. On SQLite whoever may write the file may
+#: drop a trigger, so there it is a no-op (the version still counts).
 MIGRATION_16 = Dialects(
     "SELECT 1;",
     """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -49,7 +50,11 @@ def node_cordon(
     if (from_ is None) != (until is None):
         raise InvalidInput("a maintenance window needs both --from and --until")
     if from_ is not None and until is not None:
-        added = setup.node_maintenance(c, node, window_of(from_, until, c.now), reason)
+        window = window_of(from_, until, c.now)  # a bad TIME: refused before the write
+        # Without --now, `--from +1h` counts from the instant the write acts at, read with its
+        # lock held (PRODUCT.md §2), as `tick --until +10m` does.
+        at_lock = partial(window_of, from_, until) if c.asked is None else window
+        added = setup.node_maintenance(c, node, at_lock, reason)
         m = added.maintenance
         doc: JsonValue = {
             "nodeId": node,

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from better_compute.render import json as js
     from better_compute.service import booking, finding, listing, reading, series
     from better_compute.service.booking import ReserveArgs
+    from better_compute.service.context import Ctx
 else:
     series = lazy("better_compute.service.series")
     human = lazy("better_compute.render.human")
@@ -103,6 +104,14 @@ def _reserve_args(
 def _with_start(args: ReserveArgs, start: str | None, at: int) -> ReserveArgs:
     """--start, read against the ledger's now (relative times count from it)."""
     return args if start is None else replace(args, start=parse_time(start, at))
+
+
+def _read_now(text: str | None, c: Ctx) -> str | None:
+    """A TIME a write reads as it opens the ledger: an instant written out, or any TIME under
+    --now. A relative one (`+1h`, `now`) without --now is left for the write to read at the
+    instant it acts at, with its lock held (PRODUCT.md §2; booking.at_acting_instant), as
+    `tick --until +10m` is."""
+    return None if text is None or (c.asked is None and is_relative(text)) else text
 
 
 # Calendar flags of reserve (issue 10): service/calendar.py and service/series.py do the work.
@@ -187,14 +196,17 @@ def reserve(
         labels=finding.parse_labels(label or []),
     )
     c = ctx()
-    args = _with_start(args, start, c.now)
+    args = _with_start(args, _read_now(start, c), c.now)
     if every is not None or count is not None or until is not None:
         if every is None:
             raise InvalidInput("--count and --until need --every D, such as --every 1d")
+        if until is not None:
+            check_time(until)
+        until_now = _read_now(until, c)
         repeat = series.Repeat(
             parse_duration(every),
             count,
-            None if until is None else parse_time(until, c.now),
+            None if until_now is None else parse_time(until_now, c.now),
             until.strip() if until is not None and is_relative(until) else None,
         )
         rows = series.reserve_series(c, args, repeat)

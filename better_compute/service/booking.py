@@ -47,7 +47,7 @@ from better_compute.service.preemption import may_preempt, preemption_window, tr
 from better_compute.storage import finding as finding_store
 from better_compute.storage import fleet, repo, simulation
 from better_compute.storage.conn import Conn, Row
-from better_compute.timeparse import MAX_MS, iso
+from better_compute.timeparse import MAX_MS, iso, parse_time
 
 MAX_GANG = 64
 
@@ -68,6 +68,7 @@ class ReserveArgs:
     key: str | None = None
     #: How --start was written when it was relative to now (`+2h`): a retry of the same command
     #: line later is the same request, so the key compares this text rather than the instant.
+    #: Without a `start`, the write reads it at the instant it acts at (at_acting_instant).
     start_text: str | None = None
     #: `--start-range FROM..TO` (and `--duration-range MIN..MAX`): book the earliest window that
     #: fits (service/calendar.py). Compared as written on a key's reuse.
@@ -113,7 +114,7 @@ def validate(args: ReserveArgs) -> None:
     if args.duration_ms <= 0:
         raise InvalidInput("--for must be a positive duration such as 90m or 3d")
     finding.check_name(args.key, "--key", finding.MAX_KEY, finding.MAX_KEY_BYTES)  # tables, events
-    if args.start_range is not None and args.start is not None:
+    if args.start_range is not None and (args.start is not None or args.start_text is not None):
         raise InvalidInput("give --start or --start-range, not both")
     if args.duration_range is not None and args.start_range is None:
         raise InvalidInput("--duration-range needs --start-range FROM..TO")
@@ -423,9 +424,21 @@ def replayed(ctx: Ctx, args: ReserveArgs) -> Reservation | None:
 
 def reserve(ctx: Ctx, args: ReserveArgs, *, read_back: bool = True) -> Reservation:
     validate(args)
-    check_horizon(ctx, args)
     with ctx.write():
+        args = at_acting_instant(ctx, args)
+        check_horizon(ctx, args)
         return reserve_in(ctx, args, read_back=read_back)
+
+
+def at_acting_instant(ctx: Ctx, args: ReserveArgs) -> ReserveArgs:
+    """`args` with a relative --start (`+1h`, `now`) read against the instant the write acts at,
+    with its lock held (PRODUCT.md §2): reserve's command line leaves such a start unread (a
+    `start_text` without a `start`). Read when the command opened the ledger, a wait for the
+    lock shortened a `+1h` lead, and a manual clock moved meanwhile (a replay, another admin's
+    tick) made it a start for now (a review). A start already read stays as it is."""
+    if args.start is not None or args.start_text is None:
+        return args
+    return replace(args, start=parse_time(args.start_text, ctx.now))
 
 
 def _require_single_key(conn: Conn, tenant: str, key: str) -> None:

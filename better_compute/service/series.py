@@ -20,7 +20,7 @@ from better_compute.service.context import Ctx
 from better_compute.storage import calendar as cal
 from better_compute.storage import repo
 from better_compute.storage.repo import Conn
-from better_compute.timeparse import MAX_MS, human_duration, iso
+from better_compute.timeparse import MAX_MS, human_duration, iso, parse_time
 
 #: The most occurrences one series may have.
 MAX_OCCURRENCES = 366
@@ -40,8 +40,16 @@ class Repeat:
     count: int | None = None
     until: int | None = None
     #: --until as written when it was relative to now (`+30d`): a retry of the same command
-    #: line later is the same series, as with --start.
+    #: line later is the same series, as with --start. Without an `until`, the write reads it
+    #: at the instant it acts at (at).
     until_text: str | None = None
+
+    def at(self, now: int) -> Repeat:
+        """A relative --until left unread, read against `now`: the instant the series' write
+        acts at, as its --start is (booking.at_acting_instant)."""
+        if self.until is not None or self.until_text is None:
+            return self
+        return replace(self, until=parse_time(self.until_text, now))
 
     def written(self) -> tuple[tuple[str, object], ...]:
         """The series as a key compares it (booking.ReserveArgs.series): --until as an instant
@@ -110,9 +118,10 @@ def reserve_series(ctx: Ctx, args: ReserveArgs, repeat: Repeat) -> list[Reservat
     if args.start_range is not None:
         raise InvalidInput("--every takes --start, not --start-range")
     booking.validate(args)
-    booking.check_horizon(ctx, args)
-    whole = replace(args, series=repeat.written())
     with ctx.write() as conn:
+        args, repeat = booking.at_acting_instant(ctx, args), repeat.at(ctx.now)
+        booking.check_horizon(ctx, args)
+        whole = replace(args, series=repeat.written())
         if args.key is not None:
             again = _replayed_series(ctx, whole, args.key)
             if again is not None:

@@ -347,12 +347,20 @@ class MaintenanceAdded:
     running: tuple[str, ...]
 
 
-def node_maintenance(ctx: Ctx, name: str, window: Window, reason: str | None) -> MaintenanceAdded:
+def node_maintenance(
+    ctx: Ctx, name: str, window: Window | Callable[[int], Window], reason: str | None
+) -> MaintenanceAdded:
+    """A maintenance window on a node, and the bookings it overlaps repaired ahead of time.
+    `window`, or how to find it from the instant the write acts at (read with its lock held,
+    PRODUCT.md §2): `--from +1h` counts from there, not from when the command opened the ledger,
+    since the lock may be seconds away and a manual clock may move meanwhile."""
     check_name(reason, "--reason")
     require_admin(ctx.who, "change nodes")
-    if window.end <= window.start:
-        raise InvalidInput("--until must be after --from")
     with ctx.write() as conn:
+        if callable(window):
+            window = window(ctx.now)
+        if window.end <= window.start:
+            raise InvalidInput("--until must be after --from")
         repo.get_node(conn, name)
         if window.end <= ctx.now:  # acted at the instant read under the lock (§2)
             raise InvalidInput(

@@ -1,0 +1,145 @@
+"""A relative TIME on a write counts from the instant the write acts at, which is read with its
+write lock held (PRODUCT.md §2), not from the instant the command opened the ledger at (a
+hostile review, helper-146, D2). Another admin moving a manual clock while `reserve --start +1h`
+waited made its one-hour lead 40 minutes; `node cordon --from +5m --until +10m` was refused as
+a window already past. `tick --until +10m` already worked so (tests/test_tick_until_race.py);
+with --now given, a relative TIME counts from that instant, as tick's does."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from conftest import NOW, NOW_MS, Cli
+
+from better_compute.service.context import Ctx
+
+MINUTE = 60_000
+HOUR = 60 * MINUTE
+
+
+def _another_admin_moves_the_ledger_first(run: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before the command under test takes its write lock (having read the ledger's time as it
+    opened it), another admin's `tick --until +20m` commits."""
+    one_write = Ctx.write
+    nested: list[bool] = []
+
+    @contextmanager
+    def another_admin_first(self: Ctx) -> Iterator[Any]:
+        if not nested:
+            nested.append(True)
+            run.ok("tick", "--until", "+20m", "--step", "10m")
+        with one_write(self) as conn:
+            yield conn
+
+    monkeypatch.setattr(Ctx, "write", another_admin_first)
+
+
+def test_reserve_start_counts_from_the_instant_the_write_acts_at(
+    run: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _another_admin_moves_the_ledger_first(run, monkeypatch)
+    r = run.ok(
+        "reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--start", "+1h", now=None
+    )
+    assert r["start"] == NOW_MS + 80 * MINUTE  # the old code: NOW + 60m, a lead of 40 minutes
+    assert r["createdAt"] == NOW_MS + 20 * MINUTE
+
+
+def test_a_series_start_and_until_count_from_the_instant_the_write_acts_at(
+    run: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _another_admin_moves_the_ledger_first(run, monkeypatch)
+    rows = run.ok(
+        "reserve",
+        *("--tenant", "acme", "--gpus", "1", "--for", "1h", "--start", "+1h"),
+        *("--every", "1h", "--until", "+3h"),
+        now=None,
+    )
+    # From NOW + 20m: starts at +80m, +140m and +200m; +3h is NOW + 200m, not after the third.
+    assert [r["start"] for r in rows] == [NOW_MS + m * MINUTE for m in (80, 140)]
+
+
+def test_a_maintenance_window_counts_from_the_instant_the_write_acts_at(
+    run: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _another_admin_moves_the_ledger_first(run, monkeypatch)
+    doc = run.ok("node", "cordon", "west-01", "--from", "+5m", "--until", "+10m", now=None)
+    # The old code read +10m as NOW + 10m, past once the ledger stood at NOW + 20m: refused.
+    assert doc["maintenance"]["from"] == NOW_MS + 25 * MINUTE
+    assert doc["maintenance"]["until"] == NOW_MS + 30 * MINUTE
+
+
+def test_with_now_given_a_relative_time_counts_from_it(
+    run: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--now T --start +1h` means T + 1h, wherever the ledger stands when the write acts."""
+    _another_admin_moves_the_ledger_first(run, monkeypatch)
+    r = run.ok(
+        "reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--start", "+1h", now=NOW
+    )
+    assert r["start"] == NOW_MS + HOUR
+    err = run.fails(2, "node", "cordon", "west-01", "--from", "+5m", "--until", "+10m", now=NOW)
+    assert "has passed" in err["message"]
+
+
+def test_a_time_written_out_stays_where_it_was(run: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    _another_admin_moves_the_ledger_first(run, monkeypatch)
+    start = str(NOW_MS + HOUR)
+    r = run.ok(
+        "reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--start", start, now=None
+    )
+    assert r["start"] == NOW_MS + HOUR
+
+
+def test_bad_relative_times_are_still_refused_before_anything_is_written(run: Cli) -> None:
+    before = run.ok("events")
+    for args in (
+        ("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--start", "+1x"),
+        (
+            "reserve",
+            "--tenant",
+            "acme",
+            "--gpus",
+            "1",
+            "--for",
+            "1h",
+            "--start",
+            "+1h",
+            "--start-range",
+            "+1h..+2h",
+        ),
+        (
+            "reserve",
+            "--tenant",
+            "acme",
+            "--gpus",
+            "1",
+            "--for",
+            "1h",
+            "--start",
+            "now",
+            "--start-range",
+            "+1h..+2h",
+        ),
+        (
+            "reserve",
+            "--tenant",
+            "acme",
+            "--gpus",
+            "1",
+            "--for",
+            "1h",
+            "--every",
+            "1d",
+            "--until",
+            "+1x",
+        ),
+        ("node", "cordon", "west-01", "--from", "+2h", "--until", "+1h"),
+        ("node", "cordon", "west-01", "--from", "+1h", "--until", "+1q"),
+    ):
+        err = run.fails(2, *args, now=None)
+        assert err["code"] == "INVALID_INPUT", args
+    assert run.ok("events") == before

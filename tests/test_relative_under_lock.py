@@ -143,3 +143,14 @@ def test_bad_relative_times_are_still_refused_before_anything_is_written(run: Cl
         err = run.fails(2, *args, now=None)
         assert err["code"] == "INVALID_INPUT", args
     assert run.ok("events") == before
+
+
+def test_update_start_counts_as_reserves_does(run: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From the instant the write acts at without --now; from --now when given."""
+    rsv = run.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--start", "+2h")
+    _another_admin_moves_the_ledger_first(run, monkeypatch)
+    moved = run.ok("update", rsv["id"], "--start", "+1h", now=None)
+    assert moved["start"] == NOW_MS + 80 * MINUTE
+    err = run.fails(2, "update", rsv["id"], "--start", "+10m", now=NOW)
+    assert "is in the past" in err["message"]  # NOW + 10m, and the ledger stands at NOW + 20m
+    assert run.ok("update", rsv["id"], "--start", "+1h", now=NOW)["start"] == NOW_MS + HOUR

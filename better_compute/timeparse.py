@@ -65,9 +65,17 @@ def parse_duration(text: str) -> int:
 
 def check_time(text: str) -> None:
     """A TIME's form, before the instant it is read against is known (the ledger not opened
-    yet, or its state not read): read against the middle of the range, so that `-1h` passes
-    here and is judged later against the real now."""
-    parse_time(text, (MIN_MS + MAX_MS) // 2)
+    yet, or its state not read). A relative one passes when its offset could land in the range
+    from some instant in it, and is judged against the real now later: read against the middle
+    of the range, `+250000w` from today (year 6818) was refused (a review)."""
+    s = text.strip()
+    if s[:1] in ("+", "-") and (delta := _units_ms(s[1:])) is not None:
+        if delta > MAX_MS - MIN_MS:
+            raise InvalidInput(
+                f"bad TIME {text!r}: out of range (from {iso(MIN_MS)} to {iso(MAX_MS)})"
+            )
+        return
+    parse_time(text, MIN_MS)  # an instant written out, or `now`: no offset to judge
 
 
 def parse_time(text: str, now: int) -> int:

@@ -10,8 +10,8 @@ import pytest
 from conftest import ME, NOW, Cli
 
 from better_compute.errors import Forbidden
-from better_compute.model import Principal
-from better_compute.service import booking, setup, ticking
+from better_compute.model import Event, Principal
+from better_compute.service import booking, setup, ticking, views
 from better_compute.service.context import open_ctx
 
 
@@ -52,3 +52,35 @@ def test_an_admin_removed_while_waiting_for_the_lock_writes_nothing(run: Cli) ->
     finally:
         other.db.close()
     assert {"id": "yy"} in run.ok("tenant", "list")
+
+
+def test_a_follow_loses_an_admins_view_when_the_admin_is_removed(run: Cli) -> None:
+    """`events --follow` re-reads its rights each page, as it re-reads policies (a review: an
+    admin removed meanwhile kept streaming every tenant's events)."""
+    run.ok("policy", "set", "--tenant", "acme", "--principal", "carol")  # acme: carol's only
+    run.ok("admin", "add", "alice")
+    base = open_ctx(pgtest.ledger(str(run.db)), NOW, ME, None)
+    alice = replace(base, who=Principal("alice", admin=True))
+    acting = replace(base, who=Principal("bob", admin=False, acting_admin="alice"))
+    try:
+        since = run.ok("events")[-1]["seq"]
+        run.ok("admin", "remove", "alice")
+        run.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--key", "secret")
+        run.ok("pool", "create", "later")  # the fleet's: alice still sees it
+        seen: list[Event] = []
+
+        class Enough(Exception):
+            pass
+
+        def on_event(event: Event) -> None:
+            seen.append(event)
+            if event.type == "pool.created":
+                raise Enough
+
+        with pytest.raises(Enough):
+            views.follow_events(alice, None, None, since, on_event, poll_seconds=0)
+        assert [e.type for e in seen] == ["admin.removed", "pool.created"]
+        with pytest.raises(Forbidden):
+            views.follow_events(acting, None, None, since, on_event, poll_seconds=0)
+    finally:
+        base.db.close()

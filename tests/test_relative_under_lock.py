@@ -7,6 +7,7 @@ with --now given, a relative TIME counts from that instant, as tick's does."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -154,3 +155,68 @@ def test_update_start_counts_as_reserves_does(run: Cli, monkeypatch: pytest.Monk
     err = run.fails(2, "update", rsv["id"], "--start", "+10m", now=NOW)
     assert "is in the past" in err["message"]  # NOW + 10m, and the ledger stands at NOW + 20m
     assert run.ok("update", rsv["id"], "--start", "+1h", now=NOW)["start"] == NOW_MS + HOUR
+
+
+@pytest.mark.sqlite_only(reason="holds SQLite's write lock from another connection")
+def test_bad_input_is_refused_at_once_while_another_writer_holds_the_lock(run: Cli) -> None:
+    """Read again under the lock, these are still judged first as the command opens the ledger:
+    INVALID_INPUT at once, not UNAVAILABLE ("try again") after the busy timeout (a review)."""
+    run.ok("config", "set", "db.busyTimeoutMs", "200")
+    holder = sqlite3.connect(run.db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        for args in (
+            ("node", "cordon", "west-01", "--from", "2026-10-05T00:00:00Z", "--until", "+1h"),
+            ("node", "cordon", "west-01", "--from", "+2h", "--until", "+1h"),
+            (
+                "reserve",
+                "--tenant",
+                "acme",
+                "--gpus",
+                "1",
+                "--for",
+                "2h",
+                "--start",
+                "9999-12-31T23:00:00Z",
+            ),
+            ("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--start", "-3000w"),
+            (
+                "reserve",
+                "--tenant",
+                "acme",
+                "--gpus",
+                "1",
+                "--for",
+                "1h",
+                "--every",
+                "1d",
+                "--until",
+                "+417000w",
+            ),
+        ):
+            for now in (None, NOW):
+                assert run.fails(2, *args, now=now)["code"] == "INVALID_INPUT", (args, now)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
+def test_a_relative_until_is_judged_against_the_real_now(run: Cli) -> None:
+    """`+250000w` lands in year 6818: read against the middle of the range before the ledger
+    was opened, it was refused as out of range (a review)."""
+    rows = run.ok(
+        "reserve",
+        *("--tenant", "acme", "--gpus", "1", "--for", "1h"),
+        *("--every", "52000w", "--until", "+250000w"),
+    )
+    assert len(rows) == 5
+    doc = run.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--start", "+250000w")
+    assert doc["start"] == NOW_MS + 250_000 * 7 * 24 * HOUR
+
+
+def test_a_start_range_under_now_counts_from_it(run: Cli) -> None:
+    run.ok("tick", "--until", "+2h", "--step", "1h")
+    doc = run.ok(
+        "reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--start-range", "+3h..+4h"
+    )
+    assert doc["start"] == NOW_MS + 3 * HOUR  # from --now, not from the ledger's NOW + 2h

@@ -111,8 +111,11 @@ def policy_set(
     authz.principal_name(principal, "--principal")
     with ctx.write() as conn:
         repo.require_tenant(conn, tenant)
+        asked = Policy(tenant, principal, max_gpus, spot_only, deny)
+        if asked in repo.policies(conn, tenant):
+            return asked  # already so: nothing is written, no event (README, design notes)
         fanout.fan_out_in(ctx, conn, tick=False)
-        repo.set_policy(conn, Policy(tenant, principal, max_gpus, spot_only, deny))
+        repo.set_policy(conn, asked)
         ctx.event(
             "policy.set",
             tenant,

@@ -424,10 +424,19 @@ def replayed(ctx: Ctx, args: ReserveArgs) -> Reservation | None:
 
 def reserve(ctx: Ctx, args: ReserveArgs, *, read_back: bool = True) -> Reservation:
     validate(args)
+    read_at(ctx, args)  # as the command opened the ledger: bad input is refused before the lock
     with ctx.write():
-        args = at_acting_instant(ctx, args)
-        check_horizon(ctx, args)
-        return reserve_in(ctx, args, read_back=read_back)
+        return reserve_in(ctx, read_at(ctx, args), read_back=read_back)
+
+
+def read_at(ctx: Ctx, args: ReserveArgs) -> ReserveArgs:
+    """`args` at ctx's instant (at_acting_instant), its window checked against the end of time.
+    Before the write, at the instant the command opened the ledger, so that a window past the
+    end of time is INVALID_INPUT at once, not after a wait for the lock (or UNAVAILABLE when the
+    lock never came: a review); then again in the write, at the instant it acts at."""
+    args = at_acting_instant(ctx, args)
+    check_horizon(ctx, args)
+    return args
 
 
 def at_acting_instant(ctx: Ctx, args: ReserveArgs) -> ReserveArgs:

@@ -246,6 +246,8 @@ def set_budget(
     with ctx.write() as conn:
         repo.require_tenant(conn, tenant)
         pool_id = repo.find_pool(conn, pool_ref)["id"] if pool_ref is not None else ""
+        if store.Budget(pool_id, gpu_ms, period_ms) in store.budgets(conn, tenant):
+            return  # already so: nothing is written, no event (README, design notes)
         store.set_budget(conn, tenant, pool_id, gpu_ms, period_ms)
         ctx.event(
             "quota.set",

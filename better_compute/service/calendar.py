@@ -65,6 +65,8 @@ def policy_set(ctx: Ctx, pool_ref: str, policy: CalendarPolicy) -> tuple[Calenda
     with ctx.write() as conn:
         pool = repo.find_pool(conn, pool_ref)
         p = _validated(replace(policy, pool_id=str(pool["id"])))
+        if cal.policy(conn, p.pool_id) == p:
+            return p, str(pool["name"])  # already so: nothing is written, no event (README)
         cal.set_policy(conn, p)
         ctx.event(
             "pool.policy.set", None, None, {"poolId": p.pool_id, **p.limits(), "by": ctx.principal}
@@ -207,6 +209,7 @@ def _range_ask(
         start_range,
         duration_ms=None if duration_range is not None else rsv.duration_ms,
         duration_range=duration_range,
+        relative_to=ctx.relative_base,
     )
     ask = windows.bounded(want, policy, ctx.now, rsv.quota_charge)
     if isinstance(ask, str):

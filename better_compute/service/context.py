@@ -130,6 +130,24 @@ class Ctx:
         `--now` would show a window that has ended as still running."""
         return max(self.now, ledger_time(ledger.clock_state(conn)))
 
+    def principal_now(self, conn: Conn) -> Principal:
+        """Who this command is by the admin list in `conn`'s snapshot, not as it was when the
+        command began: a read that runs on (`events --follow`) kept an admin's view of every
+        tenant's events after the admin was removed (a review). An admin behind --as who was
+        removed meanwhile is FORBIDDEN, as at the start."""
+        who = self.who
+        if who is SYSTEM_PRINCIPAL:
+            return who
+        me, as_name = (who.acting_admin, who.name) if who.acting_admin else (who.name, None)
+        return resolve(conn, me, as_name, lambda: _file_owner(self.db.where))
+
+    @property
+    def relative_base(self) -> int:
+        """The instant a relative TIME (`+1h`) counts from: --now when given, else the instant
+        this command acts at (in a write, read with its lock held: PRODUCT.md §2), as `tick
+        --until +10m` does. Under --now, a ledger past it does not move what `+1h` means."""
+        return self.now if self.asked is None else self.asked
+
     def act(self) -> None:
         """Act at the instant read now, with the write lock held: what write() does on entry,
         for work that runs inside a transaction it did not open (ticking.tick_in)."""

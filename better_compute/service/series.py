@@ -89,7 +89,7 @@ def starts(first: int, repeat: Repeat, duration_ms: int) -> list[int]:
 
 def _require_one_begun(occurrences: list[int], now: int) -> None:
     """An occurrence already begun is booked from now, as any request for a time past is (a CI
-    job's clock behind the ledger's, or `--start now` read a moment before the write lock).
+    job's clock behind the ledger's, or an instant written out that a wait for the lock passed).
     Two or more begun (a --start days ago) would all be booked at once, on top of each other."""
     if len(occurrences) > 1 and occurrences[1] <= now:
         raise InvalidInput(
@@ -118,9 +118,10 @@ def reserve_series(ctx: Ctx, args: ReserveArgs, repeat: Repeat) -> list[Reservat
     if args.start_range is not None:
         raise InvalidInput("--every takes --start, not --start-range")
     booking.validate(args)
+    booking.read_at(ctx, args)  # as the command opened the ledger: bad input is refused
+    repeat.at(ctx.now)  # before the lock (a relative --until out of range)
     with ctx.write() as conn:
-        args, repeat = booking.at_acting_instant(ctx, args), repeat.at(ctx.now)
-        booking.check_horizon(ctx, args)
+        args, repeat = booking.read_at(ctx, args), repeat.at(ctx.now)
         whole = replace(args, series=repeat.written())
         if args.key is not None:
             again = _replayed_series(ctx, whole, args.key)

@@ -166,6 +166,9 @@ def pool_set_auto_bind(ctx: Ctx, ref: str, auto_bind: bool | None) -> None:
     require_admin(ctx.who, "change pool settings")
     with ctx.write() as conn:
         pool = repo.find_pool(conn, ref)
+        stored = pool["auto_bind"]
+        if (None if stored is None else bool(stored)) == auto_bind:
+            return  # already so: nothing is written, no event (README, design notes)
         repo.set_pool_auto_bind(conn, pool["id"], auto_bind)
         ctx.event(
             "pool.updated",
@@ -356,11 +359,10 @@ def node_maintenance(
     since the lock may be seconds away and a manual clock may move meanwhile."""
     check_name(reason, "--reason")
     require_admin(ctx.who, "change nodes")
+    at = window if callable(window) else lambda _: window
+    _ordered(at(ctx.now))  # as the command opened the ledger: refused before the lock
     with ctx.write() as conn:
-        if callable(window):
-            window = window(ctx.now)
-        if window.end <= window.start:
-            raise InvalidInput("--until must be after --from")
+        window = _ordered(at(ctx.now))
         repo.get_node(conn, name)
         if window.end <= ctx.now:  # acted at the instant read under the lock (§2)
             raise InvalidInput(
@@ -393,6 +395,12 @@ def node_maintenance(
             kept=tuple(outcome["kept"]),
             running=tuple(repo.started_on_node_during(conn, name, window, ctx.now)),
         )
+
+
+def _ordered(window: Window) -> Window:
+    if window.end <= window.start:
+        raise InvalidInput("--until must be after --from")
+    return window
 
 
 def node_uncordon(ctx: Ctx, name: str) -> Changed:
@@ -467,6 +475,8 @@ def quota_set(ctx: Ctx, tenant: str, pool_ref: str | None, gpus: int) -> None:
     with ctx.write() as conn:
         repo.require_tenant(conn, tenant)
         pool_id = repo.find_pool(conn, pool_ref)["id"] if pool_ref is not None else ""
+        if (pool_id, gpus) in repo.quotas(conn, tenant):
+            return  # already so: nothing is written, no event (README, design notes)
         _set_quota(ctx, conn, tenant, pool_id, gpus)
 
 

@@ -105,9 +105,7 @@ def update(ctx: Ctx, rsv_id: str, change: Change) -> Reservation:
 def _reshaped(ctx: Ctx, old: Reservation, change: Change) -> Reservation:
     start = old.start
     if change.start is not None:
-        # A relative --start counts from --now when given, else from the instant this write
-        # acts at (read with its lock held), as reserve's does (PRODUCT.md §2).
-        start = parse_time(change.start, ctx.now if ctx.asked is None else ctx.asked)
+        start = parse_time(change.start, ctx.relative_base)
         if start < ctx.now:
             raise InvalidInput(
                 f"--start {iso(start)} is in the past (the ledger is at {iso(ctx.now)})"

@@ -231,13 +231,14 @@ def event_pages(
     """`events`, a page at a time, in one read transaction; bad input is raised by the first
     `next()`, before any page. `first_page`: that page only."""
     with ctx.db.read() as conn:
+        who = ctx.principal_now(conn)  # each page of a follow: rights as they stand
         if tenant is not None:
             repo.require_tenant(conn, tenant)
-            authz.require_tenant(conn, ctx.who, tenant)
+            authz.require_tenant(conn, who, tenant)
         if reservation is not None:
             rsv = repo.get_reservation(conn, reservation)
-            authz.require_visible(conn, ctx.who, rsv.id, rsv.tenant_id)
+            authz.require_visible(conn, who, rsv.id, rsv.tenant_id)
         if since is not None:  # seqs are positive SQLite integers: clamp so any --since works
             since = max(0, min(since, 2**63 - 1))
-        seen = authz.visible_tenants(conn, ctx.who)
+        seen = authz.visible_tenants(conn, who)
         yield from repo.event_pages(conn, tenant, reservation, since, seen, first_page=first_page)

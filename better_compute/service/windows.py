@@ -62,16 +62,19 @@ def wanted(
     duration_ms: int | None = None,
     duration_range: str | None = None,
     end_range: str | None = None,
+    relative_to: int | None = None,
 ) -> search.Ask:
     """Read the ranges into the search's Ask; exactly one way of saying the length. Inverted,
-    malformed or wholly past ranges are INVALID_INPUT."""
+    malformed or wholly past ranges are INVALID_INPUT. Relative TIMEs count from `relative_to`
+    (Ctx.relative_base), `now` by default."""
     given = [x for x in (duration_ms, duration_range, end_range) if x is not None]
     if len(given) != 1:
         raise InvalidInput(
             "say how long with exactly one of --duration D, --duration-range MIN..MAX or"
             " --end-range FROM..TO"
         )
-    first, last = _range("--start-range", start_range, now)
+    base = now if relative_to is None else relative_to
+    first, last = _range("--start-range", start_range, base)
     if last < now:
         raise InvalidInput(
             f"--start-range ends at {iso(last)}, before now ({iso(now)}): ask for a future range"
@@ -87,7 +90,7 @@ def wanted(
             raise InvalidInput("--duration-range: MIN must be a positive duration, such as 1d")
         return search.Ask(first, last, lo, hi)
     assert end_range is not None
-    end_from, end_to = _range("--end-range", end_range, now)
+    end_from, end_to = _range("--end-range", end_range, base)
     if end_to <= first:
         raise InvalidInput(
             f"--end-range ends at {iso(end_to)}, not after the earliest start {iso(first)}"

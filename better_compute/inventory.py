@@ -138,10 +138,14 @@ def _at(path: str, key: str) -> str:
 
 
 def _got(value: object) -> str:
+    """`value` as JSON for a message, with what a terminal would act on rather than show (a
+    right-to-left override, a zero-width space) escaped as JSON escapes it: json.dumps leaves
+    such format characters raw (a review)."""
     try:
         text = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):  # only from Python callers: not JSON at all
         text = type(value).__name__
+    text = "".join(c if c.isprintable() else json.dumps(c)[1:-1] for c in text)
     return text if len(text) <= 40 else text[:39] + "…"
 
 

@@ -261,3 +261,15 @@ def test_a_refusal_shows_the_excess_that_hundredths_would_hide(run: Cli) -> None
     run.ok("quota", "set", "--tenant", "acme", "--gpu-hours", "0", "--period", "1d")
     msg = run.fails(5, "reserve", "--tenant", "acme", "--gpus", "1", "--for", "1s")["message"]
     assert "has booked 12 of its 0" in msg and "needs 0.0003 more" in msg
+
+
+def test_json_and_events_carry_the_budget_enforced(run: Cli) -> None:
+    """To the hundredth, a budget of 0.125 GPU-hours read 0.12 (and 0.004 read 0.0) in JSON and
+    in its event, while the stored 0.125 was enforced (a review)."""
+    run.ok("quota", "set", "--tenant", "globex", "--gpu-hours", "0.125", "--period", "1h")
+    run.ok("reserve", "--tenant", "globex", "--gpus", "1", "--for", "7m30s")
+    doc = run.ok("quota", "show", "--tenant", "globex")["budgets"][0]
+    assert (doc["gpuHours"], doc["bookedAhead"]) == (0.125, 0.125)
+    run.ok("quota", "set", "--tenant", "acme", "--gpu-hours", "0.004", "--period", "1h")
+    events = [e for e in run.ok("events") if "gpuHours" in e["data"]]
+    assert [e["data"]["gpuHours"] for e in events] == [0.125, 0.004]

@@ -306,3 +306,17 @@ def test_a_narrow_terminal_folds_names_in_a_listing_and_cuts_none(run: Cli) -> N
     assert max(len(line) for line in shown.splitlines()) <= 80
     folded = "".join(shown.split())
     assert all(f"west-0{i}" in folded for i in (1, 2, 3))
+
+
+@pytest.mark.parametrize("bad", ["\u202e", "\u200b", "\x1b[31m"])
+def test_a_bad_label_is_shown_escaped_never_raw(run: Cli, bad: str) -> None:
+    """A label refused for a control or format character names it escaped: raw, a right-to-left
+    override turned the rest of the line around on the terminal (a review)."""
+    for args in (
+        ("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--label", f"team={bad}x"),
+        ("node", "label", "west-01", f"rack={bad}"),
+    ):
+        code, out, err = run(*args, json=False)
+        assert code == 2 and out == ""
+        assert err.isprintable() or err.rstrip("\n").isprintable(), repr(err)
+        assert json.dumps(bad)[1:-1] in err

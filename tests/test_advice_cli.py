@@ -526,6 +526,17 @@ def test_cancel_series_cancels_what_has_not_started(run: Cli) -> None:
     run.fails(INVALID, "cancel", single["id"], "--series", now=at(14 * HOUR))
 
 
+def test_cancel_series_leaves_an_occurrence_begun_with_no_tick_since(run: Cli) -> None:
+    """Whether cron ticked just before must not decide what is cancelled (a review: the first
+    occurrence, placed and begun but not yet bound, was cancelled)."""
+    run.ok("quota", "set", "--tenant", "acme", "--gpus", "1000")
+    rows = nightly(run, "--count", "3")
+    left = run.ok("cancel", rows[0]["id"], "--series", now=at(14 * HOUR + 30 * 60_000))
+    assert [r["state"] for r in left] == ["placed", "released", "released"]
+    run.ok("tick", now=at(14 * HOUR + 30 * 60_000))
+    assert run.ok("get", rows[0]["id"])["state"] in ("binding", "active")
+
+
 @pytest.mark.parametrize(
     ("flags", "needle"),
     [

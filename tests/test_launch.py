@@ -118,6 +118,14 @@ def test_placed_launches_with_a_warning(run: Cli) -> None:
     assert json.loads(text) == expected(rsv)  # stdout stays one document
 
 
+def test_a_placed_reservation_begun_with_no_tick_says_so(run: Cli) -> None:
+    """Not "has not started" for a window that has begun (a review)."""
+    rsv = reserve(run, "--gpus", "1", "--for", "2h", "--start", "+3m")
+    code, _, err = run("launch", rsv["id"], json=False, now=at(10 * 60_000))
+    assert code == 0 and "has not started" not in err
+    assert f"{rsv['id']} began at 2026-09-28T08:03:00Z but no tick has bound it yet" in err
+
+
 @pytest.mark.sqlite_only(
     reason=(
         "acts as another OS user (test_trust.be); on PostgreSQL the principal is the"

@@ -83,7 +83,7 @@ def launch(ctx: Ctx, rsv_id: str, node: str | None = None) -> Launch:
                 raise InvalidInput(f"node {node} is not a member of {rsv.id}; its nodes: {names}")
         elif len(members) == 1:
             chosen = members[0]
-        said = _warnings(rsv) + _hardware(conn, members)
+        said = _warnings(rsv, ctx.latest(conn)) + _hardware(conn, members)
         return Launch(rsv.id, members, chosen, "; ".join(said) or None)
 
 
@@ -115,13 +115,20 @@ def _hardware(conn: Conn, members: tuple[Member, ...]) -> list[str]:
     return said
 
 
-def _warnings(rsv: Reservation) -> list[str]:
+def _warnings(rsv: Reservation, now: int) -> list[str]:
+    """What a launcher should know of a placed or preempted reservation, at `now` (the ledger's
+    time, as the end check reads it)."""
     assert rsv.during is not None  # every live reservation has its window
     said = []
-    if rsv.state == State.PLACED:
+    if rsv.state == State.PLACED and rsv.during.start > now:
         said.append(
             f"{rsv.id} has not started: its GPUs are handed over from {iso(rsv.during.start)}"
             " (tick moves it to binding)"
+        )
+    elif rsv.state == State.PLACED:  # begun, with no tick since (a review: "has not started")
+        said.append(
+            f"{rsv.id} began at {iso(rsv.during.start)} but no tick has bound it yet: its"
+            " GPUs are handed over at the next tick"
         )
     if rsv.preempt_deadline is not None:  # a spot victim, started or not yet
         said.append(f"{rsv.id} is being preempted: it ends at {iso(rsv.preempt_deadline)}")

@@ -202,14 +202,20 @@ def _series_of(conn: Conn, first: Reservation, key: str) -> list[Reservation]:
 
 
 def cancel_series(ctx: Ctx, rsv_id: str) -> list[Reservation]:
-    """Cancel every occurrence of RSV's series that has not started (pending or placed); those
-    binding, active or over are left as they are. All or nothing."""
+    """Cancel every occurrence of RSV's series that has not started: pending, or placed for a
+    window that begins after now. Those binding, active or over are left as they are, and so is
+    one placed whose window has begun (no tick since to bind it): what is cancelled must not
+    depend on whether cron ran just before (a review found it cancelled). All or nothing."""
     with ctx.write() as conn:
         rsv = booking.mine(ctx, rsv_id)
         if rsv.series_id is None:
             raise InvalidInput(f"{rsv.id} is not part of a series; cancel it without --series")
         members = cal.series_members(conn, rsv.series_id)
-        rest = [m for m in members if m.state in states.CANCELLABLE]
+        rest = [
+            m
+            for m in members
+            if m.state in states.CANCELLABLE and (m.during is None or m.during.start > ctx.now)
+        ]
         if not rest:
             raise Conflict(f"nothing of series {rsv.series_id} is left to cancel")
         for member in rest:

@@ -245,7 +245,19 @@ def node_add(ctx: Ctx, pool_ref: str | None, spec: InventoryNode) -> None:
 def node_list(ctx: Ctx, pool_ref: str | None) -> list[Node]:
     with ctx.db.read() as conn:
         pool_id = repo.find_pool(conn, pool_ref)["id"] if pool_ref is not None else None
-        return repo.load_nodes(conn, pool_id)
+        windows = repo.maintenance_covering(conn, ctx.now)
+        return [_as_scheduled(n, windows.get(n.name)) for n in repo.load_nodes(conn, pool_id)]
+
+
+def _as_scheduled(node: Node, window: Maintenance | None) -> Node:
+    """The node as the scheduler treats it now: in a maintenance `window` (a cordon with a start
+    and an end, PRODUCT.md §4), not schedulable, with the window's reason when it has no cordon
+    of its own. A review found such a node listed `ok` and `schedulable: true` while `pool show`
+    and `preview` left it out. Only what node list and show print: the stored flag, and so an
+    inventory export, are unchanged."""
+    if window is None or not node.schedulable:
+        return node
+    return replace(node, schedulable=False, cordon_reason=window.reason)
 
 
 @dataclass(frozen=True)
@@ -265,10 +277,12 @@ def node_show(ctx: Ctx, name: str) -> NodeDetail:
         desired = [
             a for a in desired_state(conn, name, ctx.now) if seen is None or a.tenant_id in seen
         ]
+        windows = repo.maintenance_for_node(conn, name, ctx.now)
+        current = next((m for m in reversed(windows) if m.window.start <= ctx.now), None)
         return NodeDetail(
-            node,
+            _as_scheduled(node, current),
             repo.pool_name(conn, node.pool_id),
-            tuple(repo.maintenance_for_node(conn, name, ctx.now)),
+            tuple(windows),
             tuple(desired),
         )
 

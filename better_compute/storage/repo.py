@@ -543,6 +543,17 @@ def maintenance_for_node(conn: Conn, node: str, since: int) -> list[Maintenance]
     ]
 
 
+def maintenance_covering(conn: Conn, now: int) -> dict[str, Maintenance]:
+    """The maintenance window each node is in at `now` (of overlapping ones, the last to end)."""
+    rows = conn.execute(
+        'SELECT * FROM maintenance WHERE start <= ? AND "end" > ? ORDER BY "end", id', (now, now)
+    )
+    return {
+        r["node_id"]: Maintenance(r["id"], r["node_id"], Window(r["start"], r["end"]), r["reason"])
+        for r in rows
+    }
+
+
 def delete_maintenance(conn: Conn, node: str) -> int:
     return conn.execute("DELETE FROM maintenance WHERE node_id = ?", (node,)).rowcount
 

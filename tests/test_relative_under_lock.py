@@ -18,6 +18,8 @@ from conftest import NOW, NOW_MS, Cli
 from better_compute.service.context import Ctx
 
 MINUTE = 60_000
+#: reserve one GPU for an hour, for acme
+ONE_HOUR = ("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h")
 HOUR = 60 * MINUTE
 
 
@@ -42,9 +44,7 @@ def test_reserve_start_counts_from_the_instant_the_write_acts_at(
     run: Cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _another_admin_moves_the_ledger_first(run, monkeypatch)
-    r = run.ok(
-        "reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--start", "+1h", now=None
-    )
+    r = run.ok(*ONE_HOUR, "--start", "+1h", now=None)
     assert r["start"] == NOW_MS + 80 * MINUTE  # the old code: NOW + 60m, a lead of 40 minutes
     assert r["createdAt"] == NOW_MS + 20 * MINUTE
 
@@ -54,9 +54,8 @@ def test_a_series_start_and_until_count_from_the_instant_the_write_acts_at(
 ) -> None:
     _another_admin_moves_the_ledger_first(run, monkeypatch)
     rows = run.ok(
-        "reserve",
-        *("--tenant", "acme", "--gpus", "1", "--for", "1h", "--start", "+1h"),
-        *("--every", "1h", "--until", "+3h"),
+        *ONE_HOUR,
+        *("--start", "+1h", "--every", "1h", "--until", "+3h"),
         now=None,
     )
     # From NOW + 20m: starts at +80m, +140m and +200m; +3h is NOW + 200m, not after the third.
@@ -78,9 +77,7 @@ def test_with_now_given_a_relative_time_counts_from_it(
 ) -> None:
     """`--now T --start +1h` means T + 1h, wherever the ledger stands when the write acts."""
     _another_admin_moves_the_ledger_first(run, monkeypatch)
-    r = run.ok(
-        "reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--start", "+1h", now=NOW
-    )
+    r = run.ok(*ONE_HOUR, "--start", "+1h", now=NOW)
     assert r["start"] == NOW_MS + HOUR
     err = run.fails(2, "node", "cordon", "west-01", "--from", "+5m", "--until", "+10m", now=NOW)
     assert "has passed" in err["message"]
@@ -89,55 +86,17 @@ def test_with_now_given_a_relative_time_counts_from_it(
 def test_a_time_written_out_stays_where_it_was(run: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     _another_admin_moves_the_ledger_first(run, monkeypatch)
     start = str(NOW_MS + HOUR)
-    r = run.ok(
-        "reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--start", start, now=None
-    )
+    r = run.ok(*ONE_HOUR, "--start", start, now=None)
     assert r["start"] == NOW_MS + HOUR
 
 
 def test_bad_relative_times_are_still_refused_before_anything_is_written(run: Cli) -> None:
     before = run.ok("events")
     for args in (
-        ("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--start", "+1x"),
-        (
-            "reserve",
-            "--tenant",
-            "acme",
-            "--gpus",
-            "1",
-            "--for",
-            "1h",
-            "--start",
-            "+1h",
-            "--start-range",
-            "+1h..+2h",
-        ),
-        (
-            "reserve",
-            "--tenant",
-            "acme",
-            "--gpus",
-            "1",
-            "--for",
-            "1h",
-            "--start",
-            "now",
-            "--start-range",
-            "+1h..+2h",
-        ),
-        (
-            "reserve",
-            "--tenant",
-            "acme",
-            "--gpus",
-            "1",
-            "--for",
-            "1h",
-            "--every",
-            "1d",
-            "--until",
-            "+1x",
-        ),
+        (*ONE_HOUR, "--start", "+1x"),
+        (*ONE_HOUR, "--start", "+1h", "--start-range", "+1h..+2h"),
+        (*ONE_HOUR, "--start", "now", "--start-range", "+1h..+2h"),
+        (*ONE_HOUR, "--every", "1d", "--until", "+1x"),
         ("node", "cordon", "west-01", "--from", "+2h", "--until", "+1h"),
         ("node", "cordon", "west-01", "--from", "+1h", "--until", "+1q"),
     ):
@@ -148,7 +107,7 @@ def test_bad_relative_times_are_still_refused_before_anything_is_written(run: Cl
 
 def test_update_start_counts_as_reserves_does(run: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     """From the instant the write acts at without --now; from --now when given."""
-    rsv = run.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--start", "+2h")
+    rsv = run.ok(*ONE_HOUR, "--start", "+2h")
     _another_admin_moves_the_ledger_first(run, monkeypatch)
     moved = run.ok("update", rsv["id"], "--start", "+1h", now=None)
     assert moved["start"] == NOW_MS + 80 * MINUTE
@@ -168,31 +127,9 @@ def test_bad_input_is_refused_at_once_while_another_writer_holds_the_lock(run: C
         for args in (
             ("node", "cordon", "west-01", "--from", "2026-10-05T00:00:00Z", "--until", "+1h"),
             ("node", "cordon", "west-01", "--from", "+2h", "--until", "+1h"),
-            (
-                "reserve",
-                "--tenant",
-                "acme",
-                "--gpus",
-                "1",
-                "--for",
-                "2h",
-                "--start",
-                "9999-12-31T23:00:00Z",
-            ),
-            ("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--start", "-3000w"),
-            (
-                "reserve",
-                "--tenant",
-                "acme",
-                "--gpus",
-                "1",
-                "--for",
-                "1h",
-                "--every",
-                "1d",
-                "--until",
-                "+417000w",
-            ),
+            (*ONE_HOUR, "--start", "9999-12-31T23:30:00Z"),
+            (*ONE_HOUR, "--start", "-3000w"),
+            (*ONE_HOUR, "--every", "1d", "--until", "+417000w"),
         ):
             for now in (None, NOW):
                 assert run.fails(2, *args, now=now)["code"] == "INVALID_INPUT", (args, now)
@@ -205,18 +142,15 @@ def test_a_relative_until_is_judged_against_the_real_now(run: Cli) -> None:
     """`+250000w` lands in year 6818: read against the middle of the range before the ledger
     was opened, it was refused as out of range (a review)."""
     rows = run.ok(
-        "reserve",
-        *("--tenant", "acme", "--gpus", "1", "--for", "1h"),
+        *ONE_HOUR,
         *("--every", "52000w", "--until", "+250000w"),
     )
     assert len(rows) == 5
-    doc = run.ok("reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--start", "+250000w")
+    doc = run.ok(*ONE_HOUR, "--start", "+250000w")
     assert doc["start"] == NOW_MS + 250_000 * 7 * 24 * HOUR
 
 
 def test_a_start_range_under_now_counts_from_it(run: Cli) -> None:
     run.ok("tick", "--until", "+2h", "--step", "1h")
-    doc = run.ok(
-        "reserve", "--tenant", "acme", "--gpus", "1", "--for", "1h", "--start-range", "+3h..+4h"
-    )
+    doc = run.ok(*ONE_HOUR, "--start-range", "+3h..+4h")
     assert doc["start"] == NOW_MS + 3 * HOUR  # from --now, not from the ledger's NOW + 2h

@@ -34,3 +34,13 @@ def test_a_cordon_keeps_its_own_reason_through_a_window(run: Cli) -> None:
     run.ok("node", "cordon", "west-03", "--from", "-1h", "--until", "+1h", "--reason", "bios")
     run.ok("node", "cordon", "west-03", "--reason", "rma")
     assert run.ok("node", "show", "west-03")["cordonReason"] == "rma"
+
+
+def test_overlapping_windows_name_one_reason_in_list_and_show(run: Cli) -> None:
+    """Of overlapping windows, the one ending last (a review: list and show named two)."""
+    run.ok("node", "cordon", "west-05", "--from", "+1h", "--until", "+6h", "--reason", "long")
+    run.ok("node", "cordon", "west-05", "--from", "+2h", "--until", "+3h", "--reason", "short")
+    now = at(2 * HOUR + HOUR // 2)
+    listed = next(n for n in run.ok("node", "list", now=now) if n["name"] == "west-05")
+    assert listed["cordonReason"] == run.ok("node", "show", "west-05", now=now)["cordonReason"]
+    assert listed["cordonReason"] == "long"

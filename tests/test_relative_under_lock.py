@@ -154,3 +154,19 @@ def test_a_start_range_under_now_counts_from_it(run: Cli) -> None:
     run.ok("tick", "--until", "+2h", "--step", "1h")
     doc = run.ok(*ONE_HOUR, "--start-range", "+3h..+4h")
     assert doc["start"] == NOW_MS + 3 * HOUR  # from --now, not from the ledger's NOW + 2h
+
+
+@pytest.mark.sqlite_only(reason="holds SQLite's write lock from another connection")
+def test_a_maintenance_window_already_past_is_refused_at_once(run: Cli) -> None:
+    run.ok("config", "set", "db.busyTimeoutMs", "200")
+    holder = sqlite3.connect(run.db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        for now in (None, NOW):
+            err = run.fails(
+                2, "node", "cordon", "west-01", "--from", "-3h", "--until", "-1h", now=now
+            )
+            assert "has passed" in err["message"]
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()

@@ -278,7 +278,9 @@ def node_show(ctx: Ctx, name: str) -> NodeDetail:
             a for a in desired_state(conn, name, ctx.now) if seen is None or a.tenant_id in seen
         ]
         windows = repo.maintenance_for_node(conn, name, ctx.now)
-        current = next((m for m in reversed(windows) if m.window.start <= ctx.now), None)
+        covering = [m for m in windows if m.window.start <= ctx.now]
+        # the one node list names too (repo.maintenance_covering): of overlapping, the last to end
+        current = max(covering, key=lambda m: (m.window.end, m.id), default=None)
         return NodeDetail(
             _as_scheduled(node, current),
             repo.pool_name(conn, node.pool_id),
@@ -374,15 +376,10 @@ def node_maintenance(
     check_name(reason, "--reason")
     require_admin(ctx.who, "change nodes")
     at = window if callable(window) else lambda _: window
-    _ordered(at(ctx.now))  # as the command opened the ledger: refused before the lock
+    _ahead(at(ctx.now), ctx.now)  # as the command opened the ledger: refused before the lock
     with ctx.write() as conn:
-        window = _ordered(at(ctx.now))
+        window = _ahead(at(ctx.now), ctx.now)  # again at the instant read under the lock (§2)
         repo.get_node(conn, name)
-        if window.end <= ctx.now:  # acted at the instant read under the lock (§2)
-            raise InvalidInput(
-                f"the window ends at {iso(window.end)}, which has passed (now {iso(ctx.now)});"
-                " a maintenance window must end later"
-            )
         mid = repo.insert_maintenance(conn, name, window, reason)
         data: dict[str, JsonValue] = {
             "nodeId": name,
@@ -411,9 +408,17 @@ def node_maintenance(
         )
 
 
-def _ordered(window: Window) -> Window:
+def _ahead(window: Window, now: int) -> Window:
+    """A maintenance window that ends after it starts, and after `now`. Past at the instant a
+    command opens the ledger, it is past under the lock too: time only moves on, and a relative
+    window moves with it."""
     if window.end <= window.start:
         raise InvalidInput("--until must be after --from")
+    if window.end <= now:
+        raise InvalidInput(
+            f"the window ends at {iso(window.end)}, which has passed (now {iso(now)});"
+            " a maintenance window must end later"
+        )
     return window
 
 

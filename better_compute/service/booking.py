@@ -425,6 +425,8 @@ def replayed(ctx: Ctx, args: ReserveArgs) -> Reservation | None:
 def reserve(ctx: Ctx, args: ReserveArgs, *, read_back: bool = True) -> Reservation:
     validate(args)
     read_at(ctx, args)  # as the command opened the ledger: bad input is refused before the lock
+    if args.start_range is not None:  # malformed, inverted or wholly past then: so under the lock
+        calendar.read_ranges(ctx, args.start_range, args.duration_range, args.duration_ms)
     with ctx.write():
         return reserve_in(ctx, read_at(ctx, args), read_back=read_back)
 

@@ -195,6 +195,22 @@ def forget(ctx: Ctx, rsv: Reservation) -> None:
     cal.uncommit_reservation(ctx.db.conn, rsv.id)
 
 
+def read_ranges(
+    ctx: Ctx, start_range: str, duration_range: str | None, duration_ms: int
+) -> search.Ask:
+    """--start-range (and --duration-range) read at ctx's instant, relative TIMEs from --now
+    when given. reserve reads them once as the command opens the ledger too: a range malformed,
+    inverted or wholly past then is so under the lock as well, and is refused without waiting
+    for it."""
+    return windows.wanted(
+        ctx.now,
+        start_range,
+        duration_ms=None if duration_range is not None else duration_ms,
+        duration_range=duration_range,
+        relative_to=ctx.relative_base,
+    )
+
+
 def _range_ask(
     ctx: Ctx,
     rsv: Reservation,
@@ -204,13 +220,7 @@ def _range_ask(
     duration_range: str | None,
 ) -> search.Ask:
     """The ranges read and narrowed to the pool's policy (INVALID_INPUT if it allows none)."""
-    want = windows.wanted(
-        ctx.now,
-        start_range,
-        duration_ms=None if duration_range is not None else rsv.duration_ms,
-        duration_range=duration_range,
-        relative_to=ctx.relative_base,
-    )
+    want = read_ranges(ctx, start_range, duration_range, rsv.duration_ms)
     ask = windows.bounded(want, policy, ctx.now, rsv.quota_charge)
     if isinstance(ask, str):
         raise InvalidInput(f"pool {pool_name}'s calendar policy: {ask}")

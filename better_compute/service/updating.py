@@ -78,6 +78,8 @@ def may_change(ctx: Ctx, rsv: Reservation) -> None:
 
 def update(ctx: Ctx, rsv_id: str, change: Change) -> Reservation:
     validate(change)
+    if change.start is not None:  # past as the command opens the ledger is past under the lock
+        _start_ahead(change.start, ctx)
     with ctx.write() as conn:
         old = reading.mine(ctx, rsv_id)
         may_change(ctx, old)
@@ -105,11 +107,7 @@ def update(ctx: Ctx, rsv_id: str, change: Change) -> Reservation:
 def _reshaped(ctx: Ctx, old: Reservation, change: Change) -> Reservation:
     start = old.start
     if change.start is not None:
-        start = parse_time(change.start, ctx.relative_base)
-        if start < ctx.now:
-            raise InvalidInput(
-                f"--start {iso(start)} is in the past (the ledger is at {iso(ctx.now)})"
-            )
+        start = _start_ahead(change.start, ctx)
         start = booking.start_kept(start, ctx.now, in_series=old.series_id is not None)
     gpus = change.gpus if change.gpus is not None else old.gpus
     duration = change.duration_ms if change.duration_ms is not None else old.duration_ms
@@ -118,6 +116,16 @@ def _reshaped(ctx: Ctx, old: Reservation, change: Change) -> Reservation:
             f"that window would end after {iso(MAX_MS)}; use an earlier --start or --for"
         )
     return replace(old, start=start, gpus=gpus, duration_ms=duration)
+
+
+def _start_ahead(text: str, ctx: Ctx) -> int:
+    """--start read at ctx's instant (a relative one from --now, when given), not in the past.
+    Checked as the command opens the ledger and again under the lock: time only moves on, and a
+    relative start moves with it, so one refused then would be refused under the lock too."""
+    start = parse_time(text, ctx.relative_base)
+    if start < ctx.now:
+        raise InvalidInput(f"--start {iso(start)} is in the past (the ledger is at {iso(ctx.now)})")
+    return start
 
 
 def _window(ctx: Ctx, old: Reservation, new: Reservation, change: Change) -> Window:

@@ -71,9 +71,7 @@ def check_time(text: str) -> None:
     s = text.strip()
     if s[:1] in ("+", "-") and (delta := _units_ms(s[1:])) is not None:
         if delta > MAX_MS - MIN_MS:
-            raise InvalidInput(
-                f"bad TIME {text!r}: out of range (from {iso(MIN_MS)} to {iso(MAX_MS)})"
-            )
+            raise _out_of_range(text)
         return
     parse_time(text, MIN_MS)  # an instant written out, or `now`: no offset to judge
 
@@ -102,8 +100,12 @@ def parse_time(text: str, now: int) -> int:
     else:
         raise InvalidInput(f"bad TIME {text!r}: {TIME_HELP}")
     if not MIN_MS <= ms <= MAX_MS:
-        raise InvalidInput(f"bad TIME {text!r}: out of range (from {iso(MIN_MS)} to {iso(MAX_MS)})")
+        raise _out_of_range(text)
     return ms
+
+
+def _out_of_range(text: str) -> InvalidInput:
+    return InvalidInput(f"bad TIME {text!r}: out of range (from {iso(MIN_MS)} to {iso(MAX_MS)})")
 
 
 def _plain_utc(text: str) -> int | None:

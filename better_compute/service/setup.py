@@ -277,14 +277,11 @@ def node_show(ctx: Ctx, name: str) -> NodeDetail:
         desired = [
             a for a in desired_state(conn, name, ctx.now) if seen is None or a.tenant_id in seen
         ]
-        windows = repo.maintenance_for_node(conn, name, ctx.now)
-        covering = [m for m in windows if m.window.start <= ctx.now]
-        # the one node list names too (repo.maintenance_covering): of overlapping, the last to end
-        current = max(covering, key=lambda m: (m.window.end, m.id), default=None)
+        current = repo.maintenance_covering(conn, ctx.now, name).get(name)
         return NodeDetail(
             _as_scheduled(node, current),
             repo.pool_name(conn, node.pool_id),
-            tuple(windows),
+            tuple(repo.maintenance_for_node(conn, name, ctx.now)),
             tuple(desired),
         )
 

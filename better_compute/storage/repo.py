@@ -529,29 +529,29 @@ def maintenance_overlapping(conn: Conn, pool_id: str, window: Window) -> list[Ma
         ' WHERE n.pool_id = ? AND m."end" > ? AND m.start < ? ORDER BY m.node_id, m.start',
         (pool_id, window.start, window.end),
     )
-    return [
-        Maintenance(r["id"], r["node_id"], Window(r["start"], r["end"]), r["reason"]) for r in rows
-    ]
+    return [_maintenance(r) for r in rows]
+
+
+def _maintenance(r: Row) -> Maintenance:
+    return Maintenance(r["id"], r["node_id"], Window(r["start"], r["end"]), r["reason"])
 
 
 def maintenance_for_node(conn: Conn, node: str, since: int) -> list[Maintenance]:
     rows = conn.execute(
         'SELECT * FROM maintenance WHERE node_id = ? AND "end" > ? ORDER BY start', (node, since)
     )
-    return [
-        Maintenance(r["id"], r["node_id"], Window(r["start"], r["end"]), r["reason"]) for r in rows
-    ]
+    return [_maintenance(r) for r in rows]
 
 
-def maintenance_covering(conn: Conn, now: int) -> dict[str, Maintenance]:
-    """The maintenance window each node is in at `now` (of overlapping ones, the last to end)."""
-    rows = conn.execute(
-        'SELECT * FROM maintenance WHERE start <= ? AND "end" > ? ORDER BY "end", id', (now, now)
-    )
-    return {
-        r["node_id"]: Maintenance(r["id"], r["node_id"], Window(r["start"], r["end"]), r["reason"])
-        for r in rows
-    }
+def maintenance_covering(conn: Conn, now: int, node: str | None = None) -> dict[str, Maintenance]:
+    """The maintenance window each node (or only `node`) is in at `now`: of overlapping ones,
+    the last to end, so node list and node show name the same one."""
+    sql = 'SELECT * FROM maintenance WHERE start <= ? AND "end" > ?'
+    args: list[object] = [now, now]
+    if node is not None:
+        sql += " AND node_id = ?"
+        args.append(node)
+    return {r["node_id"]: _maintenance(r) for r in conn.execute(sql + ' ORDER BY "end", id', args)}
 
 
 def delete_maintenance(conn: Conn, node: str) -> int:
